@@ -1,0 +1,60 @@
+# specdeploy — developer entry points. `make demo` runs the main job, `make test` runs everything.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+CLUSTER_DIR ?= .cluster
+NODEPOOLS ?= hack/cluster/nodepools.yaml
+PYTEST_ARGS ?=
+
+.PHONY: help
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: operator/pyproject.toml server/pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e './operator[test]' -e './server[test]'
+	@touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed ## create/refresh the virtualenv in .venv with both packages and their test extras
+
+.PHONY: bins
+bins: ## build (or find cached) kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok, helm
+	@hack/cluster/build.sh >/dev/null
+
+.PHONY: lint
+lint: venv ## ruff (lint + format check) and mypy
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy operator/src server/src tests hack/cluster/localcluster.py
+
+.PHONY: fmt
+fmt: venv ## format the code with ruff
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+.PHONY: test
+test: venv bins lint ## the whole suite: lint, unit, server and integration tests (starts its own local cluster)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: test-unit
+test-unit: venv ## only the tests that need no cluster
+	$(PY) -m pytest -m 'not integration' $(PYTEST_ARGS)
+
+.PHONY: cluster-up
+cluster-up: venv bins ## start the local control plane + kwok GPU node pools; kubeconfig in .cluster/kubeconfig
+	$(PY) hack/cluster/localcluster.py up --dir $(CLUSTER_DIR) --nodepools $(NODEPOOLS)
+
+.PHONY: cluster-down
+cluster-down: ## stop every process of the local cluster and remove its state
+	@if [ -x $(PY) ]; then $(PY) hack/cluster/localcluster.py down --dir $(CLUSTER_DIR); \
+	else $(PYTHON) hack/cluster/localcluster.py down --dir $(CLUSTER_DIR); fi
+
+.PHONY: demo
+demo: cluster-up ## the main job on the local simulated GPU cluster
+	hack/demo.sh $(CLUSTER_DIR)

@@ -1,0 +1,753 @@
+#!/usr/bin/env python3
+"""A real local Kubernetes control plane with simulated GPU node pools, without Docker.
+
+Runs etcd, kube-apiserver (TLS, RBAC, client-certificate admin), kube-controller-manager, kube-scheduler
+and kwok as background processes on 127.0.0.1, from binaries that ``build.sh`` builds from published Go
+modules. Node pools (GPU capacity, GPU labels, the GPU taint) come from a YAML file; kwok plays the kubelet
+of every node with the Stages in ``stages/``.
+
+Used two ways:
+  * ``localcluster.py up|down|status|nodes`` (what ``make cluster-up`` / ``make cluster-down`` run);
+  * ``LocalCluster`` from Python (the pytest fixture in ``tests/integration/conftest.py``).
+
+Only the standard library is needed for ``down`` and ``status``; ``up`` also needs ``cryptography`` and
+``PyYAML`` (both in the project's virtualenv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import ipaddress
+import json
+import logging
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+DEFAULT_NODEPOOLS = HERE / "nodepools.yaml"
+STAGES = (HERE / "stages" / "nodes.yaml", HERE / "stages" / "pods.yaml")
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+POOL_LABEL = "specdeploy.dev/node-pool"
+# Start order; stopped in reverse.
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+
+log = logging.getLogger("localcluster")
+
+
+class ClusterError(RuntimeError):
+    """The local cluster could not be started, reached or stopped."""
+
+
+# --------------------------------------------------------------------------------------------------------
+# Node pools (pure)
+# --------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    product: str
+    count: int
+    memory_mib: int | None = None
+    resource: str = "nvidia.com/gpu"
+
+
+@dataclass(frozen=True)
+class NodePool:
+    name: str
+    nodes: int
+    instance_type: str
+    cpu: str = "32"
+    memory: str = "128Gi"
+    pods: int = 110
+    gpu: GpuSpec | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    taints: tuple[Mapping[str, str], ...] | None = None  # None: the default for the pool's kind
+
+    @staticmethod
+    def from_dict(raw: Mapping[str, Any]) -> NodePool:
+        known = {"name", "nodes", "instanceType", "cpu", "memory", "pods", "gpu", "labels", "taints"}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ClusterError(f"node pool {raw.get('name', '?')!r}: unknown field(s) {', '.join(unknown)}")
+        for key in ("name", "nodes", "instanceType"):
+            if key not in raw:
+                raise ClusterError(f"node pool {raw.get('name', '?')!r}: field {key!r} is required")
+        if not isinstance(raw["nodes"], int) or raw["nodes"] < 0:
+            raise ClusterError(f"node pool {raw['name']!r}: nodes must be a non-negative integer")
+        gpu = None
+        if raw.get("gpu") is not None:
+            g = raw["gpu"]
+            if not isinstance(g.get("count"), int) or g["count"] <= 0 or not g.get("product"):
+                raise ClusterError(f"node pool {raw['name']!r}: gpu needs a product and a positive count")
+            gpu = GpuSpec(
+                product=str(g["product"]),
+                count=int(g["count"]),
+                memory_mib=g.get("memoryMiB"),
+                resource=str(g.get("resource", "nvidia.com/gpu")),
+            )
+        taints = raw.get("taints")
+        return NodePool(
+            name=str(raw["name"]),
+            nodes=int(raw["nodes"]),
+            instance_type=str(raw["instanceType"]),
+            cpu=str(raw.get("cpu", "32")),
+            memory=str(raw.get("memory", "128Gi")),
+            pods=int(raw.get("pods", 110)),
+            gpu=gpu,
+            labels={str(k): str(v) for k, v in (raw.get("labels") or {}).items()},
+            taints=None if taints is None else tuple(dict(t) for t in taints),
+        )
+
+
+def load_nodepools(path: Path) -> list[NodePool]:
+    import yaml  # noqa: PLC0415 - only `up` needs PyYAML
+
+    doc = yaml.safe_load(path.read_text()) or {}
+    pools = [NodePool.from_dict(p) for p in doc.get("pools", [])]
+    names = [p.name for p in pools]
+    if len(set(names)) != len(names):
+        raise ClusterError(f"{path}: node pool names must be unique, got {names}")
+    return pools
+
+
+def node_manifests(pools: Iterable[NodePool]) -> list[dict[str, Any]]:
+    """The Node objects for the pools: capacity, GPU labels and taints as real GPU nodes carry them."""
+    nodes: list[dict[str, Any]] = []
+    for pool in pools:
+        for index in range(pool.nodes):
+            name = f"{pool.name}-{index}"
+            labels = {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "node.kubernetes.io/instance-type": pool.instance_type,
+                POOL_LABEL: pool.name,
+                "type": "kwok",
+            }
+            capacity = {"cpu": pool.cpu, "memory": pool.memory, "pods": str(pool.pods)}
+            taints: list[Mapping[str, str]] = []
+            if pool.gpu is not None:
+                labels["nvidia.com/gpu.product"] = pool.gpu.product
+                labels["nvidia.com/gpu.count"] = str(pool.gpu.count)
+                labels["nvidia.com/gpu.present"] = "true"
+                if pool.gpu.memory_mib is not None:
+                    labels["nvidia.com/gpu.memory"] = str(pool.gpu.memory_mib)
+                capacity[pool.gpu.resource] = str(pool.gpu.count)
+                taints = [GPU_TAINT]
+            if pool.taints is not None:
+                taints = list(pool.taints)
+            labels.update(pool.labels)
+            nodes.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {
+                        "name": name,
+                        "labels": labels,
+                        "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1]},
+                    },
+                    "spec": {"taints": [dict(t) for t in taints]} if taints else {},
+                    "status": {"capacity": dict(capacity), "allocatable": dict(capacity)},
+                }
+            )
+    return nodes
+
+
+# --------------------------------------------------------------------------------------------------------
+# PKI
+# --------------------------------------------------------------------------------------------------------
+
+
+def _write_pki(pki: Path) -> None:
+    """A cluster CA, the apiserver serving cert, client certs per component, SA keys, a front-proxy CA."""
+    from cryptography import x509  # noqa: PLC0415
+    from cryptography.hazmat.primitives import hashes, serialization  # noqa: PLC0415
+    from cryptography.hazmat.primitives.asymmetric import ec  # noqa: PLC0415
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID  # noqa: PLC0415
+
+    pki.mkdir(parents=True, exist_ok=True)
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    later = now + dt.timedelta(days=365)
+
+    def new_key() -> ec.EllipticCurvePrivateKey:
+        return ec.generate_private_key(ec.SECP256R1())
+
+    def save_key(name: str, key: ec.EllipticCurvePrivateKey) -> None:
+        path = pki / f"{name}.key"
+        path.write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.TraditionalOpenSSL,
+                serialization.NoEncryption(),
+            )
+        )
+        path.chmod(0o600)
+
+    def save_cert(name: str, cert: x509.Certificate) -> None:
+        (pki / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+
+    def name_of(cn: str, org: str | None = None) -> x509.Name:
+        attrs = [x509.NameAttribute(NameOID.COMMON_NAME, cn)]
+        if org:
+            attrs.append(x509.NameAttribute(NameOID.ORGANIZATION_NAME, org))
+        return x509.Name(attrs)
+
+    def make_ca(name: str, cn: str) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
+        key = new_key()
+        subject = name_of(cn)
+        cert = (
+            x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now)
+            .not_valid_after(later)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(
+                x509.KeyUsage(
+                    digital_signature=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
+                critical=True,
+            )
+            .sign(key, hashes.SHA256())
+        )
+        save_key(name, key)
+        save_cert(name, cert)
+        return key, cert
+
+    def issue(
+        name: str,
+        ca: tuple[ec.EllipticCurvePrivateKey, x509.Certificate],
+        cn: str,
+        org: str | None = None,
+        server: bool = False,
+    ) -> None:
+        key = new_key()
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(name_of(cn, org))
+            .issuer_name(ca[1].subject)
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now)
+            .not_valid_after(later)
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(
+                x509.ExtendedKeyUsage(
+                    [ExtendedKeyUsageOID.SERVER_AUTH] if server else [ExtendedKeyUsageOID.CLIENT_AUTH]
+                ),
+                critical=False,
+            )
+        )
+        if server:
+            sans: list[x509.GeneralName] = [
+                x509.DNSName(d)
+                for d in (
+                    "localhost",
+                    "kubernetes",
+                    "kubernetes.default",
+                    "kubernetes.default.svc",
+                    "kubernetes.default.svc.cluster.local",
+                )
+            ]
+            sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", "10.96.0.1", "::1")]
+            builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        save_key(name, key)
+        save_cert(name, builder.sign(ca[0], hashes.SHA256()))
+
+    ca = make_ca("ca", "specdeploy-local-ca")
+    issue("apiserver", ca, "kube-apiserver", server=True)
+    issue("admin", ca, "specdeploy-admin", org="system:masters")
+    issue("kube-controller-manager", ca, "system:kube-controller-manager")
+    issue("kube-scheduler", ca, "system:kube-scheduler")
+    issue("kwok", ca, "kwok", org="system:masters")
+    front = make_ca("front-proxy-ca", "specdeploy-front-proxy-ca")
+    issue("front-proxy-client", front, "front-proxy-client")
+    sa = new_key()
+    save_key("sa", sa)
+    (pki / "sa.pub").write_bytes(
+        sa.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        )
+    )
+
+
+def kwok_stages() -> str:
+    return "\n---\n".join(p.read_text() for p in STAGES)
+
+
+def _kubeconfig(server: str, ca: Path, cert: Path, key: Path, user: str) -> str:
+    doc = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": "specdeploy-local", "cluster": {"server": server, "certificate-authority": str(ca)}}
+        ],
+        "users": [{"name": user, "user": {"client-certificate": str(cert), "client-key": str(key)}}],
+        "contexts": [{"name": "specdeploy-local", "context": {"cluster": "specdeploy-local", "user": user}}],
+        "current-context": "specdeploy-local",
+        "preferences": {},
+    }
+    return json.dumps(doc, indent=2) + "\n"  # JSON is YAML: every client reads it
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); treat it as dead.
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def _pid_cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# --------------------------------------------------------------------------------------------------------
+# The cluster
+# --------------------------------------------------------------------------------------------------------
+
+
+class LocalCluster:
+    """One local control plane whose state (PKI, etcd data, logs, pids, kubeconfig) lives in ``directory``."""
+
+    def __init__(self, directory: Path, nodepools: Path | None = None, bin_dir: Path | None = None) -> None:
+        self.dir = directory.resolve()
+        self.nodepools_file = nodepools or DEFAULT_NODEPOOLS
+        self._bin_dir = bin_dir
+        self.pki = self.dir / "pki"
+        self.logs = self.dir / "logs"
+        self.pids = self.dir / "pids"
+        self.state_file = self.dir / "state.json"
+
+    # -- paths ------------------------------------------------------------------------------------------
+    @property
+    def kubeconfig(self) -> Path:
+        return self.dir / "kubeconfig"
+
+    @property
+    def bin_dir(self) -> Path:
+        if self._bin_dir is None:
+            env = os.environ.get("SPECDEPLOY_BIN_DIR")
+            if env:
+                self._bin_dir = Path(env)
+            else:
+                out = subprocess.run(
+                    [str(HERE / "build.sh")], check=True, stdout=subprocess.PIPE, text=True
+                ).stdout
+                self._bin_dir = Path(out.strip().splitlines()[-1])
+        return self._bin_dir
+
+    def state(self) -> dict[str, Any]:
+        try:
+            loaded: dict[str, Any] = json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+        return loaded
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.state()['ports']['apiserver']}"
+
+    # -- processes --------------------------------------------------------------------------------------
+    def _running(self) -> dict[str, int]:
+        running: dict[str, int] = {}
+        for name in COMPONENTS:
+            pid_file = self.pids / f"{name}.pid"
+            try:
+                pid = int(pid_file.read_text())
+            except (OSError, ValueError):
+                continue
+            # Guard against a recycled pid: our processes all name a path inside the state directory.
+            if _pid_alive(pid) and str(self.dir) in _pid_cmdline(pid):
+                running[name] = pid
+        return running
+
+    def _start(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.pids.mkdir(parents=True, exist_ok=True)
+        with (self.logs / f"{name}.log").open("ab") as out:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # survives `make cluster-up` exiting; its own process group
+                env={**os.environ, **(env or {})},
+                cwd=self.dir,
+            )
+        (self.pids / f"{name}.pid").write_text(str(proc.pid))
+        log.info("started %s pid=%d", name, proc.pid)
+
+    def _expect_alive(self, name: str) -> None:
+        if name not in self._running():
+            tail = self._log_tail(name)
+            raise ClusterError(f"{name} exited during start-up; last log lines:\n{tail}")
+
+    def _log_tail(self, name: str, lines: int = 25) -> str:
+        try:
+            return "\n".join((self.logs / f"{name}.log").read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    # -- API access (stdlib only) -----------------------------------------------------------------------
+    def _ssl(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+        ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
+        return ctx
+
+    def api(self, method: str, path: str, body: Any = None, timeout: float = 10.0) -> Any:
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.server + path, data=data, method=method)
+        req.add_header("Accept", "application/json")
+        if data is not None:
+            content_type = "application/json"
+            if method == "PATCH":
+                content_type = "application/apply-patch+yaml"
+            req.add_header("Content-Type", content_type)
+        with urllib.request.urlopen(req, context=self._ssl(), timeout=timeout) as resp:
+            raw = resp.read()
+        return json.loads(raw) if raw.strip().startswith(b"{") else raw.decode()
+
+    def healthy(self) -> bool:
+        running = self._running()
+        if set(running) != set(COMPONENTS):
+            return False
+        try:
+            return bool(self.api("GET", "/readyz", timeout=3) == "ok")
+        except (OSError, urllib.error.URLError, ClusterError, KeyError):
+            return False
+
+    # -- lifecycle --------------------------------------------------------------------------------------
+    def up(self, timeout: float = 120.0) -> None:
+        """Start everything (or nothing, if this cluster is already up and healthy), then apply node pools."""
+        if self.healthy():
+            log.info("cluster in %s is already running", self.dir)
+            self.apply_nodepools(load_nodepools(self.nodepools_file))
+            self.wait_nodes_ready(timeout=timeout)
+            return
+        if self._running():
+            log.info("cluster in %s is half up: stopping it first", self.dir)
+        self.down()
+        bins = self.bin_dir
+        for sub in ("logs", "pids"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        _write_pki(self.pki)
+        ports = {
+            "etcd": free_port(),
+            "etcd_peer": free_port(),
+            "apiserver": free_port(),
+            "kwok": free_port(),
+        }
+        self.state_file.write_text(json.dumps({"ports": ports, "bin_dir": str(bins)}, indent=2))
+        server = f"https://127.0.0.1:{ports['apiserver']}"
+        kubeconfigs = self.dir / "kubeconfigs"
+        kubeconfigs.mkdir(exist_ok=True)
+        for user in ("admin", "kube-controller-manager", "kube-scheduler", "kwok"):
+            text = _kubeconfig(
+                server, self.pki / "ca.crt", self.pki / f"{user}.crt", self.pki / f"{user}.key", user
+            )
+            (kubeconfigs / f"{user}.kubeconfig").write_text(text)
+        self.kubeconfig.write_text((kubeconfigs / "admin.kubeconfig").read_text())
+        self.kubeconfig.chmod(0o600)
+        kwok_config = self.dir / "kwok-stages.yaml"
+        kwok_config.write_text(kwok_stages())
+
+        deadline = time.monotonic() + timeout
+        pki = self.pki
+        self._start(
+            "etcd",
+            [
+                str(bins / "etcd"),
+                "--name=specdeploy",
+                f"--data-dir={self.dir / 'etcd-data'}",
+                f"--listen-client-urls=http://127.0.0.1:{ports['etcd']}",
+                f"--advertise-client-urls=http://127.0.0.1:{ports['etcd']}",
+                f"--listen-peer-urls=http://127.0.0.1:{ports['etcd_peer']}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{ports['etcd_peer']}",
+                f"--initial-cluster=specdeploy=http://127.0.0.1:{ports['etcd_peer']}",
+                "--unsafe-no-fsync=true",
+                "--quota-backend-bytes=4294967296",
+                "--log-level=warn",
+            ],
+        )
+        self._wait(lambda: _port_open(ports["etcd"]), deadline, "etcd", "etcd to listen")
+        self._start(
+            "kube-apiserver",
+            [
+                str(bins / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={ports['apiserver']}",
+                f"--cert-dir={self.dir / 'apiserver-certs'}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--authorization-mode=RBAC",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--allow-privileged=true",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                "--api-audiences=https://kubernetes.default.svc.cluster.local",
+                # API aggregation (custom metrics adapters register through it).
+                f"--requestheader-client-ca-file={pki / 'front-proxy-ca.crt'}",
+                "--requestheader-allowed-names=front-proxy-client",
+                "--requestheader-username-headers=X-Remote-User",
+                "--requestheader-group-headers=X-Remote-Group",
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+                f"--proxy-client-cert-file={pki / 'front-proxy-client.crt'}",
+                f"--proxy-client-key-file={pki / 'front-proxy-client.key'}",
+                # One user on loopback: no need for request throttling.
+                "--enable-priority-and-fairness=false",
+                "--max-requests-inflight=0",
+                "--max-mutating-requests-inflight=0",
+                "--profiling=false",
+                "--v=1",
+            ],
+        )
+        self._wait(self._apiserver_ready, deadline, "kube-apiserver", "kube-apiserver /readyz")
+        self._start(
+            "kube-controller-manager",
+            [
+                str(bins / "kube-controller-manager"),
+                f"--kubeconfig={kubeconfigs / 'kube-controller-manager.kubeconfig'}",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                "--leader-elect=false",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--cluster-signing-cert-file={pki / 'ca.crt'}",
+                f"--cluster-signing-key-file={pki / 'ca.key'}",
+                "--horizontal-pod-autoscaler-sync-period=5s",
+                "--v=1",
+            ],
+        )
+        self._start(
+            "kube-scheduler",
+            [
+                str(bins / "kube-scheduler"),
+                f"--kubeconfig={kubeconfigs / 'kube-scheduler.kubeconfig'}",
+                f"--authentication-kubeconfig={kubeconfigs / 'kube-scheduler.kubeconfig'}",
+                f"--authorization-kubeconfig={kubeconfigs / 'kube-scheduler.kubeconfig'}",
+                "--bind-address=127.0.0.1",
+                "--secure-port=0",
+                "--leader-elect=false",
+                "--v=1",
+            ],
+        )
+        self._start(
+            "kwok",
+            [
+                str(bins / "kwok"),
+                f"--kubeconfig={kubeconfigs / 'kwok.kubeconfig'}",
+                f"--config={kwok_config}",
+                f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION[0]}={KWOK_ANNOTATION[1]}",
+                "--node-lease-duration-seconds=40",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.250.0.1",
+                f"--server-address=127.0.0.1:{ports['kwok']}",
+            ],
+        )
+        for name in COMPONENTS:
+            self._expect_alive(name)
+        self.apply_nodepools(load_nodepools(self.nodepools_file))
+        # The controller-manager is doing real work once it has made the default ServiceAccount.
+        self._wait(
+            lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"),
+            deadline,
+            "kube-controller-manager",
+            "the default ServiceAccount (controller-manager)",
+        )
+        self.wait_nodes_ready(timeout=max(5.0, deadline - time.monotonic()))
+        log.info("cluster up: kubeconfig %s", self.kubeconfig)
+
+    def _apiserver_ready(self) -> bool:
+        try:
+            return bool(self.api("GET", "/readyz", timeout=3) == "ok")
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def _exists(self, path: str) -> bool:
+        try:
+            self.api("GET", path)
+        except urllib.error.HTTPError as err:
+            if err.code == 404:
+                return False
+            raise
+        return True
+
+    def _wait(self, check: Any, deadline: float, component: str, what: str) -> None:
+        while time.monotonic() < deadline:
+            self._expect_alive(component)
+            if check():
+                return
+            time.sleep(0.2)
+        raise ClusterError(f"timed out waiting for {what}; last log lines:\n{self._log_tail(component)}")
+
+    def apply_nodepools(self, pools: Iterable[NodePool]) -> list[str]:
+        """Create or update (server-side apply) the nodes of the pools. Returns the node names."""
+        names = []
+        for node in node_manifests(pools):
+            name = node["metadata"]["name"]
+            status = node.pop("status")
+            path = f"/api/v1/nodes/{name}?fieldManager=specdeploy-localcluster&force=true"
+            if self._exists(f"/api/v1/nodes/{name}"):
+                self.api("PATCH", path, node)
+            else:
+                # Node status (capacity) may be set on create; kwok keeps it from then on.
+                self.api("POST", "/api/v1/nodes", {**node, "status": status})
+            names.append(name)
+        return names
+
+    def delete_nodes(self, names: Iterable[str]) -> None:
+        for name in names:
+            with contextlib.suppress(urllib.error.HTTPError):
+                self.api("DELETE", f"/api/v1/nodes/{name}")
+
+    def wait_nodes_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        pending: list[str] = []
+        while time.monotonic() < deadline:
+            nodes = self.api("GET", "/api/v1/nodes")["items"]
+            pending = [
+                n["metadata"]["name"]
+                for n in nodes
+                if not any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in n.get("status", {}).get("conditions", [])
+                )
+            ]
+            if not pending:
+                return
+            time.sleep(0.2)
+        raise ClusterError(f"nodes not Ready after {timeout:.0f}s: {pending}\n{self._log_tail('kwok')}")
+
+    def down(self, timeout: float = 15.0) -> None:
+        """Stop every process of this cluster (process groups), wait for them, remove its state."""
+        running = self._running()
+        for name in reversed(COMPONENTS):
+            pid = running.get(name)
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and any(_pid_alive(p) for p in running.values()):
+            time.sleep(0.1)
+        for pid in running.values():
+            if _pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+        for pid in running.values():
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # reap when we are the parent (the pytest fixture)
+        end = time.monotonic() + 5
+        while time.monotonic() < end and any(_pid_alive(p) for p in running.values()):
+            time.sleep(0.1)
+        for sub in ("pids", "etcd-data", "pki", "kubeconfigs", "apiserver-certs"):
+            _rmtree(self.dir / sub)
+        for f in (self.state_file, self.kubeconfig, self.dir / "kwok-stages.yaml"):
+            with contextlib.suppress(FileNotFoundError):
+                f.unlink()
+        if running:
+            log.info("stopped %s", ", ".join(sorted(running)))
+
+
+def _rmtree(path: Path) -> None:
+    if not path.exists():
+        return
+    for child in sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if child.is_dir() and not child.is_symlink():
+            child.rmdir()
+        else:
+            child.unlink()
+    path.rmdir()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "command",
+        choices=["up", "down", "status", "manifests", "kwok-config"],
+        help="manifests: print the node pools' Node objects (for `kubectl apply -f -` on another cluster); "
+        "kwok-config: print the kwok Stages",
+    )
+    parser.add_argument("--dir", type=Path, default=Path(".cluster"), help="state directory")
+    parser.add_argument("--nodepools", type=Path, default=DEFAULT_NODEPOOLS, help="node pools YAML")
+    parser.add_argument("--timeout", type=float, default=180.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cluster = LocalCluster(args.dir, nodepools=args.nodepools)
+    try:
+        if args.command == "up":
+            started = time.monotonic()
+            cluster.up(timeout=args.timeout)
+            print(f"local cluster ready in {time.monotonic() - started:.1f}s")
+            print(f"  export KUBECONFIG={cluster.kubeconfig}")
+        elif args.command == "down":
+            cluster.down()
+        elif args.command == "status":
+            running = cluster._running()
+            for name in COMPONENTS:
+                print(f"{name:<24} {'running pid ' + str(running[name]) if name in running else 'stopped'}")
+            return 0 if cluster.healthy() else 1
+        elif args.command == "manifests":
+            items = node_manifests(load_nodepools(args.nodepools))
+            print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=2))
+        elif args.command == "kwok-config":
+            print(kwok_stages())
+    except (ClusterError, subprocess.CalledProcessError, urllib.error.URLError) as err:
+        print(f"localcluster {args.command}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
