@@ -1,0 +1,154 @@
+"""Fixtures for tests against a real Kubernetes API.
+
+By default a session starts its own local control plane (etcd, kube-apiserver, controller-manager, scheduler,
+kwok with the default GPU node pools) in a temporary directory and stops it at the end. With
+``USE_EXISTING_CLUSTER=1`` the tests use the cluster named by ``KUBECONFIG`` instead (kind, or a real cluster
+prepared with ``hack/kind-up.sh``); nothing is started or stopped then.
+
+Nothing here mocks the Kubernetes API.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+from localcluster import LocalCluster
+
+REPO = Path(__file__).resolve().parents[2]
+CRDS = REPO / "crds"
+
+
+class Kubectl(Protocol):
+    def __call__(
+        self, *args: str, input: str | None = None, check: bool = True
+    ) -> subprocess.CompletedProcess[str]: ...
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
+            item.add_marker(pytest.mark.integration)
+
+
+def wait_for(
+    check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.25, what: str = "condition"
+) -> Any:
+    """Poll ``check`` until it returns something truthy; fail the test with ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r})")
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster | None]:
+    if os.environ.get("USE_EXISTING_CLUSTER") == "1":
+        yield None
+        return
+    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        cluster.up(timeout=180)
+        yield cluster
+    finally:
+        cluster.down()
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(local_cluster: LocalCluster | None) -> Path:
+    if local_cluster is None:
+        path = os.environ.get("KUBECONFIG")
+        if not path:
+            pytest.fail("USE_EXISTING_CLUSTER=1 needs KUBECONFIG to name the cluster's kubeconfig")
+        return Path(path)
+    return local_cluster.kubeconfig
+
+
+@pytest.fixture(scope="session")
+def kubectl_bin(local_cluster: LocalCluster | None) -> str:
+    if local_cluster is not None:
+        return str(local_cluster.bin_dir / "kubectl")
+    return os.environ.get("KUBECTL", "kubectl")
+
+
+@pytest.fixture(scope="session")
+def kubectl(kubeconfig: Path, kubectl_bin: str) -> Kubectl:
+    def run(*args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run(
+            [kubectl_bin, f"--kubeconfig={kubeconfig}", *args],
+            input=input,
+            check=False,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if check and proc.returncode != 0:
+            raise AssertionError(
+                f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+            )
+        return proc
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def api_client(kubeconfig: Path) -> Iterator[client.ApiClient]:
+    api = config.new_client_from_config(config_file=str(kubeconfig))
+    yield api
+    api.close()
+
+
+@pytest.fixture(scope="session")
+def core(api_client: client.ApiClient) -> client.CoreV1Api:
+    return client.CoreV1Api(api_client)
+
+
+@pytest.fixture
+def namespace(core: client.CoreV1Api) -> Iterator[str]:
+    """A fresh namespace (with its default ServiceAccount ready), deleted after the test."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+
+    def has_default_sa() -> bool:
+        try:
+            core.read_namespaced_service_account("default", name)
+        except ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
+
+    wait_for(has_default_sa, timeout=30, what=f"default ServiceAccount in {name}")
+    yield name
+    try:
+        core.delete_namespace(name)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
+@pytest.fixture(scope="session")
+def install_crds(kubectl: Kubectl) -> list[str]:
+    """Apply every CRD in crds/ (server-side) and wait until each is Established. Returns their names."""
+    files = sorted(CRDS.glob("*.yaml"))
+    if not files:
+        pytest.fail(f"no CRDs in {CRDS}: run `make crds`")
+    names = []
+    for f in files:
+        out = kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f), "-o", "name")
+        names += [line.split("/", 1)[1] for line in out.stdout.split() if line]
+    for name in names:
+        kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+    return names
