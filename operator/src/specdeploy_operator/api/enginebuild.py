@@ -1,0 +1,158 @@
+"""The EngineBuild API (`specdeploy.dev/v1alpha1`, kind `EngineBuild`).
+
+One content-addressed TensorRT-LLM engine for one model: the unit of caching and reuse. The operator creates
+EngineBuilds from SpeculativeDeployments (several deployments with the same model, quantization, parallelism,
+flags, builder image and GPU product share one); users only read them. The spec is immutable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, StringConstraints
+
+from .base import GROUP, VERSION, ApiModel, PrinterColumn, ResourceInfo, Rule, Rules
+from .checkpoint import ModelSource, QuantizationSpec
+from .meta import CONDITIONS_LIST_EXTRAS, Condition, DnsSubdomain, LabelValue, ObjectMeta
+
+__all__ = [
+    "ENGINE_BUILD",
+    "EngineBuild",
+    "EngineBuildPhase",
+    "EngineBuildSpec",
+    "EngineBuildStatus",
+    "EngineCacheLocation",
+    "EngineRole",
+    "Parallelism",
+]
+
+EngineRole = Literal["target", "draft"]
+EngineBuildPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+
+
+class Parallelism(ApiModel):
+    """How the engine is split across GPUs; fixed at checkpoint conversion."""
+
+    tensor_parallel: Annotated[int, Field(ge=1, le=64)] = 1
+    """Tensor-parallel degree (`--tp_size`)."""
+    pipeline_parallel: Annotated[int, Field(ge=1, le=64)] = 1
+    """Pipeline-parallel degree (`--pp_size`)."""
+
+
+class EngineCacheLocation(ApiModel):
+    """Where the built engine is stored."""
+
+    pvc_name: DnsSubdomain
+    """PersistentVolumeClaim of the engine cache."""
+    path: Annotated[str, StringConstraints(pattern=r"^[^\s]+$", min_length=1, max_length=1024)]
+    """Directory of the engine inside the claim (`config.json` plus one `rank<N>.engine` per rank)."""
+
+
+class EngineBuildSpec(ApiModel):
+    """What to build. Written by the operator; immutable, because the object is addressed by `hash`."""
+
+    validation_rules: ClassVar[Rules] = (
+        Rule(
+            name="engine-build-spec-immutable",
+            cel="self == oldSelf",
+            message="spec is immutable: an EngineBuild is addressed by spec.hash; "
+            "create a new EngineBuild instead",
+            field_path=".hash",
+            check=None,
+        ),
+    )
+
+    model: ModelSource
+    """The checkpoint."""
+    role: EngineRole
+    """Whether the engine serves as `target` or `draft` (the target of draft-token methods gets
+    `--speculative_decoding_mode draft_tokens_external`)."""
+    parallelism: Parallelism = Field(default_factory=Parallelism, json_schema_extra={"default": {}})
+    """Tensor and pipeline parallelism."""
+    quantization: QuantizationSpec
+    """Checkpoint conversion and quantization."""
+    build_flags: Annotated[
+        list[Annotated[str, StringConstraints(min_length=1, max_length=256)]], Field(max_length=128)
+    ]
+    """The rendered `trtllm-build` arguments, without `--checkpoint_dir`, `--output_dir` and `--workers`."""
+    hash: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,64}$")]
+    """Content hash over model, revision, role, parallelism, quantization, build flags, builder image and GPU
+    product (see `content_hash()`)."""
+    builder_image: Annotated[str, StringConstraints(pattern=r"^\S+$", min_length=1, max_length=512)]
+    """Image that runs the build; it pins the TensorRT-LLM version."""
+    gpu_product: LabelValue
+    """GPU product the engine is built on and for (node label `nvidia.com/gpu.product`)."""
+    cache: EngineCacheLocation
+    """Where the engine is stored."""
+
+    def content_hash(self) -> str:
+        """The hash this spec should carry: SHA-256 over everything that changes the engine, 16 hex digits."""
+        content = self.to_dict()
+        for key in ("hash", "cache"):
+            content.pop(key, None)
+        # The credentials secret does not change the bytes of the engine.
+        content["model"].pop("credentialsSecret", None)
+        canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+class EngineBuildStatus(ApiModel):
+    """Progress of the build, written by the operator."""
+
+    phase: EngineBuildPhase | None = None
+    """`Pending` (waiting for a GPU or the cache), `Running` (download, quantize, build), `Succeeded` (engine
+    in the cache) or `Failed` (out of retries)."""
+    job_name: DnsSubdomain | None = None
+    """Name of the current or last build Job."""
+    attempts: Annotated[int, Field(ge=0)] | None = None
+    """Build attempts so far."""
+    start_time: Annotated[datetime, Field(strict=False)] | None = None
+    """When the current attempt started."""
+    completion_time: Annotated[datetime, Field(strict=False)] | None = None
+    """When the build succeeded or finally failed."""
+    message: Annotated[str, StringConstraints(max_length=32768)] | None = None
+    """Human-readable detail, e.g. the last lines of a failed build's log."""
+    conditions: (
+        Annotated[list[Condition], Field(max_length=16, json_schema_extra=CONDITIONS_LIST_EXTRAS)] | None
+    ) = None
+    """Standard conditions (`Succeeded`, `Failed`)."""
+
+
+ENGINE_BUILD = ResourceInfo(
+    group=GROUP,
+    version=VERSION,
+    kind="EngineBuild",
+    plural="enginebuilds",
+    singular="enginebuild",
+    short_names=("eb",),
+    printer_columns=(
+        PrinterColumn("Model", "string", ".spec.model.uri", "Checkpoint"),
+        PrinterColumn("Role", "string", ".spec.role", "target or draft"),
+        PrinterColumn("TP", "integer", ".spec.parallelism.tensorParallel", "Tensor-parallel degree"),
+        PrinterColumn("Phase", "string", ".status.phase", "Build phase"),
+        PrinterColumn("Age", "date", ".metadata.creationTimestamp", "Time since creation"),
+        PrinterColumn("GPU", "string", ".spec.gpuProduct", "GPU product", priority=1),
+        PrinterColumn("Hash", "string", ".spec.hash", "Content hash", priority=1),
+    ),
+)
+
+
+class EngineBuild(ApiModel):
+    """One TensorRT-LLM engine for one model, content-addressed by `spec.hash` and shared by every
+    SpeculativeDeployment that needs the same engine. Created by the operator; read-only for users."""
+
+    resource: ClassVar[ResourceInfo] = ENGINE_BUILD
+
+    api_version: Literal["specdeploy.dev/v1alpha1"] = "specdeploy.dev/v1alpha1"
+    """`specdeploy.dev/v1alpha1`."""
+    kind: Literal["EngineBuild"] = "EngineBuild"
+    """`EngineBuild`."""
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    """Standard object metadata."""
+    spec: EngineBuildSpec
+    """What to build."""
+    status: EngineBuildStatus | None = None
+    """Build progress."""

@@ -1,0 +1,464 @@
+"""The SpeculativeDeployment API (`specdeploy.dev/v1alpha1`, kind `SpeculativeDeployment`).
+
+Field names are the public contract. Docstrings below each field become the CRD's descriptions (what
+`kubectl explain sdep.spec...` prints) and the text of `docs/api.md`; cross-field rules live in `rules.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar, Final, Literal
+
+from pydantic import Field, StringConstraints
+
+from . import rules
+from .base import GROUP, VERSION, ApiModel, PrinterColumn, ResourceInfo, Rules
+from .checkpoint import ModelSource, QuantizationSpec
+from .enginebuild import EngineBuildPhase
+from .meta import (
+    CONDITIONS_LIST_EXTRAS,
+    DNS_1035_LABEL,
+    Affinity,
+    Condition,
+    ConfigMapKeyRef,
+    DnsSubdomain,
+    LabelValue,
+    ObjectMeta,
+    PercentOrCount,
+    QualifiedName,
+    Quantity,
+    ResourceRequirements,
+    Toleration,
+)
+
+__all__ = [
+    "AutoscalingSpec",
+    "Backend",
+    "BuildSpec",
+    "ConditionType",
+    "EagleSpec",
+    "EngineCacheSpec",
+    "EngineRef",
+    "EngineRefs",
+    "ImagesSpec",
+    "ModelSpec",
+    "Phase",
+    "PlacementSpec",
+    "PromptLookupSpec",
+    "RolloutSpec",
+    "RuntimeSpec",
+    "ServingSpec",
+    "SpeculativeDeployment",
+    "SpeculativeDeploymentSpec",
+    "SpeculativeDeploymentStatus",
+    "SpeculativeMethod",
+    "SpeculativeSpec",
+]
+
+Backend = Literal["tensorrt", "pytorch"]
+SpeculativeMethod = Literal["draftTarget", "promptLookup", "eagle3", "mtp", "none"]
+Phase = Literal["Pending", "Building", "Deploying", "Ready", "Degraded", "Failed"]
+EnableDisable = Literal["enable", "disable"]
+
+
+class ConditionType:
+    """Condition types of `SpeculativeDeployment.status.conditions`."""
+
+    ENGINES_READY: Final = "EnginesReady"
+    AVAILABLE: Final = "Available"
+    PROGRESSING: Final = "Progressing"
+    DEGRADED: Final = "Degraded"
+
+
+_NoSpace = Annotated[str, StringConstraints(pattern=r"^\S+$", min_length=1, max_length=512)]
+_Limit = Annotated[int, Field(ge=1, le=16777216)]
+
+
+class BuildSpec(ApiModel):
+    """`trtllm-build` settings of one engine (backend `tensorrt` only).
+
+    The operator adds the flags it owns: `--checkpoint_dir`, `--output_dir`, `--workers`,
+    `--use_paged_context_fmha enable`, and for the target of `draftTarget`/`promptLookup`
+    `--speculative_decoding_mode draft_tokens_external --max_draft_len <spec.speculative.maxDraftLen>`, plus
+    `--gather_generation_logits` on both engines with `spec.speculative.acceptance: logits`. Unset fields are
+    left to trtllm-build's defaults."""
+
+    max_batch_size: Annotated[int, Field(ge=1, le=65536)] | None = None
+    """Largest batch the engine accepts (`--max_batch_size`)."""
+    max_num_tokens: _Limit | None = None
+    """Most tokens in one engine step across the batch (`--max_num_tokens`)."""
+    max_input_len: _Limit | None = None
+    """Longest prompt in tokens (`--max_input_len`); at most `maxSeqLen`."""
+    max_seq_len: _Limit | None = None
+    """Longest sequence, prompt plus output, in tokens (`--max_seq_len`)."""
+    gemm_plugin: (
+        Literal["auto", "float16", "float32", "bfloat16", "int32", "fp8", "nvfp4", "disable"] | None
+    ) = None
+    """GEMM plugin precision (`--gemm_plugin`); `fp8` for FP8 checkpoints."""
+    gemm_swiglu_plugin: Literal["fp8", "disable"] | None = None
+    """Fused GEMM + SwiGLU plugin (`--gemm_swiglu_plugin`); `fp8` needs `quantization.format: fp8`."""
+    low_latency_gemm_plugin: Literal["fp8", "disable"] | None = None
+    """Low-latency GEMM plugin for small batches (`--low_latency_gemm_plugin`); `fp8` needs
+    `quantization.format: fp8`."""
+    gpt_attention_plugin: Literal["auto", "float16", "float32", "bfloat16", "int32", "disable"] | None = None
+    """Attention plugin precision (`--gpt_attention_plugin`)."""
+    use_fused_mlp: EnableDisable | None = None
+    """Fuse the MLP's two GEMMs (`--use_fused_mlp`)."""
+    use_fp8_context_fmha: EnableDisable | None = None
+    """FP8 fused multi-head attention in the context phase (`--use_fp8_context_fmha`)."""
+    reduce_fusion: EnableDisable | None = None
+    """Fuse all-reduce with the following norm (`--reduce_fusion`), for tensor parallelism."""
+    multiple_profiles: EnableDisable | None = None
+    """Build several TensorRT optimisation profiles (`--multiple_profiles`)."""
+    extra_args: (
+        Annotated[
+            list[Annotated[str, StringConstraints(pattern=r"^\S+$", min_length=1, max_length=256)]],
+            Field(max_length=64),
+        ]
+        | None
+    ) = None
+    """Additional trtllm-build arguments for flags without a field here, one argument per item (`--flag=value`
+    or `--flag`, `value`). Flags the operator derives, and flags that have a field above, are rejected."""
+
+
+class ModelSpec(ApiModel):
+    """One model of the deployment (the target or the draft): checkpoint, parallelism, quantization, build."""
+
+    model: ModelSource
+    """The checkpoint."""
+    tensor_parallel: Annotated[int, Field(ge=1, le=64)] = 1
+    """Tensor-parallel degree: GPUs that each layer is split across (`--tp_size`)."""
+    pipeline_parallel: Annotated[int, Field(ge=1, le=64)] = 1
+    """Pipeline-parallel degree (`--pp_size`); must be 1 while a speculative method is on."""
+    quantization: QuantizationSpec = Field(
+        default_factory=QuantizationSpec, json_schema_extra={"default": {}}
+    )
+    """Checkpoint conversion and quantization."""
+    build: BuildSpec | None = None
+    """Engine build settings; only with `spec.backend: tensorrt`."""
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one copy of this model occupies."""
+        return self.tensor_parallel * self.pipeline_parallel
+
+
+# --- speculation---------------------------------------------------------------------------------------------
+
+
+class PromptLookupSpec(ApiModel):
+    """Prompt-lookup (n-gram) drafting settings."""
+
+    max_matching_ngram_size: Annotated[int, Field(ge=1, le=32)] = 2
+    """Longest n-gram from the end of the text that is searched for in the prompt and output so far
+    (`max_matching_ngram_size`)."""
+
+
+class EagleSpec(ApiModel):
+    """EAGLE-3 drafting settings."""
+
+    model: ModelSource
+    """The EAGLE-3 draft head checkpoint (`speculative_model_dir`), trained for the target model."""
+
+
+class SpeculativeSpec(ApiModel):
+    """Which speculative decoding method runs, and how many tokens it proposes."""
+
+    validation_rules: ClassVar[Rules] = rules.SPECULATIVE_RULES
+
+    method: SpeculativeMethod
+    """`draftTarget`: a separate draft model proposes tokens (needs `spec.draft`). `promptLookup`: tokens are
+    copied from matching n-grams of the prompt and output. `eagle3` / `mtp`: a draft head or multi-token
+    prediction layers (backend `pytorch`). `none`: plain decoding, the baseline for A/B comparisons."""
+    draft_len: Annotated[int, Field(ge=1, le=64)] | None = None
+    """Tokens proposed per step (`draft_len`, `prompt_lookup_num_tokens`); at most `maxDraftLen`. Unset means
+    `maxDraftLen`."""
+    max_draft_len: Annotated[int, Field(ge=1, le=64)] = 10
+    """Most draft tokens the engine accepts per step: the target engine's `--max_draft_len`, or
+    `max_draft_len` of the PyTorch backend's `speculative_config`."""
+    acceptance: Literal["tokenMatch", "logits"] = "tokenMatch"
+    """How draft tokens are accepted: `tokenMatch` compares tokens with the target's; `logits` uses rejection
+    sampling on draft and target logits (`use_logits`), `draftTarget` only."""
+    prompt_lookup: PromptLookupSpec | None = None
+    """Settings of `promptLookup`; only with that method."""
+    eagle: EagleSpec | None = None
+    """Settings of `eagle3`; required with that method, forbidden otherwise."""
+
+    @property
+    def effective_draft_len(self) -> int:
+        """Tokens proposed per step, with the default applied."""
+        return self.max_draft_len if self.draft_len is None else self.draft_len
+
+
+# --- placement, runtime, serving-----------------------------------------------------------------------------
+
+
+class PlacementSpec(ApiModel):
+    """Where the pods run and how the draft shares GPUs with the target."""
+
+    draft: Literal["colocated", "dedicated"] = "colocated"
+    """`colocated`: the draft's executors share the target's GPUs (seed 000: TP2 70B + TP2 8B run four
+    executors on two GPUs). `dedicated`: the draft gets GPUs of its own (seed 001: draft on GPU 0, target on
+    GPU 1)."""
+    gpu_product: LabelValue | None = None
+    """GPU model to run on, matched against the node label `nvidia.com/gpu.product`, e.g.
+    `NVIDIA-H100-80GB-HBM3` or `NVIDIA-H200`. Engines are built for this product."""
+    gpu_resource: QualifiedName = "nvidia.com/gpu"
+    """Extended resource name that GPUs are requested as."""
+    gpus_per_node: Annotated[int, Field(ge=1, le=64)] = 8
+    """GPUs per node of the target pool; a replica (all its GPUs on one node) may not need more."""
+    node_selector: Annotated[dict[str, str], Field(max_length=64)] | None = None
+    """Extra node labels the pods require, added to the GPU product label."""
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = None
+    """Tolerations added to the pods (GPU node taints, dedicated pools)."""
+    affinity: Affinity | None = None
+    """Extra affinity rules added to the pods."""
+    priority_class_name: DnsSubdomain | None = None
+    """PriorityClass of the pods."""
+
+
+_Fraction = Annotated[float, Field(gt=0, le=1)]
+
+
+class RuntimeSpec(ApiModel):
+    """Executor settings, the seed's `runtime.json` in camelCase; unset fields keep TensorRT-LLM defaults."""
+
+    max_batch_size: Annotated[int, Field(ge=1, le=65536)] | None = None
+    """Most requests the executor batches together (`max_batch_size`); the engine's limit still applies."""
+    max_num_tokens: Annotated[int, Field(ge=1, le=16777216)] | None = None
+    """Most tokens per executor step (`max_num_tokens`)."""
+    max_queue_size: Annotated[int, Field(ge=0)] | None = None
+    """Most requests waiting in the executor queue (`max_queue_size`)."""
+    max_seq_len: Annotated[int, Field(ge=1, le=16777216)] | None = None
+    """Longest sequence in tokens; backend `pytorch` only (with `tensorrt` it is fixed by `build.maxSeqLen`).
+    """
+    guaranteed_no_evict: bool | None = None
+    """Schedule only requests whose KV cache is guaranteed to fit (`GUARANTEED_NO_EVICT`) instead of
+    maximising utilisation (`guaranteed_no_evict`)."""
+    enable_chunked_context: bool | None = None
+    """Split long prompts into chunks across steps (`enable_chunked_context`)."""
+    enable_kv_cache_reuse: bool = True
+    """Reuse KV cache blocks of shared prefixes (`enable_kv_cache_reuse`, `--kv_cache_enable_block_reuse`);
+    must be true for `draftTarget` and `promptLookup`, which re-send the whole prefix every step."""
+    kv_cache_free_gpu_mem_fraction: _Fraction | None = None
+    """Fraction of free GPU memory the target's KV cache takes after the weights are loaded
+    (`kv_cache_free_gpu_mem_fraction`), in (0, 1]."""
+    draft_kv_cache_free_gpu_mem_fraction: _Fraction | None = None
+    """Same for the draft model's executor, in (0, 1]; only with `spec.draft`."""
+    kv_cache_host_memory_megabytes: Annotated[int, Field(ge=0)] | None = None
+    """Host memory for offloaded KV cache blocks, in MiB (`kv_cache_host_memory_megabytes`)."""
+    kv_cache_onboard_blocks: bool | None = None
+    """Copy offloaded blocks back to the GPU before use (`kv_cache_onboard_blocks`)."""
+    enable_batch_size_tuning: bool | None = None
+    """Let the executor tune the batch size at run time (`enable_batch_size_tuning`)."""
+    enable_max_num_tokens_tuning: bool | None = None
+    """Let the executor tune the token budget at run time (`enable_max_num_tokens_tuning`)."""
+    cross_kv_cache_fraction: _Fraction | None = None
+    """Share of the KV cache for cross attention, encoder-decoder models only (`cross_kv_cache_fraction`)."""
+    secondary_offload_min_priority: Annotated[int, Field(ge=0, le=100)] | None = None
+    """Lowest block priority that is offloaded to host memory (`secondary_offload_min_priority`)."""
+    event_buffer_max_size: Annotated[int, Field(ge=0)] | None = None
+    """Size of the KV cache event buffer (`event_buffer_max_size`); 0 turns events off."""
+
+
+class ServingSpec(ApiModel):
+    """The OpenAI-compatible HTTP server in front of the executors."""
+
+    validation_rules: ClassVar[Rules] = rules.SERVING_RULES
+
+    port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    """Container and Service port; the endpoint is `http://<service>.<namespace>.svc:<port>/v1`."""
+    api_key_secret: DnsSubdomain | None = None
+    """Name of a Secret whose `api-key` key holds the bearer token clients must send; unset means no auth."""
+    chat_template: Annotated[str, StringConstraints(min_length=1, max_length=65536)] | None = None
+    """Jinja chat template, inline; overrides the tokenizer's. Exclusive with `chatTemplateConfigMap`."""
+    chat_template_config_map: ConfigMapKeyRef | None = None
+    """ConfigMap key holding the chat template. Exclusive with `chatTemplate`."""
+    resources: ResourceRequirements | None = None
+    """CPU and memory of the server container; GPUs follow from the models' parallelism."""
+
+
+class EngineCacheSpec(ApiModel):
+    """Shared storage for built engines, keyed by EngineBuild hash so identical builds are reused."""
+
+    validation_rules: ClassVar[Rules] = rules.ENGINE_CACHE_RULES
+
+    pvc_name: DnsSubdomain | None = None
+    """An existing ReadWriteMany PersistentVolumeClaim. Exclusive with `size`."""
+    storage_class_name: DnsSubdomain | None = None
+    """StorageClass of the claim the operator creates; only with `size` (unset: the cluster default)."""
+    size: Quantity | None = None
+    """Size of the claim the operator creates, e.g. `2Ti`. Exclusive with `pvcName`."""
+
+
+class ImagesSpec(ApiModel):
+    """Container images; unset ones come from the operator's configuration."""
+
+    server: _NoSpace | None = None
+    """Image of the inference server (TensorRT-LLM runtime plus the specdeploy server)."""
+    builder: _NoSpace | None = None
+    """Image of the download, quantize and engine build Jobs; it pins the TensorRT-LLM version."""
+
+
+class RolloutSpec(ApiModel):
+    """How pods are replaced on a change (Deployment rolling update)."""
+
+    validation_rules: ClassVar[Rules] = rules.ROLLOUT_RULES
+
+    max_surge: PercentOrCount = 0
+    """Pods created above `replicas` during a rollout (count or percentage). 0 by default: GPUs are scarce,
+    and a surge pod can wait forever for a GPU the old pod holds."""
+    max_unavailable: PercentOrCount = 1
+    """Pods that may be missing during a rollout (count or percentage)."""
+
+
+class AutoscalingSpec(ApiModel):
+    """Reserved: horizontal autoscaling. Validated and stored, not acted on yet."""
+
+    validation_rules: ClassVar[Rules] = rules.AUTOSCALING_RULES
+
+    min_replicas: Annotated[int, Field(ge=0, le=1024)] = 1
+    """Fewest replicas."""
+    max_replicas: Annotated[int, Field(ge=1, le=1024)]
+    """Most replicas; at least `minReplicas`."""
+    metric: Literal["queueDepth", "runningRequests", "kvCacheUtilization"] = "queueDepth"
+    """Per-replica signal to scale on."""
+    target: Annotated[float, Field(gt=0)] | None = None
+    """Value of `metric` per replica to aim for."""
+
+
+# --- the resource -------------------------------------------------------------------------------------------
+
+
+class SpeculativeDeploymentSpec(ApiModel):
+    """Desired state: a target model served with a speculative decoding method on GPU nodes."""
+
+    validation_rules: ClassVar[Rules] = rules.SPEC_RULES
+
+    replicas: Annotated[int, Field(ge=0, le=1024)] = 1
+    """Number of serving replicas; each runs the target (and the draft) on the GPUs of one node."""
+    backend: Backend = "tensorrt"
+    """`tensorrt`: engines built with `trtllm-build` and run by paired executors (seeds 000, 001, 003, 004).
+    `pytorch`: the TensorRT-LLM LLM API with a `speculative_config`, no engine build (seed 002)."""
+    target: ModelSpec
+    """The model whose output is served."""
+    draft: ModelSpec | None = None
+    """The draft model; required with `spec.speculative.method: draftTarget`, forbidden otherwise. It must
+    share the target's tokenizer."""
+    speculative: SpeculativeSpec
+    """Speculative decoding method and draft lengths."""
+    placement: PlacementSpec = Field(default_factory=PlacementSpec, json_schema_extra={"default": {}})
+    """GPU product, draft placement and pod scheduling."""
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec, json_schema_extra={"default": {}})
+    """Executor settings (the seed's `runtime.json`)."""
+    serving: ServingSpec = Field(default_factory=ServingSpec, json_schema_extra={"default": {}})
+    """HTTP server settings."""
+    engine_cache: EngineCacheSpec | None = None
+    """Where engines are stored; unset uses the operator's default cache."""
+    images: ImagesSpec | None = None
+    """Image overrides."""
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra={"default": {}})
+    """Rolling update limits."""
+    autoscaling: AutoscalingSpec | None = None
+    """Reserved for horizontal autoscaling."""
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs one replica requests: the target's, plus the draft's when it is placed on dedicated GPUs."""
+        gpus = self.target.gpus
+        if self.draft is not None and self.placement.draft == "dedicated":
+            gpus += self.draft.gpus
+        return gpus
+
+
+class EngineRef(ApiModel):
+    """The EngineBuild a model of this deployment uses."""
+
+    name: DnsSubdomain
+    """Name of the EngineBuild."""
+    hash: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,64}$")]
+    """Content hash of the engine (the EngineBuild's `spec.hash`)."""
+    phase: EngineBuildPhase
+    """Phase of the EngineBuild."""
+
+
+class EngineRefs(ApiModel):
+    """Engines of the target and the draft."""
+
+    target: EngineRef | None = None
+    """Engine of the target model."""
+    draft: EngineRef | None = None
+    """Engine of the draft model."""
+
+
+class SpeculativeDeploymentStatus(ApiModel):
+    """Observed state, written by the operator."""
+
+    phase: Phase | None = None
+    """Summary: `Pending`, `Building` (engines), `Deploying` (pods starting), `Ready`, `Degraded`, `Failed`.
+    """
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    """The `metadata.generation` this status describes."""
+    conditions: (
+        Annotated[list[Condition], Field(max_length=16, json_schema_extra=CONDITIONS_LIST_EXTRAS)] | None
+    ) = None
+    """Conditions `EnginesReady`, `Available`, `Progressing` and `Degraded`."""
+    engines: EngineRefs | None = None
+    """EngineBuilds in use."""
+    replicas: Annotated[int, Field(ge=0)] | None = None
+    """Pods that exist (scale subresource)."""
+    ready_replicas: Annotated[int, Field(ge=0)] | None = None
+    """Pods that are ready to serve."""
+    updated_replicas: Annotated[int, Field(ge=0)] | None = None
+    """Pods running the current spec."""
+    ready_text: Annotated[str, StringConstraints(max_length=32)] | None = None
+    """`readyReplicas/replicas`, as `kubectl get` shows it (printer columns cannot compute)."""
+    selector: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    """Label selector of the pods, as a string (scale subresource, HPA)."""
+    endpoint: Annotated[str, StringConstraints(max_length=512)] | None = None
+    """OpenAI-compatible base URL, `http://<service>.<namespace>.svc:<port>/v1`."""
+    gpus_per_replica: Annotated[int, Field(ge=0)] | None = None
+    """GPUs each replica requests."""
+
+
+SPECULATIVE_DEPLOYMENT = ResourceInfo(
+    group=GROUP,
+    version=VERSION,
+    kind="SpeculativeDeployment",
+    plural="speculativedeployments",
+    singular="speculativedeployment",
+    short_names=("sdep", "specdeploy"),
+    printer_columns=(
+        PrinterColumn("Phase", "string", ".status.phase", "Summary of the deployment's state"),
+        PrinterColumn("Method", "string", ".spec.speculative.method", "Speculative decoding method"),
+        PrinterColumn("Target", "string", ".spec.target.model.uri", "Target model"),
+        PrinterColumn("Draft", "string", ".spec.draft.model.uri", "Draft model"),
+        PrinterColumn("Ready", "string", ".status.readyText", "Ready replicas / replicas"),
+        PrinterColumn("GPUs/replica", "integer", ".status.gpusPerReplica", "GPUs each replica requests"),
+        PrinterColumn("Age", "date", ".metadata.creationTimestamp", "Time since creation"),
+        PrinterColumn("Backend", "string", ".spec.backend", "Inference backend", priority=1),
+        PrinterColumn("Endpoint", "string", ".status.endpoint", "OpenAI-compatible base URL", priority=1),
+    ),
+    scale=(".spec.replicas", ".status.replicas", ".status.selector"),
+    # The Service carries the deployment's name, so it must be a DNS-1035 label.
+    name_max_length=63,
+    name_pattern=DNS_1035_LABEL,
+)
+
+
+class SpeculativeDeployment(ApiModel):
+    """Serves an LLM with speculative decoding: a target model plus a draft model, prompt lookup, EAGLE-3 or
+    MTP, on GPU nodes, behind an OpenAI-compatible endpoint. The operator builds the engines (EngineBuild
+    objects), then runs the replicas."""
+
+    resource: ClassVar[ResourceInfo] = SPECULATIVE_DEPLOYMENT
+
+    api_version: Literal["specdeploy.dev/v1alpha1"] = "specdeploy.dev/v1alpha1"
+    """`specdeploy.dev/v1alpha1`."""
+    kind: Literal["SpeculativeDeployment"] = "SpeculativeDeployment"
+    """`SpeculativeDeployment`."""
+    metadata: ObjectMeta = Field(default_factory=ObjectMeta)
+    """Standard object metadata."""
+    spec: SpeculativeDeploymentSpec
+    """Desired state."""
+    status: SpeculativeDeploymentStatus | None = None
+    """Observed state."""
