@@ -1,0 +1,98 @@
+"""Build an engine from a ServerConfig, importing only the backend it needs."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+
+from specdeploy_server.config import Backend, Method, ServerConfig, detect_backend
+from specdeploy_server.core.drafters import Drafter, DraftModelDrafter, NoDrafter, PromptLookupDrafter
+from specdeploy_server.core.scheduler import SchedulerObserver, SchedulerSettings, SpeculativeScheduler
+from specdeploy_server.engine import Engine, model_info
+
+log = logging.getLogger(__name__)
+
+
+class BackendUnavailableError(RuntimeError):
+    pass
+
+
+def resolve_backend(config: ServerConfig) -> Backend:
+    if config.backend != Backend.AUTO:
+        return config.backend
+    return detect_backend(config.model.target)
+
+
+def scheduler_settings(config: ServerConfig, max_model_len: int) -> SchedulerSettings:
+    spec = config.speculative
+    return SchedulerSettings(
+        max_batch_size=config.runtime.max_batch_size,
+        max_queue_size=config.runtime.max_queue_size,
+        max_model_len=max_model_len,
+        acceptance=spec.acceptance.value,
+        draft_len=None if spec.draft_len == "auto" else spec.draft_len,
+        max_draft_len=spec.max_draft_len,
+    )
+
+
+def build_engine(config: ServerConfig, observer: SchedulerObserver | None = None) -> Engine:
+    backend = resolve_backend(config)
+    if backend == Backend.PYTORCH_REFERENCE:
+        return _build_reference(config, observer)
+    raise BackendUnavailableError(
+        f"backend {backend.value!r} is not available in this build; "
+        "use --backend pytorch-reference with a Hugging Face checkpoint"
+    )
+
+
+def _build_reference(config: ServerConfig, observer: SchedulerObserver | None) -> Engine:
+    import torch  # noqa: PLC0415 (lazy: only this backend needs torch)
+
+    from specdeploy_server.backends.reference import (  # noqa: PLC0415
+        CachedModel,
+        ReferenceDraftExecutor,
+        ReferenceTargetExecutor,
+        max_position_embeddings,
+        resolve_device,
+        resolve_dtype,
+    )
+    from specdeploy_server.tokenizer import HFTokenizer  # noqa: PLC0415
+
+    placement = config.placement
+    if placement.cpu_threads is not None:
+        torch.set_num_threads(placement.cpu_threads)
+    target_device = resolve_device(placement.device, placement.target_device_ids)
+    target = CachedModel(config.model.target, target_device, resolve_dtype(config.model.dtype, target_device))
+    worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference-backend")
+    method = config.method
+    drafter: Drafter
+    if method == Method.DRAFT_TARGET:
+        assert config.model.draft is not None  # checked by the config model
+        draft_device = resolve_device(placement.device, placement.draft_device_ids)
+        draft = CachedModel(config.model.draft, draft_device, resolve_dtype(config.model.dtype, draft_device))
+        if draft.vocab_size != target.vocab_size:
+            raise ValueError(
+                f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})"
+            )
+        drafter = DraftModelDrafter(ReferenceDraftExecutor(draft, worker))
+    elif method == Method.PROMPT_LOOKUP:
+        drafter = PromptLookupDrafter(config.speculative.prompt_lookup.max_matching_ngram_size)
+    else:
+        drafter = NoDrafter()
+    tokenizer = HFTokenizer(config.model.tokenizer or config.model.target, config.serving.chat_template)
+    max_len = config.model.max_model_len or max_position_embeddings(config.model.target) or 4096
+    scheduler = SpeculativeScheduler(
+        ReferenceTargetExecutor(target, worker, max_draft_len=config.speculative.max_draft_len),
+        drafter,
+        scheduler_settings(config, max_len),
+        observer,
+    )
+    log.info(
+        "reference backend: target %s on %s, method %s, draftLen %s, acceptance %s",
+        config.model.target,
+        target_device,
+        method.value,
+        config.speculative.draft_len,
+        config.speculative.acceptance.value,
+    )
+    return Engine(tokenizer, scheduler, model_info(config.model.name, max_len), on_close=worker.shutdown)

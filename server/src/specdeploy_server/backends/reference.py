@@ -1,0 +1,216 @@
+"""Reference backend: Hugging Face transformers + PyTorch, CPU or CUDA.
+
+Each model keeps one ``DynamicCache`` per request plus the list of tokens that cache holds. Before every
+forward
+the cache is cut back to the longest common prefix with the sequence, which is how rejected draft tokens
+leave the
+cache ("trim on rejection") without the core having to say so.
+
+Sequences of a batch are run one after another on a single worker thread (no padding/batching of different
+lengths), interleaved step by step across requests. The event loop is never blocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+
+from specdeploy_server.core.acceptance import (
+    accept_rejection_sampling,
+    accept_token_match,
+    process_logits,
+    sample_from,
+)
+from specdeploy_server.core.executors import AcceptanceRule, DraftRequest, VerifyRequest
+from specdeploy_server.core.types import FloatArray, Proposal, SamplingParams
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
+
+
+def resolve_device(kind: str, device_ids: Sequence[int]) -> torch.device:
+    if kind == "cpu" or (kind == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if len(device_ids) > 1:
+        log.warning("the reference backend runs each model on one device; using cuda:%d", device_ids[0])
+    return torch.device("cuda", device_ids[0] if device_ids else 0)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype | str:
+    if name != "auto":
+        return _DTYPES[name]
+    return torch.float32 if device.type == "cpu" else "auto"
+
+
+def max_position_embeddings(path: Path) -> int | None:
+    config = AutoConfig.from_pretrained(str(path), local_files_only=True)
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if value is not None else None
+
+
+@dataclass
+class _KV:
+    cache: Any  # DynamicCache
+    tokens: list[int] = field(default_factory=list)  # what the cache holds, position by position
+    confirmed: int = 0  # tokens[:confirmed] is known to be a prefix of the request's sequence
+
+
+class CachedModel:
+    """A causal LM with per-request KV caches, trimmed to the longest common prefix before each forward."""
+
+    def __init__(self, path: Path, device: torch.device, dtype: torch.dtype | str) -> None:
+        self.path = path
+        self.device = device
+        model: Any = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype)
+        self.model: Any = model.to(device).eval()
+        self.vocab_size = int(self.model.config.vocab_size)
+        self._kv: dict[str, _KV] = {}
+
+    def release(self, request_id: str) -> None:
+        self._kv.pop(request_id, None)
+
+    def cached_tokens(self, request_id: str) -> int:
+        kv = self._kv.get(request_id)
+        return 0 if kv is None else int(kv.cache.get_seq_length())
+
+    @torch.inference_mode()
+    def logits_for(self, request_id: str, prefix: Sequence[int], extra: Sequence[int]) -> torch.Tensor:
+        """Logits (float32, on CPU) for the last ``len(extra) + 1`` positions of ``prefix + extra``.
+
+        Row i predicts the token after ``prefix + extra[:i]``.
+        """
+        kv = self._kv.get(request_id)
+        if kv is None:
+            kv = self._kv[request_id] = _KV(DynamicCache(config=self.model.config))
+        full = [*prefix, *extra]
+        common = _common_prefix(kv.tokens, full, kv.confirmed)
+        common = min(common, len(prefix) - 1)  # we need the logits of the last prefix position
+        kv.confirmed = common
+        cached = len(kv.tokens)
+        if cached > common:
+            kv.cache.crop(common - cached)  # negative: remove that many positions (works on 4.x and 5.x)
+        new = full[common:]
+        out = self.model(
+            input_ids=torch.tensor([new], dtype=torch.long, device=self.device),
+            past_key_values=kv.cache,
+            use_cache=True,
+        )
+        kv.tokens = full
+        logits: torch.Tensor = out.logits[0, -(len(extra) + 1) :].float().cpu()
+        return logits
+
+    @torch.inference_mode()
+    def append(self, request_id: str, token: int) -> torch.Tensor:
+        """Feed one more token after what the cache holds; logits (float32, CPU) of that position."""
+        kv = self._kv[request_id]
+        out = self.model(
+            input_ids=torch.tensor([[token]], dtype=torch.long, device=self.device),
+            past_key_values=kv.cache,
+            use_cache=True,
+        )
+        kv.tokens.append(token)
+        logits: torch.Tensor = out.logits[0, -1].float().cpu()
+        return logits
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int], start: int) -> int:
+    n = min(len(a), len(b))
+    i = min(start, n)
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _pick(
+    logits: torch.Tensor, params: SamplingParams, rng: np.random.Generator
+) -> tuple[int, FloatArray | None]:
+    if params.greedy:
+        return int(torch.argmax(logits).item()), None
+    probs = process_logits(logits.double().numpy(), params)
+    return sample_from(probs, rng), probs
+
+
+class ReferenceTargetExecutor:
+    def __init__(
+        self, model: CachedModel, worker: concurrent.futures.Executor, max_draft_len: int = 64
+    ) -> None:
+        self.model = model
+        self._worker = worker
+        self._max_draft_len = max_draft_len
+
+    @property
+    def max_draft_len(self) -> int:
+        return self._max_draft_len
+
+    async def verify(self, batch: Sequence[VerifyRequest]) -> list[list[int]]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._worker, self._verify_all, list(batch))
+
+    def release(self, request_id: str) -> None:
+        self.model.release(request_id)
+
+    def _verify_all(self, batch: list[VerifyRequest]) -> list[list[int]]:
+        return [self._verify(req) for req in batch]
+
+    def _verify(self, req: VerifyRequest) -> list[int]:
+        seq, draft = req.seq, req.proposal.tokens
+        logits = self.model.logits_for(seq.request_id, seq.token_ids, draft)
+        params = seq.params
+        if params.greedy:
+            return accept_token_match(draft, logits.argmax(dim=-1).tolist())
+        probs = process_logits(logits.double().numpy(), params)
+        if req.acceptance == AcceptanceRule.LOGITS:
+            return accept_rejection_sampling(draft, req.proposal.probs, probs, seq.rng)
+        own = [sample_from(row, seq.rng) for row in probs]
+        return accept_token_match(draft, own)
+
+
+class ReferenceDraftExecutor:
+    """Generates draft tokens autoregressively: argmax for greedy requests and token-match acceptance, a
+    sample
+    from the processed draft distribution (returned with the tokens) when acceptance is by logits."""
+
+    def __init__(self, model: CachedModel, worker: concurrent.futures.Executor) -> None:
+        self.model = model
+        self._worker = worker
+
+    async def draft(self, batch: Sequence[DraftRequest]) -> list[Proposal]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._worker, self._draft_all, list(batch))
+
+    def release(self, request_id: str) -> None:
+        self.model.release(request_id)
+
+    def _draft_all(self, batch: list[DraftRequest]) -> list[Proposal]:
+        return [self._draft(req) for req in batch]
+
+    def _draft(self, req: DraftRequest) -> Proposal:
+        seq = req.seq
+        sample = req.want_probs and not seq.params.greedy
+        params = seq.params if sample else SamplingParams(temperature=0.0)
+        logits = self.model.logits_for(seq.request_id, seq.token_ids, [])[-1]
+        tokens: list[int] = []
+        rows: list[FloatArray] = []
+        for i in range(req.num_tokens):
+            token, probs = _pick(logits, params, seq.rng)
+            tokens.append(token)
+            if probs is not None:
+                rows.append(probs)
+            if i + 1 < req.num_tokens:
+                logits = self.model.append(seq.request_id, token)
+        return Proposal(tokens, np.stack(rows) if rows else None)

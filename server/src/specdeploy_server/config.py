@@ -1,0 +1,215 @@
+"""The server configuration: one pydantic model, read from a JSON/YAML file and overridden by CLI flags.
+
+This is the contract the operator renders into a ConfigMap. Field names in files are camelCase (Python
+attribute
+names are snake_case); unknown keys are rejected so that a typo fails at start-up instead of being ignored.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class Backend(enum.StrEnum):
+    AUTO = "auto"
+    PYTORCH_REFERENCE = "pytorch-reference"
+    TRTLLM_ENGINE = "trtllm-engine"
+    TRTLLM_LLMAPI = "trtllm-llmapi"
+
+
+class Method(enum.StrEnum):
+    DRAFT_TARGET = "draftTarget"
+    PROMPT_LOOKUP = "promptLookup"
+    NONE = "none"
+
+
+class Acceptance(enum.StrEnum):
+    TOKEN_MATCH = "tokenMatch"
+    LOGITS = "logits"
+
+
+class ModelConfig(_Model):
+    target: Path = Field(
+        description="Target model directory: a Hugging Face checkpoint or a TensorRT-LLM engine."
+    )
+    draft: Path | None = Field(
+        default=None, description="Draft model directory (same vocabulary as the target)."
+    )
+    tokenizer: Path | None = Field(
+        default=None, description="Tokenizer directory; default: the target directory."
+    )
+    served_model_name: str | None = Field(
+        default=None,
+        description="Name in /v1/models and the `model` field; default: the target directory's name.",
+    )
+    dtype: Literal["auto", "float32", "float16", "bfloat16", "float64"] = Field(
+        default="auto",
+        description="Weights/activation dtype (reference backend): auto = float32 on CPU, else as stored.",
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=2, description="Context length limit; default: the target's max_position_embeddings."
+    )
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.target.resolve().name
+
+
+class PromptLookupConfig(_Model):
+    max_matching_ngram_size: int = Field(default=2, ge=1, description="Longest suffix n-gram to match.")
+
+
+class SpeculativeConfig(_Model):
+    method: Method | None = Field(
+        default=None,
+        description="draftTarget | promptLookup | none; default: draftTarget with a draft, else none.",
+    )
+    draft_len: int | Literal["auto"] = Field(
+        default=4,
+        description="Draft tokens per step, or `auto` to adapt it to acceptance and measured costs.",
+    )
+    max_draft_len: int = Field(
+        default=10, ge=0, description="Upper bound for draftLen (the engine's max_draft_len)."
+    )
+    acceptance: Acceptance = Field(
+        default=Acceptance.TOKEN_MATCH,
+        description="tokenMatch (use_logits=False) | logits (rejection sampling).",
+    )
+    prompt_lookup: PromptLookupConfig = Field(default_factory=PromptLookupConfig)
+
+    @field_validator("draft_len")
+    @classmethod
+    def _draft_len_non_negative(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 0:
+            raise ValueError("draftLen must be >= 0 or 'auto'")
+        return value
+
+    @model_validator(mode="after")
+    def _draft_len_within_max(self) -> SpeculativeConfig:
+        if isinstance(self.draft_len, int) and self.draft_len > self.max_draft_len:
+            raise ValueError(f"draftLen {self.draft_len} exceeds maxDraftLen {self.max_draft_len}")
+        return self
+
+
+class PlacementConfig(_Model):
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", description="auto = cuda when available.")
+    target_device_ids: list[int] = Field(
+        default_factory=lambda: [0], description="GPUs of the target (TP size)."
+    )
+    draft_device_ids: list[int] = Field(
+        default_factory=lambda: [0], description="GPUs of the draft (TP size)."
+    )
+    cpu_threads: int | None = Field(default=None, ge=1, description="torch CPU threads (reference backend).")
+
+
+class RuntimeConfig(_Model):
+    max_batch_size: int = Field(default=64, ge=1, description="Sequences stepped together.")
+    max_queue_size: int | None = Field(
+        default=1024, ge=0, description="Waiting requests beyond the batch before 503; null = unbounded."
+    )
+    max_num_tokens: int = Field(default=8192, ge=1, description="TensorRT-LLM: tokens per engine iteration.")
+    kv_cache_free_gpu_mem_fraction: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="TensorRT-LLM: fraction of free GPU memory for the KV cache, per executor.",
+    )
+    draft_kv_cache_free_gpu_mem_fraction: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Same for the draft executor; default: kvCacheFreeGpuMemFraction.",
+    )
+    enable_kv_cache_reuse: bool = Field(
+        default=True, description="TensorRT-LLM: KV block reuse (required for DTM)."
+    )
+    enable_chunked_context: bool = Field(default=True, description="TensorRT-LLM: chunked prefill.")
+    guaranteed_no_evict: bool = Field(default=False, description="TensorRT-LLM capacity scheduler policy.")
+
+
+class ServingConfig(_Model):
+    host: str = "0.0.0.0"
+    port: int = Field(default=8000, ge=0, le=65535)
+    api_key_file: Path | None = Field(default=None, description="File holding the API key (Bearer token).")
+    api_key_env: str | None = Field(default=None, description="Environment variable holding the API key.")
+    chat_template: Path | None = Field(
+        default=None, description="Jinja chat template; default: the tokenizer's."
+    )
+    shutdown_timeout_seconds: float = Field(
+        default=30.0, ge=0, description="Grace period for in-flight requests."
+    )
+    default_max_tokens: int = Field(
+        default=16, ge=1, description="max_tokens of /v1/completions when omitted."
+    )
+
+
+class LoggingConfig(_Model):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    format: Literal["text", "json"] = "text"
+    access_log: bool = False
+
+
+class ServerConfig(_Model):
+    model: ModelConfig
+    backend: Backend = Backend.AUTO
+    speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    serving: ServingConfig = Field(default_factory=ServingConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @property
+    def method(self) -> Method:
+        if self.speculative.method is not None:
+            return self.speculative.method
+        return Method.DRAFT_TARGET if self.model.draft is not None else Method.NONE
+
+    @model_validator(mode="after")
+    def _draft_needed(self) -> ServerConfig:
+        if self.speculative.method == Method.DRAFT_TARGET and self.model.draft is None:
+            raise ValueError("speculative.method draftTarget needs model.draft")
+        return self
+
+    def dump(self) -> dict[str, Any]:
+        """The file form (camelCase, JSON-compatible)."""
+        return self.model_dump(mode="json", by_alias=True)
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    text = path.read_text(encoding="utf-8")
+    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the configuration must be a mapping")
+    return data
+
+
+def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """Deep merge: mappings merge key by key, anything else in ``override`` replaces."""
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def detect_backend(path: Path) -> Backend:
+    """A TensorRT-LLM engine directory holds config.json and rank*.engine; anything else is an HF
+    checkpoint."""
+    if (path / "config.json").is_file() and any(path.glob("rank*.engine")):
+        return Backend.TRTLLM_ENGINE
+    return Backend.PYTORCH_REFERENCE

@@ -1,0 +1,114 @@
+"""Acceptance rules: pure functions from (draft tokens, distributions) to the tokens a step emits.
+
+Both rules return the accepted prefix of the draft followed by exactly one token chosen by the target (the
+correction at the first rejected position, or the bonus token after a fully accepted draft). Neither rule
+changes
+the distribution of the target's output; token match is exact for greedy decoding, rejection sampling
+(Leviathan et al. 2023, Chen et al. 2023) for any temperature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from specdeploy_server.core.types import FloatArray, SamplingParams
+
+
+def sample_from(probs: FloatArray, rng: np.random.Generator) -> int:
+    """Draw one index from an (unnormalised, non-negative) probability row by inverse CDF."""
+    cdf = np.cumsum(probs)
+    total = float(cdf[-1])
+    if not total > 0.0:
+        raise ValueError("cannot sample from an all-zero distribution")
+    idx = int(np.searchsorted(cdf, rng.random() * total, side="right"))
+    return min(idx, len(probs) - 1)
+
+
+def process_logits(logits: FloatArray, params: SamplingParams) -> FloatArray:
+    """Logits row(s) -> the distribution the target samples from: temperature, then nucleus (top-p)
+    filtering."""
+    x: FloatArray = np.asarray(logits, dtype=np.float64)
+    temperature = params.temperature if params.temperature > 0 else 1.0
+    x = x / temperature
+    x = x - x.max(axis=-1, keepdims=True)
+    probs: FloatArray = np.exp(x)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if params.top_p < 1.0:
+        probs = _top_p(probs, params.top_p)
+    return probs
+
+
+def _top_p(probs: FloatArray, top_p: float) -> FloatArray:
+    order = np.argsort(-probs, axis=-1, kind="stable")
+    sorted_probs = np.take_along_axis(probs, order, axis=-1)
+    cum = np.cumsum(sorted_probs, axis=-1)
+    # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
+    keep_sorted = (cum - sorted_probs) < top_p
+    keep = np.zeros_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, axis=-1)
+    out: FloatArray = np.where(keep, probs, 0.0)
+    out /= out.sum(axis=-1, keepdims=True)
+    return out
+
+
+def accept_token_match(draft_tokens: Sequence[int], target_tokens: Sequence[int]) -> list[int]:
+    """Token-match acceptance (TensorRT-LLM ``use_logits=False``).
+
+    ``target_tokens[i]`` is the token the target itself picks at draft position i given the prefix and the
+    draft
+    tokens before i (argmax for greedy, a sample from p_i otherwise); it has ``len(draft_tokens) + 1``
+    entries.
+    """
+    if len(target_tokens) != len(draft_tokens) + 1:
+        raise ValueError(f"need {len(draft_tokens) + 1} target tokens, got {len(target_tokens)}")
+    out: list[int] = []
+    for draft, own in zip(draft_tokens, target_tokens, strict=False):
+        if draft != own:
+            out.append(int(own))
+            return out
+        out.append(int(draft))
+    out.append(int(target_tokens[-1]))
+    return out
+
+
+def accept_rejection_sampling(
+    draft_tokens: Sequence[int],
+    draft_probs: FloatArray | None,
+    target_probs: FloatArray,
+    rng: np.random.Generator,
+) -> list[int]:
+    """Speculative sampling (TensorRT-LLM ``use_logits=True``).
+
+    Draft token i is accepted with probability ``min(1, p_i(x) / q_i(x))``; at the first rejection the step
+    emits a
+    sample from ``normalize(max(p_i - q_i, 0))``; when all k are accepted it emits a bonus sample from
+    ``p_k``.
+    ``draft_probs`` (k x V) is ``None`` for a deterministic proposal, which is the one-hot case q_i(x) = 1.
+    ``target_probs`` is (k + 1) x V.
+    """
+    k = len(draft_tokens)
+    if target_probs.shape[0] != k + 1:
+        raise ValueError(f"need {k + 1} target distributions, got {target_probs.shape[0]}")
+    if draft_probs is not None and draft_probs.shape[0] < k:
+        raise ValueError(f"need {k} draft distributions, got {draft_probs.shape[0]}")
+    out: list[int] = []
+    for i, token in enumerate(draft_tokens):
+        p = target_probs[i]
+        p_x = float(p[token])
+        q_x = float(draft_probs[i, token]) if draft_probs is not None else 1.0
+        if rng.random() * q_x < p_x:
+            out.append(int(token))
+            continue
+        if draft_probs is not None:
+            residual = np.maximum(p - draft_probs[i], 0.0)
+        else:
+            residual = p.copy()
+            residual[token] = 0.0
+        if not residual.sum() > 0.0:  # p == q up to rounding: any sample from p is exact
+            residual = p
+        out.append(sample_from(residual, rng))
+        return out
+    out.append(sample_from(target_probs[k], rng))
+    return out

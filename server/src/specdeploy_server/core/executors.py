@@ -1,0 +1,62 @@
+"""What a backend must offer the speculative core.
+
+The two protocols are deliberately the shape TensorRT-LLM's executor has for external draft tokens:
+
+* a draft executor "generates k tokens for this prefix" (optionally returning the distribution of each), and
+* a target executor "verifies these draft tokens for this prefix and returns the accepted ones plus one
+token of
+  its own" (``ExternalDraftTokensConfig(tokens, logits)``).
+
+Calls are batched: one call covers every running sequence, so a backend can run them as one batch (in-flight
+batching) or one after another. A backend keeps its own per-sequence state (KV cache) keyed by
+``SequenceState.request_id``, and must tolerate the prefix having changed since the last call: after a step
+the
+prefix is the previous one plus the emitted tokens, so the backend keeps the cache for the longest common
+prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from specdeploy_server.core.types import Proposal, SequenceState
+
+
+class AcceptanceRule:
+    TOKEN_MATCH = "tokenMatch"
+    LOGITS = "logits"
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    seq: SequenceState
+    num_tokens: int
+    want_probs: bool
+
+
+@dataclass(frozen=True)
+class VerifyRequest:
+    seq: SequenceState
+    proposal: Proposal
+    acceptance: str  # AcceptanceRule value
+
+
+class DraftExecutor(Protocol):
+    """A draft model: proposes ``num_tokens`` tokens continuing ``seq.token_ids``."""
+
+    async def draft(self, batch: Sequence[DraftRequest]) -> list[Proposal]: ...
+
+    def release(self, request_id: str) -> None: ...
+
+
+class TargetExecutor(Protocol):
+    """The target model: verifies proposals, returns accepted draft tokens + one target token per sequence."""
+
+    @property
+    def max_draft_len(self) -> int: ...
+
+    async def verify(self, batch: Sequence[VerifyRequest]) -> list[list[int]]: ...
+
+    def release(self, request_id: str) -> None: ...

@@ -1,0 +1,286 @@
+"""The step loop: admits requests, drafts and verifies all running sequences once per step, emits tokens.
+
+One asyncio task drives every running sequence in lock step (iteration-level batching): each step makes one
+batched ``propose`` call on the drafter and one batched ``verify`` call on the target executor. The loop never
+blocks the event loop itself; executors run their work elsewhere (a thread, a GPU, TensorRT-LLM's executor).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from specdeploy_server.core.adaptive import DraftLenController
+from specdeploy_server.core.drafters import Drafter
+from specdeploy_server.core.executors import AcceptanceRule, TargetExecutor, VerifyRequest
+from specdeploy_server.core.types import FinishReason, Proposal, SequenceState, StepOutput
+
+log = logging.getLogger(__name__)
+
+
+class QueueFullError(Exception):
+    """The waiting queue is at ``maxQueueSize``."""
+
+
+class EngineStoppedError(Exception):
+    """The scheduler is shutting down and takes no new requests."""
+
+
+@dataclass(frozen=True)
+class SchedulerSettings:
+    max_batch_size: int = 64
+    max_queue_size: int | None = 1024  # waiting (not yet running) requests; None = unbounded
+    max_model_len: int = 4096
+    acceptance: str = AcceptanceRule.TOKEN_MATCH
+    draft_len: int | None = 4  # None = adaptive
+    max_draft_len: int = 10
+
+
+class SchedulerObserver(Protocol):
+    """Receives statistics as they happen (the metrics module implements it)."""
+
+    def on_step(self, batch_size: int, seconds: float, emitted: int) -> None: ...
+
+    def on_sequence_step(self, drafted: int, accepted: int) -> None: ...
+
+
+class _NullObserver:
+    def on_step(self, batch_size: int, seconds: float, emitted: int) -> None:
+        return None
+
+    def on_sequence_step(self, drafted: int, accepted: int) -> None:
+        return None
+
+
+@dataclass
+class GlobalStats:
+    steps: int = 0
+    sequence_steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+    requests_finished: int = 0
+
+
+class SpeculativeScheduler:
+    def __init__(
+        self,
+        target: TargetExecutor,
+        drafter: Drafter,
+        settings: SchedulerSettings,
+        observer: SchedulerObserver | None = None,
+    ) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.settings = settings
+        self.observer: SchedulerObserver = observer or _NullObserver()
+        max_k = min(settings.max_draft_len, target.max_draft_len)
+        self.draft_len = DraftLenController(max_k=max_k, fixed=settings.draft_len)
+        if not drafter.has_cost:
+            self.draft_len.draft_token_cost = 0.0
+        self.stats = GlobalStats()
+        self.waiting: deque[SequenceState] = deque()
+        self.running: list[SequenceState] = []
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._accepting = True
+        self._rate_tokens_per_s: float | None = None
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop(), name="speculative-scheduler")
+
+    @property
+    def alive(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def stop(self, timeout: float) -> None:
+        """Stop accepting, let in-flight requests finish for up to ``timeout`` seconds, abort the rest."""
+        self._accepting = False
+        deadline = time.monotonic() + timeout
+        while (self.running or self.waiting) and time.monotonic() < deadline and self.alive:
+            await asyncio.sleep(0.01)
+        for seq in [*self.waiting, *self.running]:
+            self._finish(seq, FinishReason.ABORT)
+        self.waiting.clear()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        for seq in self.running:
+            self._release(seq)
+        self.running.clear()
+
+    # ----------------------------------------------------------------- requests
+    def add(self, seq: SequenceState) -> None:
+        if not self._accepting:
+            raise EngineStoppedError("the server is shutting down")
+        limit = self.settings.max_queue_size
+        free_slots = self.settings.max_batch_size - len(self.running)
+        if limit is not None and len(self.waiting) - max(free_slots, 0) >= limit:
+            raise QueueFullError(f"the request queue is full ({limit} waiting)")
+        self.waiting.append(seq)
+        self._wakeup.set()
+
+    def abort(self, seq: SequenceState) -> None:
+        """Cancel a request: it leaves the queue now, or the running batch before the next step."""
+        if seq.finished is not None:
+            return
+        seq.cancelled = True
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+            seq.finished = FinishReason.ABORT
+        self._wakeup.set()
+
+    # ----------------------------------------------------------------- load figures (autoscaling signals)
+    @property
+    def queue_depth(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    @property
+    def pending_tokens(self) -> int:
+        return sum(s.remaining_tokens for s in self.waiting) + sum(
+            s.remaining_tokens for s in self.running if s.finished is None
+        )
+
+    @property
+    def generation_rate(self) -> float | None:
+        """Measured tokens per second of this replica while busy (EMA over steps)."""
+        return self._rate_tokens_per_s
+
+    @property
+    def queue_seconds(self) -> float:
+        pending = self.pending_tokens
+        rate = self._rate_tokens_per_s
+        if pending == 0 or not rate:
+            return 0.0
+        return pending / rate
+
+    # ----------------------------------------------------------------- loop
+    async def _loop(self) -> None:
+        while True:
+            self._admit()
+            if not self.running:
+                self._wakeup.clear()
+                if not self.waiting:
+                    await self._wakeup.wait()
+                continue
+            try:
+                await self._step(list(self.running))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a backend fault fails this batch, not the server
+                log.exception("step failed; failing %d requests", len(self.running))
+                for seq in list(self.running):
+                    self._fail(seq, exc)
+            await asyncio.sleep(0)  # let consumers and new requests in between steps
+
+    def _admit(self) -> None:
+        for seq in [s for s in self.running if s.cancelled or s.finished is not None]:
+            self._drop(seq, FinishReason.ABORT)
+        while self.waiting and len(self.running) < self.settings.max_batch_size:
+            seq = self.waiting.popleft()
+            if not seq.cancelled:
+                self.running.append(seq)
+
+    def _budget(self, seq: SequenceState, k: int) -> int:
+        """Clamp k so that the step cannot overshoot max_tokens or the context length."""
+        room = min(seq.remaining_tokens, self.settings.max_model_len - len(seq.token_ids)) - 1
+        return max(0, min(k, room))
+
+    async def _step(self, batch: list[SequenceState]) -> None:
+        t0 = time.perf_counter()
+        k = self.draft_len.next_k()
+        plan = [(seq, self._budget(seq, k)) for seq in batch]
+        want_probs = self.settings.acceptance == AcceptanceRule.LOGITS
+        drafting = any(n > 0 for _, n in plan)
+        proposals: list[Proposal] = (
+            await self.drafter.propose(plan, want_probs) if drafting else [Proposal([]) for _ in batch]
+        )
+        t1 = time.perf_counter()
+        requests = [
+            VerifyRequest(seq, prop, self.settings.acceptance)
+            for seq, prop in zip(batch, proposals, strict=True)
+        ]
+        emitted = await self.target.verify(requests)
+        t2 = time.perf_counter()
+        if self.drafter.has_cost and drafting:
+            self.draft_len.observe_costs(t1 - t0, max(n for _, n in plan), t2 - t1)
+        elif not self.drafter.has_cost:
+            self.draft_len.observe_costs(0.0, 0, t2 - t1)
+        total = 0
+        for seq, prop, tokens in zip(batch, proposals, emitted, strict=True):
+            total += self._apply(seq, prop, tokens)
+        seconds = time.perf_counter() - t0
+        self.stats.steps += 1
+        if seconds > 0 and total > 0:
+            rate = total / seconds
+            old = self._rate_tokens_per_s
+            self._rate_tokens_per_s = rate if old is None else old + 0.1 * (rate - old)
+        self.observer.on_step(len(batch), seconds, total)
+
+    def _apply(self, seq: SequenceState, prop: Proposal, tokens: Sequence[int]) -> int:
+        if seq.cancelled or seq.finished is not None:
+            return 0
+        drafted = len(prop.tokens)
+        accepted = max(len(tokens) - 1, 0)
+        self.drafter.observe(seq, prop, accepted)
+        self.draft_len.observe_acceptance(drafted, accepted)
+        self.observer.on_sequence_step(drafted, accepted)
+        seq.stats.steps += 1
+        seq.stats.drafted += drafted
+        seq.stats.accepted += accepted
+        self.stats.sequence_steps += 1
+        self.stats.drafted += drafted
+        self.stats.accepted += accepted
+        new: list[int] = []
+        finish: FinishReason | None = None
+        for token in tokens:
+            new.append(token)
+            seq.token_ids.append(token)
+            seq.num_generated += 1
+            if token in seq.stop_token_ids:
+                finish = FinishReason.STOP
+            elif seq.num_generated >= seq.max_tokens or len(seq.token_ids) >= self.settings.max_model_len:
+                finish = FinishReason.LENGTH
+            if finish is not None:
+                break
+        seq.stats.emitted += len(new)
+        self.stats.emitted += len(new)
+        seq.outputs.put_nowait(StepOutput(new, finish, drafted, accepted))
+        if finish is not None:
+            self._drop(seq, finish)
+        return len(new)
+
+    def _finish(self, seq: SequenceState, reason: FinishReason) -> None:
+        if seq.finished is None:
+            seq.finished = reason
+            if reason == FinishReason.ABORT:
+                seq.outputs.put_nowait(StepOutput([], reason, 0, 0))
+
+    def _drop(self, seq: SequenceState, reason: FinishReason) -> None:
+        self._finish(seq, reason)
+        if seq in self.running:
+            self.running.remove(seq)
+        self.stats.requests_finished += 1
+        self._release(seq)
+
+    def _fail(self, seq: SequenceState, exc: BaseException) -> None:
+        if seq.finished is None:
+            seq.finished = FinishReason.ABORT
+            seq.outputs.put_nowait(exc)
+        if seq in self.running:
+            self.running.remove(seq)
+        self._release(seq)
+
+    def _release(self, seq: SequenceState) -> None:
+        self.target.release(seq.request_id)
+        self.drafter.release(seq.request_id)

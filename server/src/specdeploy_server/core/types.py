@@ -1,0 +1,101 @@
+"""Plain data types shared by the speculative core, the backends and the serving layer."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+FloatArray = NDArray[np.float64]
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"  # end-of-sequence token or a stop string
+    LENGTH = "length"  # max_tokens or the model's context length
+    ABORT = "abort"  # cancelled (client went away, shutdown)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the target picks tokens. ``temperature == 0`` means greedy (argmax)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+@dataclass
+class Proposal:
+    """Draft tokens for one sequence, optionally with the (processed) draft distribution of each.
+
+    ``probs`` has shape ``(len(tokens), vocab)`` when present: row i is the distribution token i was
+    sampled from.
+    ``None`` means a deterministic proposal (prompt lookup, greedy draft): acceptance treats it as one-hot.
+    """
+
+    tokens: list[int]
+    probs: FloatArray | None = None
+
+
+EMPTY_PROPOSAL = Proposal(tokens=[])
+
+
+@dataclass
+class SeqStats:
+    """Speculation statistics of one request."""
+
+    steps: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    emitted: int = 0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+@dataclass
+class StepOutput:
+    """What one scheduler step produced for one request."""
+
+    token_ids: list[int]
+    finish_reason: FinishReason | None
+    drafted: int
+    accepted: int
+
+
+@dataclass(eq=False)
+class SequenceState:
+    """One request inside the scheduler. Executors read it; only the scheduler mutates it."""
+
+    request_id: str
+    prompt_ids: list[int]
+    max_tokens: int
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stop_token_ids: frozenset[int] = frozenset()
+    # prompt + generated tokens, the prefix every executor works on
+    token_ids: list[int] = field(default_factory=list)
+    num_generated: int = 0
+    finished: FinishReason | None = None
+    cancelled: bool = False
+    stats: SeqStats = field(default_factory=SeqStats)
+    arrival: float = field(default_factory=time.monotonic)
+    rng: np.random.Generator = field(init=False)
+    outputs: asyncio.Queue[StepOutput | BaseException] = field(default_factory=asyncio.Queue)
+
+    def __post_init__(self) -> None:
+        if not self.token_ids:
+            self.token_ids = list(self.prompt_ids)
+        self.rng = np.random.default_rng(self.params.seed)
+
+    @property
+    def remaining_tokens(self) -> int:
+        return max(self.max_tokens - self.num_generated, 0)

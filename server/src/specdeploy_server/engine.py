@@ -1,0 +1,122 @@
+"""The engine the serving layer talks to: tokenizer + scheduler + model facts, behind one small protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from specdeploy_server.core.scheduler import GlobalStats, SpeculativeScheduler
+from specdeploy_server.core.types import SamplingParams, SeqStats, SequenceState, StepOutput
+from specdeploy_server.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    served_model_name: str
+    max_model_len: int
+    created: int
+
+
+@dataclass
+class Generation:
+    """A handle on one running request: its outputs and its statistics."""
+
+    outputs: AsyncIterator[StepOutput]
+    stats: SeqStats
+
+
+class EngineClient(Protocol):
+    info: ModelInfo
+    tokenizer: Tokenizer
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def queue_depth(self) -> int: ...
+
+    @property
+    def queue_seconds(self) -> float: ...
+
+    @property
+    def stats(self) -> GlobalStats: ...
+
+    def generate(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Generation: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self, timeout: float) -> None: ...
+
+
+class Engine:
+    """Runs requests through the speculative scheduler."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        scheduler: SpeculativeScheduler,
+        info: ModelInfo,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.scheduler = scheduler
+        self.info = info
+        self._on_close = on_close
+
+    @property
+    def ready(self) -> bool:
+        return self.scheduler.alive
+
+    @property
+    def queue_depth(self) -> int:
+        return self.scheduler.queue_depth
+
+    @property
+    def queue_seconds(self) -> float:
+        return self.scheduler.queue_seconds
+
+    @property
+    def stats(self) -> GlobalStats:
+        return self.scheduler.stats
+
+    def generate(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Generation:
+        """Queue a request (raises QueueFullError / EngineStoppedError at once) and return its output
+        stream."""
+        seq = SequenceState(
+            request_id=uuid.uuid4().hex,
+            prompt_ids=prompt_ids,
+            max_tokens=max_tokens,
+            params=params,
+            stop_token_ids=self.tokenizer.eos_token_ids,
+        )
+        self.scheduler.add(seq)
+        return Generation(self._stream(seq), seq.stats)
+
+    async def _stream(self, seq: SequenceState) -> AsyncIterator[StepOutput]:
+        try:
+            while True:
+                item = await seq.outputs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            if seq.finished is None:
+                self.scheduler.abort(seq)
+
+    async def start(self) -> None:
+        self.scheduler.start()
+
+    async def stop(self, timeout: float) -> None:
+        await self.scheduler.stop(timeout)
+        if self._on_close is not None:
+            await asyncio.to_thread(self._on_close)
+
+
+def model_info(name: str, max_model_len: int) -> ModelInfo:
+    return ModelInfo(served_model_name=name, max_model_len=max_model_len, created=int(time.time()))
