@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -19,13 +19,14 @@ class ModelInfo:
     served_model_name: str
     max_model_len: int
     created: int
+    vocab_size: int | None = None
 
 
 @dataclass
 class Generation:
     """A handle on one running request: its outputs and its statistics."""
 
-    outputs: AsyncIterator[StepOutput]
+    outputs: AsyncGenerator[StepOutput, None]
     stats: SeqStats
 
 
@@ -44,6 +45,9 @@ class EngineClient(Protocol):
 
     @property
     def stats(self) -> GlobalStats: ...
+
+    @property
+    def generation_rate(self) -> float: ...
 
     def generate(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Generation: ...
 
@@ -83,6 +87,10 @@ class Engine:
     def stats(self) -> GlobalStats:
         return self.scheduler.stats
 
+    @property
+    def generation_rate(self) -> float:
+        return self.scheduler.generation_rate or 0.0
+
     def generate(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Generation:
         """Queue a request (raises QueueFullError / EngineStoppedError at once) and return its output
         stream."""
@@ -96,7 +104,7 @@ class Engine:
         self.scheduler.add(seq)
         return Generation(self._stream(seq), seq.stats)
 
-    async def _stream(self, seq: SequenceState) -> AsyncIterator[StepOutput]:
+    async def _stream(self, seq: SequenceState) -> AsyncGenerator[StepOutput, None]:
         try:
             while True:
                 item = await seq.outputs.get()
@@ -118,5 +126,5 @@ class Engine:
             await asyncio.to_thread(self._on_close)
 
 
-def model_info(name: str, max_model_len: int) -> ModelInfo:
-    return ModelInfo(served_model_name=name, max_model_len=max_model_len, created=int(time.time()))
+def model_info(name: str, max_model_len: int, vocab_size: int | None = None) -> ModelInfo:
+    return ModelInfo(name, max_model_len, int(time.time()), vocab_size)

@@ -95,4 +95,9 @@ def _build_reference(config: ServerConfig, observer: SchedulerObserver | None) -
         config.speculative.draft_len,
         config.speculative.acceptance.value,
     )
-    return Engine(tokenizer, scheduler, model_info(config.model.name, max_len), on_close=worker.shutdown)
+    return Engine(
+        tokenizer,
+        scheduler,
+        model_info(config.model.name, max_len, target.vocab_size),
+        on_close=worker.shutdown,
+    )

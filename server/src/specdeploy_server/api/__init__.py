@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP API: thin routers (``app``), request models (``protocol``), logic (``serving``)."""

@@ -1,0 +1,249 @@
+"""The FastAPI application: one route table, thin handlers, errors mapped in one place."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from specdeploy_server.api.errors import (
+    APIError,
+    AuthenticationError,
+    BadRequestError,
+    InternalServerError,
+    MethodNotAllowedError,
+    OverloadedError,
+    RouteNotFoundError,
+)
+from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest
+from specdeploy_server.api.serving import OpenAIServing, ServingSettings
+from specdeploy_server.engine import Engine, EngineClient
+from specdeploy_server.metrics import ServerMetrics
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_DISCONNECT_POLL_SECONDS = 0.1
+
+
+@dataclass
+class AppState:
+    engine: EngineClient
+    serving: OpenAIServing
+    metrics: ServerMetrics
+    api_key: str | None
+    shutdown_timeout: float
+    draining: bool = False
+
+
+def create_app(
+    engine: EngineClient,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    default_max_tokens: int = 16,
+    shutdown_timeout: float = 30.0,
+) -> FastAPI:
+    name = served_model_name or engine.info.served_model_name
+    metrics = ServerMetrics(name)
+    metrics.bind_load(
+        lambda: float(engine.queue_depth), lambda: engine.queue_seconds, lambda: engine.generation_rate
+    )
+    if isinstance(engine, Engine):
+        engine.scheduler.observer = metrics
+    state = AppState(
+        engine=engine,
+        serving=OpenAIServing(engine, ServingSettings(name, default_max_tokens), metrics),
+        metrics=metrics,
+        api_key=api_key,
+        shutdown_timeout=shutdown_timeout,
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await engine.start()
+        try:
+            yield
+        finally:
+            state.draining = True
+            await engine.stop(state.shutdown_timeout)
+
+    app = FastAPI(title="specdeploy-server", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.specdeploy = state
+    _install_error_handlers(app, state)
+    _install_routes(app, state)
+    return app
+
+
+def app_state(app: FastAPI) -> AppState:
+    state: AppState = app.state.specdeploy
+    return state
+
+
+def _install_error_handlers(app: FastAPI, state: AppState) -> None:
+    def respond(exc: APIError) -> JSONResponse:
+        state.metrics.errors.labels(state.metrics.model, exc.type).inc()
+        headers = {"Retry-After": "1"} if isinstance(exc, OverloadedError) else None
+        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, APIError)
+        return respond(exc)
+
+    async def on_validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return respond(_validation_error(exc))
+
+    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 404:
+            return respond(RouteNotFoundError("no such endpoint"))
+        if exc.status_code == 405:
+            return respond(MethodNotAllowedError("method not allowed for this endpoint"))
+        error = APIError(str(exc.detail))
+        error.status = exc.status_code
+        error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return respond(error)
+
+    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", exc_info=exc)
+        return respond(InternalServerError("the server had an error while processing the request"))
+
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(Exception, on_unexpected)
+
+
+def _validation_error(exc: RequestValidationError) -> BadRequestError:
+    errors = exc.errors()
+    if not errors:
+        return BadRequestError("invalid request")
+    first = errors[0]
+    if first.get("type") == "json_invalid":
+        return BadRequestError("the request body is not valid JSON", code="invalid_json")
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # unions report one error per member; name the field and the first reason
+    param = loc[0] if loc else None
+    where = ".".join(p for p in loc if not p[:1].isupper() and not p.startswith(("function-", "list[")))
+    reason = str(first.get("msg", "invalid value"))
+    message = f"{where}: {reason}" if where else reason
+    return BadRequestError(message, param=param)
+
+
+def _install_routes(app: FastAPI, state: AppState) -> None:
+    serving = state.serving
+
+    def authorize(request: Request) -> None:
+        if state.api_key is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), state.api_key.encode()
+        ):
+            raise AuthenticationError("Incorrect or missing API key (Authorization: Bearer <key>)")
+
+    def admit(request: Request) -> None:
+        authorize(request)
+        if state.draining:
+            raise OverloadedError("the server is shutting down", code="shutting_down")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        authorize(request)
+        return serving.list_models()
+
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        admit(request)
+        if body.stream:
+            run = serving.start(serving.prepare_completion(body))
+            return _sse_response(serving.stream_completion(run))
+        return JSONResponse(await _unless_disconnected(request, serving.completion(body)))
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(body: ChatCompletionRequest, request: Request) -> Response:
+        admit(request)
+        if body.stream:
+            run = serving.start(serving.prepare_chat(body))
+            return _sse_response(serving.stream_chat(run))
+        return JSONResponse(await _unless_disconnected(request, serving.chat(body)))
+
+    @app.get("/health/live")
+    async def live() -> Response:
+        ok = state.engine.ready or state.draining
+        return JSONResponse({"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503)
+
+    @app.get("/health/ready")
+    async def ready() -> Response:
+        ok = state.engine.ready and not state.draining
+        status = "ready" if ok else ("draining" if state.draining else "not ready")
+        return JSONResponse({"status": status}, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    app.add_middleware(_RequestCounter, metrics=state.metrics)
+
+
+class _RequestCounter:
+    """Pure ASGI middleware (keeps disconnect detection intact): counts /v1 requests by path and status."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] != "http" or not path.startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def capture(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, capture)
+        finally:
+            self.metrics.requests.labels(self.metrics.model, path, str(status)).inc()
+
+
+def _sse_response(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(
+        events,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Run ``work``; cancel it (and so the generation) if the client goes away first."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_SECONDS)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                raise asyncio.CancelledError("client disconnected")
+    finally:
+        if not task.done():
+            task.cancel()

@@ -1,0 +1,339 @@
+"""The logic behind /v1/completions and /v1/chat/completions, over an EngineClient (no HTTP here)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from specdeploy_server.api.errors import BadRequestError, ModelNotFoundError, OverloadedError
+from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest
+from specdeploy_server.api.textstream import IncrementalDecoder, StopMatcher
+from specdeploy_server.core.scheduler import EngineStoppedError, QueueFullError
+from specdeploy_server.core.types import FinishReason, SamplingParams
+from specdeploy_server.engine import EngineClient, Generation
+from specdeploy_server.metrics import ServerMetrics
+from specdeploy_server.tokenizer import ChatTemplateError
+
+_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort"}
+
+
+@dataclass(frozen=True)
+class ServingSettings:
+    served_model_name: str
+    default_max_tokens: int = 16
+
+
+@dataclass(frozen=True)
+class Prepared:
+    prompt_ids: list[int]
+    max_tokens: int
+    params: SamplingParams
+    stops: list[str]
+    include_usage: bool
+
+
+@dataclass
+class Delta:
+    text: str
+    finish_reason: str | None
+
+
+class Run:
+    """One admitted request: text deltas out, metrics in."""
+
+    def __init__(self, prepared: Prepared, generation: Generation, serving: OpenAIServing) -> None:
+        self.prepared = prepared
+        self.generation = generation
+        self._serving = serving
+        self.completion_tokens = 0
+        self.started = time.perf_counter()
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prepared.prompt_ids)
+
+    def usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        metrics, model = self._serving.metrics, self._serving.settings.served_model_name
+        decoder = IncrementalDecoder(self._serving.engine.tokenizer)
+        stopper = StopMatcher(self.prepared.stops)
+        last = self.started
+        metrics.in_flight.labels(model).inc()
+        try:
+            async with contextlib.aclosing(self.generation.outputs) as outputs:
+                async for out in outputs:
+                    now = time.perf_counter()
+                    n = len(out.token_ids)
+                    if n:
+                        if self.completion_tokens == 0:
+                            metrics.ttft.labels(model).observe(now - self.started)
+                        else:
+                            for _ in range(n):
+                                metrics.itl.labels(model).observe((now - last) / n)
+                        last = now
+                    self.completion_tokens += n
+                    text = stopper.feed(decoder.feed(out.token_ids))
+                    if stopper.stopped:
+                        yield Delta(text, "stop")
+                        return
+                    if out.finish_reason is not None:
+                        text += stopper.feed(decoder.flush())
+                        if not stopper.stopped:
+                            text += stopper.flush()
+                        yield Delta(text, "stop" if stopper.stopped else _FINISH[out.finish_reason])
+                        return
+                    if text:
+                        yield Delta(text, None)
+        finally:
+            metrics.in_flight.labels(model).dec()
+            metrics.prompt_tokens.labels(model).inc(self.prompt_tokens)
+            metrics.generation_tokens.labels(model).inc(self.completion_tokens)
+            metrics.e2e.labels(model).observe(time.perf_counter() - self.started)
+
+
+class OpenAIServing:
+    def __init__(self, engine: EngineClient, settings: ServingSettings, metrics: ServerMetrics) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.metrics = metrics
+
+    def list_models(self) -> dict[str, Any]:
+        info = self.engine.info
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": self.settings.served_model_name,
+                    "object": "model",
+                    "created": info.created,
+                    "owned_by": "specdeploy",
+                    "max_model_len": info.max_model_len,
+                }
+            ],
+        }
+
+    # ----------------------------------------------------------------- validation
+    def _check_common(self, req: CompletionRequest | ChatCompletionRequest) -> None:
+        if req.model != self.settings.served_model_name:
+            raise ModelNotFoundError(
+                f"The model '{req.model}' does not exist; this server serves "
+                f"'{self.settings.served_model_name}'",
+                param="model",
+            )
+        unsupported = req.unsupported()
+        if unsupported:
+            name = unsupported[0]
+            detail = " (only n=1 is supported)" if name == "n" else ""
+            raise BadRequestError(f"'{name}' is not supported by this server{detail}", param=name)
+
+    def _budget(self, prompt_ids: list[int], requested: int | None, default: int | None, param: str) -> int:
+        if not prompt_ids:
+            raise BadRequestError("the prompt is empty", param="prompt")
+        vocab = self.engine.info.vocab_size
+        if vocab is not None and any(t < 0 or t >= vocab for t in prompt_ids):
+            raise BadRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        limit = self.engine.info.max_model_len
+        room = limit - len(prompt_ids)
+        if requested is not None and requested < 1:
+            raise BadRequestError(f"{param} must be at least 1, got {requested}", param=param)
+        if room < 1:
+            raise BadRequestError(
+                f"This model's maximum context length is {limit} tokens, but the prompt has "
+                f"{len(prompt_ids)} tokens",
+                param="messages" if param == "max_completion_tokens" else "prompt",
+                code="context_length_exceeded",
+            )
+        if requested is None:
+            return min(default, room) if default is not None else room
+        if requested > room:
+            raise BadRequestError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{len(prompt_ids) + requested} tokens ({len(prompt_ids)} in the prompt, {requested} for the "
+                f"completion). Please reduce the prompt or {param}.",
+                param=param,
+                code="context_length_exceeded",
+            )
+        return requested
+
+    @staticmethod
+    def _params(req: CompletionRequest | ChatCompletionRequest) -> SamplingParams:
+        return SamplingParams(temperature=req.temperature, top_p=req.top_p, seed=req.seed)
+
+    def prepare_completion(self, req: CompletionRequest) -> Prepared:
+        self._check_common(req)
+        ids = self._prompt_ids(req.prompt)
+        max_tokens = self._budget(ids, req.max_tokens, self.settings.default_max_tokens, "max_tokens")
+        return Prepared(ids, max_tokens, self._params(req), req.stop_strings(), self._include_usage(req))
+
+    def _prompt_ids(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[int]:
+        if isinstance(prompt, str):
+            return self.engine.tokenizer.encode(prompt, add_special_tokens=True)
+        if all(isinstance(t, int) for t in prompt):
+            return [t for t in prompt if isinstance(t, int)]
+        if len(prompt) != 1:
+            raise BadRequestError("only one prompt per request is supported", param="prompt")
+        first = prompt[0]
+        if isinstance(first, str):
+            return self.engine.tokenizer.encode(first, add_special_tokens=True)
+        if isinstance(first, list):
+            return list(first)
+        raise BadRequestError(
+            "prompt must be a string, a list of token ids, or a list of one of those", "prompt"
+        )
+
+    def prepare_chat(self, req: ChatCompletionRequest) -> Prepared:
+        self._check_common(req)
+        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        try:
+            text = self.engine.tokenizer.render_chat(messages)
+        except ChatTemplateError as exc:
+            raise BadRequestError(str(exc), param="messages") from exc
+        ids = self.engine.tokenizer.encode(text, add_special_tokens=False)
+        requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        max_tokens = self._budget(ids, requested, None, param)
+        return Prepared(ids, max_tokens, self._params(req), req.stop_strings(), self._include_usage(req))
+
+    @staticmethod
+    def _include_usage(req: CompletionRequest | ChatCompletionRequest) -> bool:
+        return bool(req.stream_options and req.stream_options.include_usage)
+
+    def start(self, prepared: Prepared) -> Run:
+        try:
+            generation = self.engine.generate(prepared.prompt_ids, prepared.max_tokens, prepared.params)
+        except QueueFullError as exc:
+            raise OverloadedError(str(exc)) from exc
+        except EngineStoppedError as exc:
+            raise OverloadedError(str(exc), code="shutting_down") from exc
+        return Run(prepared, generation, self)
+
+    # ----------------------------------------------------------------- responses
+    async def completion(self, req: CompletionRequest) -> dict[str, Any]:
+        run = self.start(self.prepare_completion(req))
+        text, finish = await _collect(run)
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.settings.served_model_name,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+            "usage": run.usage(),
+            "speculative": _spec_stats(run),
+        }
+
+    async def chat(self, req: ChatCompletionRequest) -> dict[str, Any]:
+        run = self.start(self.prepare_chat(req))
+        text, finish = await _collect(run)
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": self.settings.served_model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+            ],
+            "usage": run.usage(),
+            "speculative": _spec_stats(run),
+        }
+
+    async def stream_completion(self, run: Run) -> AsyncIterator[str]:
+        base = {
+            "id": f"cmpl-{uuid.uuid4().hex}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.settings.served_model_name,
+        }
+
+        def choice(text: str, finish: str | None) -> list[dict[str, Any]]:
+            return [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
+
+        async for event in self._stream(run, base, choice, first=None):
+            yield event
+
+    async def stream_chat(self, run: Run) -> AsyncIterator[str]:
+        base = {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": self.settings.served_model_name,
+        }
+
+        def choice(text: str, finish: str | None) -> list[dict[str, Any]]:
+            delta = {"content": text} if text or finish is None else {}
+            return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+
+        first = [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ]
+        async for event in self._stream(run, base, choice, first=first):
+            yield event
+
+    async def _stream(
+        self,
+        run: Run,
+        base: dict[str, Any],
+        choice: Any,
+        first: list[dict[str, Any]] | None,
+    ) -> AsyncIterator[str]:
+        try:
+            if first is not None:
+                yield _sse({**base, "choices": first})
+            async for delta in run.deltas():
+                chunk = {**base, "choices": choice(delta.text, delta.finish_reason)}
+                if delta.finish_reason is not None:
+                    chunk["usage"] = run.usage()
+                yield _sse(chunk)
+            if run.prepared.include_usage:
+                yield _sse({**base, "choices": [], "usage": run.usage()})
+        except Exception as exc:  # headers are sent: report in-band, then end the stream
+            self.metrics.errors.labels(self.settings.served_model_name, "server_error").inc()
+            yield _sse(
+                {
+                    "error": {
+                        "message": f"generation failed: {exc}",
+                        "type": "server_error",
+                        "param": None,
+                        "code": "internal_error",
+                    }
+                }
+            )
+        yield "data: [DONE]\n\n"
+
+
+async def _collect(run: Run) -> tuple[str, str | None]:
+    parts: list[str] = []
+    finish: str | None = None
+    async for delta in run.deltas():
+        parts.append(delta.text)
+        finish = delta.finish_reason or finish
+    return "".join(parts), finish
+
+
+def _spec_stats(run: Run) -> dict[str, Any]:
+    s = run.generation.stats
+    return {"steps": s.steps, "draft_tokens": s.drafted, "accepted_draft_tokens": s.accepted}
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"

@@ -1,0 +1,82 @@
+"""Token ids -> text deltas for streaming: incremental detokenisation and stop strings across chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specdeploy_server.tokenizer import Tokenizer
+
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDecoder:
+    """Decodes a growing list of token ids into stable text deltas.
+
+    Text is produced from a sliding window of ids (so each step decodes a few tokens, not the whole output),
+    and held back while it ends in an incomplete UTF-8 sequence (a byte-level token can split a character).
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tok = tokenizer
+        self._ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+
+    def feed(self, token_ids: Sequence[int]) -> str:
+        self._ids.extend(token_ids)
+        prefix = self._tok.decode(self._ids[self._prefix_offset : self._read_offset])
+        full = self._tok.decode(self._ids[self._prefix_offset :])
+        if full.endswith(_REPLACEMENT) or len(full) < len(prefix):
+            return ""
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._ids)
+        return full[len(prefix) :]
+
+    def flush(self) -> str:
+        """Whatever is still held back (an incomplete character becomes U+FFFD)."""
+        prefix = self._tok.decode(self._ids[self._prefix_offset : self._read_offset])
+        full = self._tok.decode(self._ids[self._prefix_offset :])
+        self._prefix_offset = self._read_offset = len(self._ids)
+        return full[len(prefix) :] if full.startswith(prefix) else ""
+
+
+class StopMatcher:
+    """Cuts the text at the first stop string, even when it arrives split over several chunks.
+
+    Text that could be the beginning of a stop string is held back until it is known not to be one.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self._held = ""
+        self.stopped = False
+
+    def feed(self, text: str) -> str:
+        if self.stopped:
+            return ""
+        buffer = self._held + text
+        if not self.stops:
+            self._held = ""
+            return buffer
+        cut = min((i for i in (buffer.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.stopped = True
+            self._held = ""
+            return buffer[:cut]
+        keep = self._partial_suffix(buffer)
+        self._held = buffer[len(buffer) - keep :] if keep else ""
+        return buffer[: len(buffer) - keep]
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return "" if self.stopped else held
+
+    def _partial_suffix(self, buffer: str) -> int:
+        """Length of the longest suffix of ``buffer`` that is a proper prefix of some stop string."""
+        best = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(buffer)), best, -1):
+                if buffer.endswith(stop[:n]):
+                    best = n
+                    break
+        return best

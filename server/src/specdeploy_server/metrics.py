@@ -1,0 +1,116 @@
+"""Prometheus metrics of one server (its own registry, so several servers can live in one process)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
+
+
+class ServerMetrics:
+    """Request, token, latency and speculation metrics, plus the load gauges autoscaling reads."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.registry = CollectorRegistry()
+        r, m = self.registry, ["model"]
+        self.requests = Counter(
+            "specdeploy_requests", "Finished HTTP requests", [*m, "endpoint", "status"], registry=r
+        )
+        self.errors = Counter(
+            "specdeploy_request_errors", "Requests answered with an error", [*m, "type"], registry=r
+        )
+        self.in_flight = Gauge(
+            "specdeploy_requests_in_flight", "Generation requests being served", m, registry=r
+        )
+        self.queue_depth = Gauge(
+            "specdeploy_queue_depth", "Requests waiting or running in the engine", m, registry=r
+        )
+        self.queue_seconds = Gauge(
+            "specdeploy_queue_seconds",
+            "Tokens still to generate (waiting + running, up to max_tokens) / measured generation rate",
+            m,
+            registry=r,
+        )
+        self.generation_rate = Gauge(
+            "specdeploy_generation_tokens_per_second",
+            "Measured tokens/s of this replica while busy",
+            m,
+            registry=r,
+        )
+        self.prompt_tokens = Counter("specdeploy_prompt_tokens", "Prompt tokens processed", m, registry=r)
+        self.generation_tokens = Counter("specdeploy_generation_tokens", "Tokens generated", m, registry=r)
+        self.ttft = Histogram(
+            "specdeploy_time_to_first_token_seconds",
+            "Time to first token",
+            m,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "specdeploy_inter_token_latency_seconds",
+            "Time between output tokens (a step's gap divided by its tokens)",
+            m,
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "specdeploy_e2e_request_latency_seconds",
+            "End-to-end latency",
+            m,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.draft_tokens = Counter("specdeploy_draft_tokens", "Draft tokens proposed", m, registry=r)
+        self.accepted_tokens = Counter(
+            "specdeploy_accepted_draft_tokens", "Draft tokens accepted", m, registry=r
+        )
+        self.spec_steps = Counter(
+            "specdeploy_speculative_steps", "Sequence steps (verify calls)", m, registry=r
+        )
+        self.accepted_length = Histogram(
+            "specdeploy_accepted_length",
+            "Draft tokens accepted per sequence step",
+            m,
+            buckets=tuple(float(i) for i in range(11)),
+            registry=r,
+        )
+        self.step_seconds = Histogram(
+            "specdeploy_step_seconds",
+            "Duration of one draft+verify step",
+            m,
+            buckets=_ITL_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "specdeploy_batch_size",
+            "Sequences per step",
+            m,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+            registry=r,
+        )
+
+    def bind_load(
+        self, depth: Callable[[], float], seconds: Callable[[], float], rate: Callable[[], float]
+    ) -> None:
+        self.queue_depth.labels(self.model).set_function(depth)
+        self.queue_seconds.labels(self.model).set_function(seconds)
+        self.generation_rate.labels(self.model).set_function(rate)
+
+    # SchedulerObserver
+    def on_step(self, batch_size: int, seconds: float, emitted: int) -> None:
+        self.step_seconds.labels(self.model).observe(seconds)
+        self.batch_size.labels(self.model).observe(batch_size)
+
+    def on_sequence_step(self, drafted: int, accepted: int) -> None:
+        self.spec_steps.labels(self.model).inc()
+        if drafted:
+            self.draft_tokens.labels(self.model).inc(drafted)
+            self.accepted_tokens.labels(self.model).inc(accepted)
+            self.accepted_length.labels(self.model).observe(accepted)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
