@@ -1,0 +1,172 @@
+"""Latency-controlled stand-in executors and a character tokenizer, for tests and benchmarks.
+
+The stand-ins model a GPU executor that runs a whole batch in a fixed time: a draft call takes
+``k * draft_token_seconds`` and a verify call ``verify_seconds``, whatever the batch size. The target
+accepts each
+draft token independently with probability ``alpha``. Waiting happens on a worker thread (as a real executor's
+``await_responses`` would), so the event loop stays free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import random
+import time
+from collections.abc import AsyncGenerator, Sequence
+from typing import Any
+
+from specdeploy_server.core.drafters import Drafter, DraftModelDrafter, NoDrafter
+from specdeploy_server.core.executors import DraftRequest, VerifyRequest
+from specdeploy_server.core.scheduler import GlobalStats, SchedulerSettings, SpeculativeScheduler
+from specdeploy_server.core.types import FinishReason, Proposal, SamplingParams, SeqStats, StepOutput
+from specdeploy_server.engine import Engine, Generation, ModelInfo, model_info
+
+
+class CharTokenizer:
+    """One token per character (ids are code points); token 0 is end-of-sequence."""
+
+    eos_token_ids = frozenset({0})
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [ord(c) for c in text]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return "".join(chr(t) for t in token_ids if t > 0)
+
+    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+        return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+
+
+async def _wait(pool: concurrent.futures.Executor, seconds: float) -> None:
+    if seconds > 0:
+        await asyncio.get_running_loop().run_in_executor(pool, time.sleep, seconds)
+
+
+class StandInTarget:
+    def __init__(
+        self,
+        verify_seconds: float,
+        alpha: float,
+        seed: int = 0,
+        vocab: Sequence[int] = tuple(range(97, 123)),
+        max_draft_len: int = 16,
+    ) -> None:
+        self.verify_seconds = verify_seconds
+        self.alpha = alpha
+        self.vocab = list(vocab)
+        self._rng = random.Random(seed)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        self._max_draft_len = max_draft_len
+        self.calls = 0
+        self.seen: list[set[str]] = []  # request ids per verify call
+        self.released: set[str] = set()
+
+    @property
+    def max_draft_len(self) -> int:
+        return self._max_draft_len
+
+    async def verify(self, batch: Sequence[VerifyRequest]) -> list[list[int]]:
+        self.calls += 1
+        self.seen.append({r.seq.request_id for r in batch})
+        await _wait(self._pool, self.verify_seconds)
+        out = []
+        for req in batch:
+            accepted: list[int] = []
+            for token in req.proposal.tokens:
+                if self._rng.random() >= self.alpha:
+                    break
+                accepted.append(token)
+            out.append([*accepted, self._rng.choice(self.vocab)])
+        return out
+
+    def release(self, request_id: str) -> None:
+        self.released.add(request_id)
+
+
+class StandInDraft:
+    def __init__(
+        self, token_seconds: float, seed: int = 1, vocab: Sequence[int] = tuple(range(97, 123))
+    ) -> None:
+        self.token_seconds = token_seconds
+        self.vocab = list(vocab)
+        self._rng = random.Random(seed)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+
+    async def draft(self, batch: Sequence[DraftRequest]) -> list[Proposal]:
+        k = max((r.num_tokens for r in batch), default=0)
+        await _wait(self._pool, k * self.token_seconds)
+        return [Proposal([self._rng.choice(self.vocab) for _ in range(r.num_tokens)]) for r in batch]
+
+    def release(self, request_id: str) -> None:
+        return None
+
+
+def standin_engine(
+    verify_seconds: float,
+    draft_token_seconds: float | None,
+    alpha: float,
+    settings: SchedulerSettings,
+    seed: int = 0,
+) -> tuple[Engine, StandInTarget]:
+    """An Engine over stand-in executors (``draft_token_seconds=None``: no drafter)."""
+    target = StandInTarget(verify_seconds, alpha, seed=seed)
+    drafter: Drafter = (
+        NoDrafter()
+        if draft_token_seconds is None
+        else DraftModelDrafter(StandInDraft(draft_token_seconds, seed + 1))
+    )
+    scheduler = SpeculativeScheduler(target, drafter, settings)
+    return Engine(CharTokenizer(), scheduler, model_info("standin", settings.max_model_len)), target
+
+
+class InstantEngine:
+    """An EngineClient that produces ``tokens_per_step`` tokens per step with no model and no scheduler:
+    it isolates the cost of the HTTP layer."""
+
+    def __init__(self, tokens_per_step: int = 1, name: str = "instant", max_model_len: int = 1 << 20) -> None:
+        self.tokenizer = CharTokenizer()
+        self.info: ModelInfo = model_info(name, max_model_len)
+        self.tokens_per_step = tokens_per_step
+        self._stats = GlobalStats()
+        self._running = False
+
+    @property
+    def ready(self) -> bool:
+        return self._running
+
+    @property
+    def queue_depth(self) -> int:
+        return 0
+
+    @property
+    def queue_seconds(self) -> float:
+        return 0.0
+
+    @property
+    def generation_rate(self) -> float:
+        return 0.0
+
+    @property
+    def stats(self) -> GlobalStats:
+        return self._stats
+
+    def generate(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Generation:
+        stats = SeqStats()
+        return Generation(self._produce(max_tokens, stats), stats)
+
+    async def _produce(self, max_tokens: int, stats: SeqStats) -> AsyncGenerator[StepOutput, None]:
+        done = 0
+        while done < max_tokens:
+            n = min(self.tokens_per_step, max_tokens - done)
+            done += n
+            stats.steps += 1
+            finish = FinishReason.LENGTH if done >= max_tokens else None
+            yield StepOutput([97 + (done + i) % 26 for i in range(n)], finish, 0, 0)
+            await asyncio.sleep(0)
+
+    async def start(self) -> None:
+        self._running = True
+
+    async def stop(self, timeout: float) -> None:
+        self._running = False

@@ -1,0 +1,106 @@
+"""With sampling and rejection-sampling acceptance, the output distribution is the target's (chi-square)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import stats  # type: ignore[import-untyped]
+from specdeploy_server.backends.factory import build_engine
+from specdeploy_server.config import ServerConfig
+from specdeploy_server.core.acceptance import process_logits
+from specdeploy_server.core.types import SamplingParams
+from transformers import AutoModelForCausalLM
+
+from tests.server.conftest import TinyModels
+
+PROMPT = "the draft model"
+SAMPLES = 2000
+PARAMS = SamplingParams(temperature=0.6, top_p=0.95)
+
+
+def _pooled_chi_square(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> float:
+    """Chi-square p-value, pooling the categories with small expected counts into one bin."""
+    expected = probs * counts.sum()
+    big = expected >= min_expected
+    obs = np.append(counts[big], counts[~big].sum())
+    exp = np.append(expected[big], expected[~big].sum())
+    if exp[-1] == 0:
+        assert obs[-1] == 0, "sampled a token the target gives zero probability"
+        obs, exp = obs[:-1], exp[:-1]
+    return float(stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue)
+
+
+def test_first_two_tokens_follow_the_target_distribution(tiny_models: TinyModels) -> None:
+    config = {
+        "model": {"target": str(tiny_models.target), "draft": str(tiny_models.draft_unrelated)},
+        "speculative": {"acceptance": "logits", "draftLen": 3},
+        "placement": {"device": "cpu"},
+        "runtime": {"maxQueueSize": None, "maxBatchSize": 128},
+    }
+
+    async def sample() -> tuple[list[list[int]], list[int], frozenset[int], int, int]:
+        engine = build_engine(ServerConfig.model_validate(config))
+        await engine.start()
+        prompt_ids = engine.tokenizer.encode(PROMPT)
+
+        async def one(seed: int) -> list[int]:
+            gen = engine.generate(prompt_ids, 2, dataclasses.replace(PARAMS, seed=seed))
+            return [t async for out in gen.outputs for t in out.token_ids]
+
+        outs = await asyncio.gather(*(one(seed) for seed in range(SAMPLES)))
+        await engine.stop(5)
+        eos = engine.tokenizer.eos_token_ids
+        return list(outs), prompt_ids, eos, engine.stats.drafted, engine.stats.accepted
+
+    outputs, prompt_ids, eos, drafted, accepted = asyncio.run(sample())
+    # a request stops after one token only if that token is end-of-sequence
+    assert all(len(o) == 2 or (len(o) == 1 and o[0] in eos) for o in outputs)
+    assert drafted > 0
+    assert 0 < accepted < drafted  # both branches of the rule were exercised
+
+    # exact target distributions: p(x1 | prompt), and p(x2) = sum_x1 p(x1) p(x2 | prompt, x1) over the x1
+    # that do not end the sequence (renormalised: those are the requests that have a second token)
+    model: Any = AutoModelForCausalLM.from_pretrained(str(tiny_models.target), local_files_only=True)
+    model.eval()
+    params = PARAMS
+    with torch.inference_mode():
+        logits = model(torch.tensor([prompt_ids])).logits[0, -1].double().numpy()
+        p1 = process_logits(logits, params)
+        support = np.array([x for x in np.flatnonzero(p1) if int(x) not in eos])
+        batch = torch.tensor([[*prompt_ids, int(x)] for x in support])
+        rows = model(batch).logits[:, -1].double().numpy()
+        p2 = (p1[support, None] * process_logits(rows, params)).sum(axis=0)
+        p2 /= p2.sum()
+
+    vocab = len(p1)
+    first = np.bincount([o[0] for o in outputs], minlength=vocab).astype(float)
+    second = np.bincount([o[1] for o in outputs if len(o) == 2], minlength=vocab).astype(float)
+    assert _pooled_chi_square(first, p1) > 1e-3
+    assert _pooled_chi_square(second, p2) > 1e-3
+
+
+def test_the_same_seed_gives_the_same_sample(tiny_models: TinyModels) -> None:
+    config = {
+        "model": {"target": str(tiny_models.target), "draft": str(tiny_models.draft_unrelated)},
+        "speculative": {"acceptance": "logits"},
+        "placement": {"device": "cpu"},
+    }
+
+    async def main() -> list[list[int]]:
+        engine = build_engine(ServerConfig.model_validate(config))
+        await engine.start()
+        ids = engine.tokenizer.encode(PROMPT)
+        outs = []
+        for seed in (11, 11, 12):
+            gen = engine.generate(ids, 12, SamplingParams(temperature=1.0, seed=seed))
+            outs.append([t async for out in gen.outputs for t in out.token_ids])
+        await engine.stop(5)
+        return outs
+
+    a, b, c = asyncio.run(main())
+    assert a == b
+    assert a != c

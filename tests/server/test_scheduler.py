@@ -1,0 +1,152 @@
+"""The step loop with stand-in executors: batching, limits, queueing, cancellation, faults, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import pytest
+from specdeploy_server.backends.standin import standin_engine
+from specdeploy_server.core.executors import VerifyRequest
+from specdeploy_server.core.scheduler import EngineStoppedError, QueueFullError, SchedulerSettings
+from specdeploy_server.core.types import FinishReason, SamplingParams, StepOutput
+from specdeploy_server.engine import Engine
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+async def _drain(engine: Engine, prompt: list[int], max_tokens: int) -> list[StepOutput]:
+    gen = engine.generate(prompt, max_tokens, GREEDY)
+    return [out async for out in gen.outputs]
+
+
+def test_each_request_gets_exactly_max_tokens_and_a_length_finish() -> None:
+    async def main() -> None:
+        engine, _ = standin_engine(0.001, 0.0, alpha=0.8, settings=SchedulerSettings(draft_len=4))
+        await engine.start()
+        results = await asyncio.gather(*(_drain(engine, [97, 98], n) for n in (1, 2, 7, 30)))
+        await engine.stop(1)
+        for n, outs in zip((1, 2, 7, 30), results, strict=True):
+            assert sum(len(o.token_ids) for o in outs) == n
+            assert outs[-1].finish_reason == FinishReason.LENGTH
+            assert all(o.finish_reason is None for o in outs[:-1])
+
+    asyncio.run(main())
+
+
+def test_concurrent_requests_share_each_verify_call() -> None:
+    async def main() -> None:
+        engine, target = standin_engine(0.005, None, alpha=0.0, settings=SchedulerSettings(draft_len=0))
+        await engine.start()
+        await asyncio.gather(*(_drain(engine, [97], 20) for _ in range(8)))
+        await engine.stop(1)
+        assert max(len(ids) for ids in target.seen) == 8
+        assert target.calls < 8 * 20 / 2
+
+    asyncio.run(main())
+
+
+def test_a_context_length_limit_ends_generation() -> None:
+    async def main() -> None:
+        engine, _ = standin_engine(
+            0.0, 0.0, alpha=1.0, settings=SchedulerSettings(draft_len=4, max_model_len=10)
+        )
+        await engine.start()
+        outs = await _drain(engine, [97] * 6, 100)
+        await engine.stop(1)
+        assert sum(len(o.token_ids) for o in outs) == 4
+        assert outs[-1].finish_reason == FinishReason.LENGTH
+
+    asyncio.run(main())
+
+
+def test_the_end_of_sequence_token_stops_and_is_the_last_token() -> None:
+    async def main() -> None:
+        engine, target = standin_engine(0.0, None, alpha=0.0, settings=SchedulerSettings(draft_len=0))
+        target.vocab = [0]  # the character tokenizer's end-of-sequence id
+        await engine.start()
+        outs = await _drain(engine, [97], 50)
+        await engine.stop(1)
+        assert [o.token_ids for o in outs] == [[0]]
+        assert outs[-1].finish_reason == FinishReason.STOP
+
+    asyncio.run(main())
+
+
+def test_a_full_queue_refuses_new_requests() -> None:
+    async def main() -> None:
+        settings = SchedulerSettings(max_batch_size=1, max_queue_size=1, draft_len=0)
+        engine, _ = standin_engine(0.01, None, alpha=0.0, settings=settings)
+        await engine.start()
+        first = engine.generate([97], 50, GREEDY)
+        second = engine.generate([97], 50, GREEDY)  # waits: one slot, one queue place
+        await asyncio.sleep(0.05)
+        with pytest.raises(QueueFullError):
+            engine.generate([97], 5, GREEDY)
+        await first.outputs.aclose()
+        await second.outputs.aclose()
+        await engine.stop(1)
+
+    asyncio.run(main())
+
+
+def test_closing_a_stream_cancels_its_generation() -> None:
+    async def main() -> None:
+        engine, target = standin_engine(0.005, 0.001, alpha=0.5, settings=SchedulerSettings(draft_len=2))
+        await engine.start()
+        gen = engine.generate([97], 10_000, GREEDY)
+        other = asyncio.ensure_future(_drain(engine, [98], 60))
+        await anext(gen.outputs)
+        await anext(gen.outputs)
+        await gen.outputs.aclose()
+        calls_at_close = target.calls
+        await other
+        ids_after = set().union(*target.seen[calls_at_close + 1 :])
+        await engine.stop(1)
+        assert len(engine.scheduler.running) == 0
+        assert len(ids_after) == 1  # only the other request was still being verified
+        assert len(target.released) == 2
+
+    asyncio.run(main())
+
+
+def test_a_backend_fault_fails_the_batch_but_not_the_server() -> None:
+    async def main() -> None:
+        engine, target = standin_engine(0.0, None, alpha=0.0, settings=SchedulerSettings(draft_len=0))
+        original = target.verify
+        calls = {"n": 0}
+
+        async def flaky(batch: Sequence[VerifyRequest]) -> list[list[int]]:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                raise RuntimeError("device lost")
+            return await original(batch)
+
+        target.verify = flaky  # type: ignore[method-assign]
+        await engine.start()
+        with pytest.raises(RuntimeError, match="device lost"):
+            await _drain(engine, [97], 5)
+        outs = await _drain(engine, [97], 5)
+        await engine.stop(1)
+        assert sum(len(o.token_ids) for o in outs) == 5
+
+    asyncio.run(main())
+
+
+def test_stop_finishes_in_flight_requests_within_the_grace_period_and_aborts_the_rest() -> None:
+    async def main() -> None:
+        engine, _ = standin_engine(0.002, None, alpha=0.0, settings=SchedulerSettings(draft_len=0))
+        await engine.start()
+        short = asyncio.ensure_future(_drain(engine, [97], 5))
+        long = asyncio.ensure_future(_drain(engine, [97], 100_000))
+        await asyncio.sleep(0.02)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await engine.stop(0.3)
+        assert loop.time() - started < 1.0
+        assert (await short)[-1].finish_reason == FinishReason.LENGTH
+        assert (await long)[-1].finish_reason == FinishReason.ABORT
+        with pytest.raises(EngineStoppedError):
+            engine.generate([97], 1, GREEDY)
+
+    asyncio.run(main())
