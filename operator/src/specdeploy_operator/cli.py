@@ -1,10 +1,9 @@
 """The `specdeploy` command line.
 
-`specdeploy validate -f FILE [-f FILE ...]` validates manifests offline with the same pydantic models the CRDs are
-generated from. Every YAML document is checked (`---`-separated, `kind: List` items too); errors name the field
-(`spec.draft: spec.draft is required when ...`). Exit status: 0 when everything is valid, 1 when anything is not
-(or a file cannot be read or parsed), 2 on usage errors.
-"""
+`specdeploy validate -f FILE [-f FILE ...]` validates manifests offline with the same pydantic models the CRDs
+are generated from. Every YAML document is checked (`---`-separated, `kind: List` items too); errors name the
+field (`spec.draft: spec.draft is required when ...`). Exit status: 0 when everything is valid, 1 when
+anything is not (or a file cannot be read or parsed), 2 on usage errors."""
 
 from __future__ import annotations
 
@@ -65,7 +64,9 @@ def _validate_file(source: str, *, skip_other_kinds: bool, out: TextIO, err: Tex
     try:
         for document in _documents(text):
             seen += 1
-            ok = _validate_document(name, document, skip_other_kinds=skip_other_kinds, out=out, err=err) and ok
+            ok = (
+                _validate_document(name, document, skip_other_kinds=skip_other_kinds, out=out, err=err) and ok
+            )
     except yaml.YAMLError as error:
         print(f"{name}: not valid YAML: {error}", file=err)
         return False

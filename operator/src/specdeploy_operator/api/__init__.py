@@ -22,7 +22,7 @@ from .flags import (
     render_quantize_args,
 )
 from .meta import Condition, ObjectMeta
-from .parse import KINDS, FieldError, parse_object, validate_object
+from .parse import KINDS, FieldError, InvalidObjectError, parse_object, validate_object
 from .speculative import (
     SPECULATIVE_DEPLOYMENT,
     AutoscalingSpec,
@@ -78,6 +78,7 @@ __all__ = [
     "EngineRole",
     "FieldError",
     "ImagesSpec",
+    "InvalidObjectError",
     "ModelSource",
     "ModelSpec",
     "ObjectMeta",

@@ -367,7 +367,10 @@ def _rollout_progresses(s: RolloutSpec) -> bool:
 ROLLOUT_RULES: Rules = (
     Rule["RolloutSpec"](
         name="rollout-can-progress",
-        cel=f"!({_zero_cel('self.maxSurge')} && {_zero_cel('self.maxUnavailable')})",
+        # The guards matter only when the apiserver checks the `default: {}` of spec.rollout against this rule
+        # (it does so without defaulting the fields inside); real objects always have both fields.
+        cel="!has(self.maxSurge) || !has(self.maxUnavailable) || "
+        f"!({_zero_cel('self.maxSurge')} && {_zero_cel('self.maxUnavailable')})",
         message="spec.rollout.maxSurge and spec.rollout.maxUnavailable must not both be 0",
         field_path=".maxUnavailable",
         check=_rollout_progresses,

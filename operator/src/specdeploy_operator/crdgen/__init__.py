@@ -3,4 +3,11 @@
 from .crd import KINDS, custom_resource_definition, render_crds, write_crds
 from .schema import SchemaError, structural_schema
 
-__all__ = ["KINDS", "SchemaError", "custom_resource_definition", "render_crds", "structural_schema", "write_crds"]
+__all__ = [
+    "KINDS",
+    "SchemaError",
+    "custom_resource_definition",
+    "render_crds",
+    "structural_schema",
+    "write_crds",
+]

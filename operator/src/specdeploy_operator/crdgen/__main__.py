@@ -1,9 +1,8 @@
 """`python -m specdeploy_operator.crdgen [--out-dir DIR] [--docs FILE] [--check]`.
 
 Writes `specdeploy.dev_speculativedeployments.yaml` and `specdeploy.dev_enginebuilds.yaml` into DIR (default
-`crds`; the Helm chart's `crds/` is another DIR) and, with `--docs`, the API reference. With `--check` nothing is
-written: the exit status is 1 when a file is missing or differs from what would be generated.
-"""
+`crds`; the Helm chart's `crds/` is another DIR) and, with `--docs`, the API reference. With `--check` nothing
+is written: the exit status is 1 when a file is missing or differs from what would be generated."""
 
 from __future__ import annotations
 

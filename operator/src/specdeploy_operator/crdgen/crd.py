@@ -7,8 +7,9 @@ from typing import Any
 
 import yaml
 
-from ..api import EngineBuild, SpeculativeDeployment
-from ..api.base import ApiModel, ResourceInfo
+from specdeploy_operator.api import EngineBuild, SpeculativeDeployment
+from specdeploy_operator.api.base import ApiModel, ResourceInfo
+
 from .schema import normalise_description, sort_keys, structural_schema
 
 __all__ = ["HEADER", "KINDS", "crd_filename", "custom_resource_definition", "render_crds", "to_yaml"]
@@ -59,10 +60,12 @@ def custom_resource_definition(
         "properties": {
             "apiVersion": {
                 "type": "string",
-                "description": "Versioned schema of this representation of an object: "
-                f"`{info.api_version}`.",
+                "description": f"Versioned schema of this representation of an object: `{info.api_version}`.",
             },
-            "kind": {"type": "string", "description": f"REST resource this object represents: `{info.kind}`."},
+            "kind": {
+                "type": "string",
+                "description": f"REST resource this object represents: `{info.kind}`.",
+            },
             "metadata": _metadata_schema(info),
             "spec": _field_schema(kind, "spec", sort=sort),
             "status": _field_schema(kind, "status", sort=sort),
@@ -119,9 +122,7 @@ def to_yaml(document: dict[str, Any]) -> str:
 
 def render_crds() -> dict[str, str]:
     """File name -> YAML text of every CRD."""
-    return {
-        crd_filename(kind.resource): HEADER + to_yaml(custom_resource_definition(kind)) for kind in KINDS
-    }
+    return {crd_filename(kind.resource): HEADER + to_yaml(custom_resource_definition(kind)) for kind in KINDS}
 
 
 def write_crds(directory: Path) -> list[Path]:

@@ -75,7 +75,9 @@ def _resolve(ref: str, defs: dict[str, Any]) -> dict[str, Any]:
     return resolved
 
 
-def _convert(node: dict[str, Any], defs: dict[str, Any], where: str, *, partial: bool = False) -> dict[str, Any]:
+def _convert(
+    node: dict[str, Any], defs: dict[str, Any], where: str, *, partial: bool = False
+) -> dict[str, Any]:
     """Convert one schema node; `partial` for the keywords next to a `$ref` or `anyOf`, which need no type."""
     node = dict(node)
     if "$ref" in node:
