@@ -3,20 +3,16 @@
 from __future__ import annotations
 
 import shutil
-import socket
-import threading
-import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-import uvicorn
-from fastapi import FastAPI
 from specdeploy_server import testing
+from specdeploy_server.livethread import LiveServer, run_live
 from specdeploy_server.testing import TinyLlama
+
+__all__ = ["LiveServer", "TinyModels", "run_live"]
 
 # Tiny models run fastest single-threaded; two threads on two cores mostly contend.
 torch.set_num_threads(1)
@@ -46,42 +42,3 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
         shape=TinyLlama(hidden_size=32, layers=1, heads=2, kv_heads=1),
     )
     return TinyModels(tokenizer, target, same, unrelated)
-
-
-@dataclass
-class LiveServer:
-    base_url: str
-    server: uvicorn.Server
-    thread: threading.Thread
-    app: FastAPI
-
-
-@contextmanager
-def run_live(app: FastAPI, graceful_seconds: int = 5) -> Iterator[LiveServer]:
-    """Serve ``app`` with uvicorn on 127.0.0.1 (a free port) in a thread."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", timeout_graceful_shutdown=graceful_seconds
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    live = LiveServer(f"http://127.0.0.1:{port}", server, thread, app)
-    try:
-        yield live
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-
-
-@pytest.fixture
-def live_server() -> Callable[..., object]:
-    return run_live

@@ -30,7 +30,7 @@ def _app(
 @pytest.fixture(scope="module")
 def server() -> Iterator[LiveServer]:
     app, _, _ = _app(SchedulerSettings(max_model_len=64, draft_len=3))
-    with run_live(app) as live:  # type: ignore[arg-type]
+    with run_live(app) as live:
         yield live
 
 
@@ -187,7 +187,7 @@ def test_a_burst_of_malformed_requests_leaves_the_server_healthy(
 
 def test_the_api_key_is_required_when_configured() -> None:
     app, _, _ = _app(SchedulerSettings(), api_key=KEY)
-    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=10) as http:  # type: ignore[arg-type]
+    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=10) as http:
         _assert_error(http.post("/v1/completions", json=_completion()), 401, "API key")
         wrong = http.post("/v1/completions", json=_completion(), headers={"Authorization": "Bearer nope"})
         _assert_error(wrong, 401, "API key")
@@ -212,7 +212,7 @@ def test_a_full_queue_answers_503_with_retry_after() -> None:
     app, engine, _ = _app(
         SchedulerSettings(max_batch_size=1, max_queue_size=0, draft_len=0), verify_seconds=0.01
     )
-    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=10) as http:  # type: ignore[arg-type]
+    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=10) as http:
         with http.stream("POST", "/v1/completions", json=_completion(stream=True, max_tokens=1000)) as first:
             next(first.iter_lines())
             busy = http.post("/v1/completions", json=_completion())
@@ -224,7 +224,7 @@ def test_a_full_queue_answers_503_with_retry_after() -> None:
 
 def test_a_client_disconnecting_mid_stream_cancels_its_generation() -> None:
     app, engine, target = _app(SchedulerSettings(draft_len=2), verify_seconds=0.005)
-    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=10) as http:  # type: ignore[arg-type]
+    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=10) as http:
         with http.stream(
             "POST", "/v1/completions", json=_completion(stream=True, max_tokens=4000)
         ) as response:
@@ -241,7 +241,7 @@ def test_a_client_disconnecting_mid_stream_cancels_its_generation() -> None:
 
 def test_a_client_disconnecting_while_waiting_for_a_non_streamed_answer_cancels_it() -> None:
     app, engine, target = _app(SchedulerSettings(draft_len=2), verify_seconds=0.005)
-    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=0.3) as http:  # type: ignore[arg-type]
+    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=0.3) as http:
         with pytest.raises(httpx.ReadTimeout):
             http.post("/v1/completions", json=_completion(max_tokens=4000))
         assert _wait_for(lambda: engine.queue_depth == 0)
@@ -250,7 +250,7 @@ def test_a_client_disconnecting_while_waiting_for_a_non_streamed_answer_cancels_
 
 def test_shutdown_lets_in_flight_streams_finish_and_refuses_new_connections() -> None:
     app, _, _ = _app(SchedulerSettings(draft_len=0), verify_seconds=0.01)
-    with run_live(app) as live:  # type: ignore[arg-type]
+    with run_live(app) as live:
         with (
             httpx.Client(base_url=live.base_url, timeout=10) as http,
             http.stream("POST", "/v1/completions", json=_completion(stream=True, max_tokens=40)) as response,

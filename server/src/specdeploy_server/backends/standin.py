@@ -21,6 +21,7 @@ from specdeploy_server.core.executors import DraftRequest, VerifyRequest
 from specdeploy_server.core.scheduler import GlobalStats, SchedulerSettings, SpeculativeScheduler
 from specdeploy_server.core.types import FinishReason, Proposal, SamplingParams, SeqStats, StepOutput
 from specdeploy_server.engine import Engine, Generation, ModelInfo, model_info
+from specdeploy_server.tokenizer import Tokenizer
 
 
 class CharTokenizer:
@@ -125,7 +126,7 @@ class InstantEngine:
     it isolates the cost of the HTTP layer."""
 
     def __init__(self, tokens_per_step: int = 1, name: str = "instant", max_model_len: int = 1 << 20) -> None:
-        self.tokenizer = CharTokenizer()
+        self.tokenizer: Tokenizer = CharTokenizer()
         self.info: ModelInfo = model_info(name, max_model_len)
         self.tokens_per_step = tokens_per_step
         self._stats = GlobalStats()

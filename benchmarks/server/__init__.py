@@ -1,0 +1,1 @@
+"""Server benchmarks: ``python -m benchmarks.server`` (see docs/benchmarks-server.md)."""

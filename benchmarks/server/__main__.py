@@ -1,0 +1,73 @@
+"""Run the server benchmarks and write docs/benchmarks-server.md.
+
+python -m benchmarks.server                 # all three (about 3-4 minutes on 2 CPU cores)
+python -m benchmarks.server --only 1,3      # a subset
+python -m benchmarks.server --quick         # shorter runs, for a smoke check
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks-server.md"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.server", description=__doc__)
+    parser.add_argument("--only", default="1,2,3", help="comma-separated benchmark numbers")
+    parser.add_argument("--quick", action="store_true", help="shorter runs")
+    parser.add_argument("--output", type=Path, default=OUT, help="markdown file to write")
+    args = parser.parse_args(argv)
+    only = {int(x) for x in args.only.split(",") if x}
+    sections: list[str] = []
+
+    if 1 in only:
+        from benchmarks.server import orchestration  # noqa: PLC0415
+
+        results = orchestration.run(seconds=1.5 if args.quick else 4.0)
+        sections.append(
+            "## 1. Orchestration efficiency (stand-in executors)\n\n" + orchestration.table(results)
+        )
+        print(sections[-1], flush=True)
+    if 2 in only:
+        from benchmarks.server import assisted  # noqa: PLC0415
+
+        res2 = assisted.run(prompts=4 if args.quick else 8, max_new=32 if args.quick else 64)
+        sections.append(
+            "## 2. Reference backend vs transformers assisted generation (CPU)\n\n" + assisted.table(res2)
+        )
+        print(sections[-1], flush=True)
+    if 3 in only:
+        from benchmarks.server import http_stream  # noqa: PLC0415
+
+        res3 = http_stream.run(streams=8, tokens=500 if args.quick else 2000)
+        sections.append("## 3. HTTP streaming throughput (instant engine)\n\n" + http_stream.table(res3))
+        print(sections[-1], flush=True)
+
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+
+    env = (
+        f"Run {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')} on {platform.machine()}, "
+        f"{os.cpu_count()} CPU cores, Python {sys.version.split()[0]}, torch {torch.__version__}, "
+        f"transformers {transformers.__version__}; command: `python -m benchmarks.server"
+        f"{' --quick' if args.quick else ''}{'' if args.only == '1,2,3' else ' --only ' + args.only}`."
+    )
+    header = (
+        args.output.read_text(encoding="utf-8").split("<!-- results -->")[0] if args.output.exists() else ""
+    )
+    if not header:
+        header = "# Server benchmarks\n\n"
+    args.output.write_text(
+        header + "<!-- results -->\n\n" + env + "\n\n" + "\n\n".join(sections) + "\n", encoding="utf-8"
+    )
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
