@@ -113,8 +113,17 @@ BASES: dict[str, dict[str, Any]] = {
 }
 
 
+class _ExplicitNull:
+    """A patch value that sets a field to null (a plain `None` deletes it, as in RFC 7386)."""
+
+
+EXPLICIT_NULL = _ExplicitNull()
+
+
 def merge_patch(base: Any, patch: Any) -> Any:
     """RFC 7386 JSON merge patch of `base` with `patch` (both left unchanged)."""
+    if patch is EXPLICIT_NULL:
+        return None
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
     result = copy.deepcopy(base) if isinstance(base, dict) else {}
@@ -135,6 +144,8 @@ class Case:
     """The field the error must name."""
     rule: str | None = None
     """The cross-field rule that rejects the manifest, if it is one."""
+    server_side_apply_only: bool = False
+    """Only server-side apply rejects it (a plain create prunes explicit nulls)."""
 
     def manifest(self) -> dict[str, Any]:
         doc: dict[str, Any] = merge_patch(BASES[self.base], self.patch)
@@ -376,6 +387,13 @@ SCHEMA_CASES = [
     Case("unknown-spec-field", "none", _spec(replica=2), "spec.replica"),
     Case("unknown-nested-field", "none", _target(model={"url": "hf://a/b"}), "spec.target.model.url"),
     Case("snake-case-field", "none", _runtime(max_batch_size=64), "spec.runtime.max_batch_size"),
+    Case(
+        "explicit-null",
+        "draftTarget",
+        _runtime(crossKvCacheFraction=EXPLICIT_NULL),
+        "spec.runtime.crossKvCacheFraction",
+        server_side_apply_only=True,
+    ),
     Case("name-not-dns-label", "none", {"metadata": {"name": "llama_70b"}}, "metadata.name"),
     Case("name-too-long", "none", {"metadata": {"name": "a" * 64}}, "metadata.name"),
 ]

@@ -72,11 +72,14 @@ def test_nested_defaults() -> None:
     assert spec.serving.chat_template_config_map.key == "chat_template.j2"
 
 
-def test_explicit_nulls_mean_unset() -> None:
-    """seed 000's runtime.json has null values; the apiserver prunes them, the model treats them as unset."""
-    spec = parse_sdep(minimal(runtime={"crossKvCacheFraction": None, "eventBufferMaxSize": None})).spec
-    assert spec.runtime.cross_kv_cache_fraction is None
-    assert "crossKvCacheFraction" not in spec.to_dict()["runtime"]
+def test_explicit_nulls_are_rejected() -> None:
+    """seed 000's runtime.json has nulls; a manifest must omit them (server-side apply rejects them)."""
+    doc = minimal(runtime={"crossKvCacheFraction": None}, placement={"tolerations": [{"key": None}]})
+    assert [str(error) for error in validate_object(doc)[1]] == [
+        "spec.runtime.crossKvCacheFraction: must not be null: omit the field to leave it unset",
+        "spec.placement.tolerations[0].key: must not be null: omit the field to leave it unset",
+    ]
+    assert validate_object(minimal(runtime={}))[1] == []
 
 
 @pytest.mark.parametrize("name", sorted(BASES))

@@ -1,13 +1,15 @@
 """Offline validation of manifests with the same models the CRDs are generated from.
 
 Manifests are validated by their wire (camelCase) names only, as the apiserver does: `max_batch_size` is an
-unknown field, not an alias. Errors name the offending field by its path (`spec.target.tensorParallel`).
+unknown field, not an alias. Explicit nulls inside spec and status are errors, as under server-side apply (a
+plain create would prune them): omit a field to leave it unset. Errors name the offending field by its path
+(`spec.target.tensorParallel`).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +100,19 @@ def _check_name(
     return []
 
 
+def _nulls(value: object, path: str) -> Iterator[FieldError]:
+    if isinstance(value, Mapping):
+        for key, child in value.items():
+            child_path = f"{path}.{key}"
+            if child is None:
+                yield FieldError(child_path, "must not be null: omit the field to leave it unset")
+            else:
+                yield from _nulls(child, child_path)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _nulls(item, f"{path}[{index}]")
+
+
 def validate_object(doc: object) -> tuple[SpecdeployObject | None, list[FieldError]]:
     """Validate one decoded manifest; returns the parsed object (None when invalid) and the problems."""
     if not isinstance(doc, Mapping):
@@ -111,6 +126,10 @@ def validate_object(doc: object) -> tuple[SpecdeployObject | None, list[FieldErr
         supported = ", ".join(KINDS)
         return None, [FieldError("kind", f"expected one of {supported}, got {kind_name!r}")]
     errors = _check_name(doc, kind)
+    # A plain create prunes nulls of non-nullable fields, but server-side apply (kubectl apply --server-side,
+    # GitOps tools) rejects them; so does the offline validator.
+    for section in ("spec", "status"):
+        errors += _nulls(doc.get(section), section)
     try:
         parsed = kind.model_validate(doc, by_alias=True, by_name=False)
     except ValidationError as error:
