@@ -80,7 +80,7 @@ class EngineBuildSpec(ApiModel):
     """The rendered `trtllm-build` arguments, without `--checkpoint_dir`, `--output_dir` and `--workers`."""
     hash: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,64}$")]
     """Content hash over model, revision, role, parallelism, quantization, build flags, builder image and GPU
-    product (see `content_hash()`)."""
+    product: the engine's identity, computed by the operator (`EngineBuildSpec.content_hash()`)."""
     builder_image: Annotated[str, StringConstraints(pattern=r"^\S+$", min_length=1, max_length=512)]
     """Image that runs the build; it pins the TensorRT-LLM version."""
     gpu_product: LabelValue

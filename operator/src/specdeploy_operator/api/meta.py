@@ -57,8 +57,8 @@ DnsSubdomain = Annotated[str, StringConstraints(pattern=DNS_1123_SUBDOMAIN, min_
 """A Kubernetes object name (Secret, ConfigMap, PVC, PriorityClass, StorageClass)."""
 QualifiedName = Annotated[str, StringConstraints(pattern=_QUALIFIED_NAME, min_length=1, max_length=316)]
 """A label key or extended resource name, such as `nvidia.com/gpu.product`."""
-LabelValue = Annotated[str, StringConstraints(pattern=_LABEL_VALUE, max_length=63)]
-"""A label value, such as `NVIDIA-H100-80GB-HBM3`."""
+LabelValue = Annotated[str, StringConstraints(pattern=_LABEL_VALUE, min_length=1, max_length=63)]
+"""A non-empty label value, such as `NVIDIA-H100-80GB-HBM3`."""
 
 # --- int-or-string ------------------------------------------------------------------------------------------
 
