@@ -46,6 +46,10 @@ test: venv bins lint ## the whole suite: lint, unit, server and integration test
 test-unit: venv ## only the tests that need no cluster
 	$(PY) -m pytest -m 'not integration' $(PYTEST_ARGS)
 
+.PHONY: crds
+crds: venv ## regenerate crds/ and docs/api.md from the pydantic models (a test fails if they are stale)
+	$(PY) -m specdeploy_operator.crdgen --out-dir crds --docs docs/api.md
+
 .PHONY: cluster-up
 cluster-up: venv bins ## start the local control plane + kwok GPU node pools; kubeconfig in .cluster/kubeconfig
 	$(PY) hack/cluster/localcluster.py up --dir $(CLUSTER_DIR) --nodepools $(NODEPOOLS)
