@@ -1,9 +1,10 @@
 """Benchmark 2: the reference backend against transformers' assisted generation, same CPU models and prompts.
 
-Models: a random-weight Llama target and a "layer-skip" draft made of the target's embedding, first layer,
-final norm and LM head (cheaper, and agreeing with the target often enough to be a meaningful draft). Greedy
-decoding,
-one request at a time, as transformers' assisted generation supports batch size 1 only.
+Models: a random-weight Llama target whose layers after the first have their output projections scaled down
+(they refine rather than overwrite the first layer's prediction, as in trained models where a shallow
+"layer-skip" draft is useful), and a draft made of the target's embedding, first layer, final norm and LM
+head.
+Greedy decoding, one request at a time: transformers' assisted generation supports batch size 1 only.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from specdeploy_server.core.types import SamplingParams
 from specdeploy_server.testing import TinyLlama
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
+LATER_LAYER_SCALE = 0.05
 SHAPE = TinyLlama(
     hidden_size=256, layers=6, heads=8, kv_heads=4, intermediate_size=768, max_position_embeddings=1024
 )
@@ -44,6 +46,11 @@ def build_models(root: Path) -> tuple[Path, Path]:
     testing.train_tokenizer(tok_dir)
     target = testing.save_tiny_llama(root / "target", tok_dir, seed=0, shape=SHAPE)
     model: Any = AutoModelForCausalLM.from_pretrained(str(target), local_files_only=True)
+    with torch.no_grad():
+        for layer in model.model.layers[1:]:
+            layer.self_attn.o_proj.weight.mul_(LATER_LAYER_SCALE)
+            layer.mlp.down_proj.weight.mul_(LATER_LAYER_SCALE)
+    model.save_pretrained(str(target))
     config = model.config.__class__.from_dict(model.config.to_dict())
     config.num_hidden_layers = 1
     draft: Any = LlamaForCausalLM(config)

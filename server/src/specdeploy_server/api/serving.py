@@ -66,10 +66,15 @@ class Run:
 
     async def deltas(self) -> AsyncIterator[Delta]:
         metrics, model = self._serving.metrics, self._serving.settings.served_model_name
+        ttft, itl, in_flight = (
+            metrics.ttft.labels(model),
+            metrics.itl.labels(model),
+            metrics.in_flight.labels(model),
+        )
         decoder = IncrementalDecoder(self._serving.engine.tokenizer)
         stopper = StopMatcher(self.prepared.stops)
         last = self.started
-        metrics.in_flight.labels(model).inc()
+        in_flight.inc()
         try:
             async with contextlib.aclosing(self.generation.outputs) as outputs:
                 async for out in outputs:
@@ -77,10 +82,11 @@ class Run:
                     n = len(out.token_ids)
                     if n:
                         if self.completion_tokens == 0:
-                            metrics.ttft.labels(model).observe(now - self.started)
+                            ttft.observe(now - self.started)
                         else:
+                            gap = (now - last) / n
                             for _ in range(n):
-                                metrics.itl.labels(model).observe((now - last) / n)
+                                itl.observe(gap)
                         last = now
                     self.completion_tokens += n
                     text = stopper.feed(decoder.feed(out.token_ids))
@@ -96,7 +102,7 @@ class Run:
                     if text:
                         yield Delta(text, None)
         finally:
-            metrics.in_flight.labels(model).dec()
+            in_flight.dec()
             metrics.prompt_tokens.labels(model).inc(self.prompt_tokens)
             metrics.generation_tokens.labels(model).inc(self.completion_tokens)
             metrics.e2e.labels(model).observe(time.perf_counter() - self.started)

@@ -60,6 +60,7 @@ class StandInTarget:
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         self._max_draft_len = max_draft_len
         self.calls = 0
+        self.busy_seconds = 0.0  # time spent inside verify(), as an executor's latency would be measured
         self.seen: list[set[str]] = []  # request ids per verify call
         self.released: set[str] = set()
 
@@ -70,7 +71,9 @@ class StandInTarget:
     async def verify(self, batch: Sequence[VerifyRequest]) -> list[list[int]]:
         self.calls += 1
         self.seen.append({r.seq.request_id for r in batch})
+        started = time.perf_counter()
         await _wait(self._pool, self.verify_seconds)
+        self.busy_seconds += time.perf_counter() - started
         out = []
         for req in batch:
             accepted: list[int] = []
@@ -93,10 +96,13 @@ class StandInDraft:
         self.vocab = list(vocab)
         self._rng = random.Random(seed)
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        self.busy_seconds = 0.0
 
     async def draft(self, batch: Sequence[DraftRequest]) -> list[Proposal]:
         k = max((r.num_tokens for r in batch), default=0)
+        started = time.perf_counter()
         await _wait(self._pool, k * self.token_seconds)
+        self.busy_seconds += time.perf_counter() - started
         return [Proposal([self._rng.choice(self.vocab) for _ in range(r.num_tokens)]) for r in batch]
 
     def release(self, request_id: str) -> None:
