@@ -3,11 +3,17 @@
 `specdeploy validate -f FILE [-f FILE ...]` validates manifests offline with the same pydantic models the CRDs
 are generated from. Every YAML document is checked (`---`-separated, `kind: List` items too); errors name the
 field (`spec.draft: spec.draft is required when ...`). Exit status: 0 when everything is valid, 1 when
-anything is not (or a file cannot be read or parsed), 2 on usage errors."""
+anything is not (or a file cannot be read or parsed), 2 on usage errors.
+
+`specdeploy render -f FILE [--settings-env]` prints every object the operator would create for the
+SpeculativeDeployments of FILE as multi-document YAML (like `helm template`), from the operator's own
+builders. Operator settings are the defaults, or with `--settings-env` the `SPECDEPLOY_*` environment
+variables."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -16,7 +22,8 @@ from typing import Any, TextIO
 
 import yaml
 
-from .api import API_VERSION, validate_object
+from .api import API_VERSION, SpeculativeDeployment, validate_object
+from .builders import OperatorSettings, dump_yaml, render_children
 
 __all__ = ["main"]
 
@@ -102,6 +109,44 @@ def _validate(args: argparse.Namespace) -> int:
     return 0 if all(results) else 1
 
 
+def _render(args: argparse.Namespace) -> int:
+    settings = OperatorSettings.from_env(os.environ) if args.settings_env else OperatorSettings()
+    name = "<stdin>" if args.filename == "-" else args.filename
+    try:
+        documents = list(_documents(_read(args.filename)))
+    except (OSError, UnicodeDecodeError) as error:
+        print(f"{name}: cannot read: {error}", file=sys.stderr)
+        return 1
+    except yaml.YAMLError as error:
+        print(f"{name}: not valid YAML: {error}", file=sys.stderr)
+        return 1
+    objects: list[dict[str, Any]] = []
+    ok = True
+    for document in documents:
+        body = document.body
+        if not (isinstance(body, dict) and body.get("kind") == "SpeculativeDeployment"):
+            continue
+        parsed, errors = validate_object(body)
+        if errors or not isinstance(parsed, SpeculativeDeployment):
+            print(f"{name}: {document.label}{_describe(body)}: invalid", file=sys.stderr)
+            for problem in errors:
+                print(f"  {problem}", file=sys.stderr)
+            ok = False
+            continue
+        if args.namespace and not parsed.metadata.namespace:
+            parsed = parsed.model_copy(
+                update={"metadata": parsed.metadata.model_copy(update={"namespace": args.namespace})}
+            )
+        objects += render_children(parsed, settings)
+    if not ok:
+        return 1
+    if not objects:
+        print(f"{name}: no SpeculativeDeployment", file=sys.stderr)
+        return 1
+    sys.stdout.write(dump_yaml(objects))
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdeploy", description="specdeploy command line tools")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -124,6 +169,22 @@ def _parser() -> argparse.ArgumentParser:
         help=f"skip documents whose apiVersion is not {API_VERSION} instead of failing on them",
     )
     validate.set_defaults(run=_validate)
+    render = commands.add_parser(
+        "render",
+        help="print the objects the operator would create for a manifest",
+        description="Print every child object (EngineBuilds, Jobs, ConfigMap, Deployment, Service, "
+        "PodDisruptionBudget) of the SpeculativeDeployments in FILE as multi-document YAML.",
+    )
+    render.add_argument(
+        "-f", "--filename", required=True, metavar="FILE", help="manifest file ('-' for stdin)"
+    )
+    render.add_argument("-n", "--namespace", help="namespace for objects whose manifest sets none")
+    render.add_argument(
+        "--settings-env",
+        action="store_true",
+        help="take operator settings from SPECDEPLOY_* environment variables instead of the defaults",
+    )
+    render.set_defaults(run=_render)
     return parser
 
 

@@ -1,0 +1,46 @@
+"""Pure builders of the objects the operator creates: no API calls, no environment reads, no randomness.
+Names and ordering are deterministic, so a retry or a restart renders byte-identical objects."""
+
+from .common import FIELD_MANAGER, labels, owner_reference, selector_labels, selector_string
+from .engines import build_engine_builds, engine_build_name, needs_build
+from .job import BuildCommands, build_commands, build_job, job_name
+from .render import dump_yaml, render_children
+from .serving import (
+    build_configmap,
+    build_deployment,
+    build_pdb,
+    build_server_config,
+    build_service,
+    device_placement,
+    endpoint,
+    pod_selector,
+    status_selector,
+)
+from .settings import OperatorSettings
+
+__all__ = [
+    "FIELD_MANAGER",
+    "BuildCommands",
+    "OperatorSettings",
+    "build_commands",
+    "build_configmap",
+    "build_deployment",
+    "build_engine_builds",
+    "build_job",
+    "build_pdb",
+    "build_server_config",
+    "build_service",
+    "device_placement",
+    "dump_yaml",
+    "endpoint",
+    "engine_build_name",
+    "job_name",
+    "labels",
+    "needs_build",
+    "owner_reference",
+    "pod_selector",
+    "render_children",
+    "selector_labels",
+    "selector_string",
+    "status_selector",
+]

@@ -1,0 +1,107 @@
+"""Names, labels and references shared by the builders. Pure functions."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping
+from typing import Any, Final
+
+from specdeploy_operator.api import API_VERSION, SpeculativeDeployment
+
+__all__ = [
+    "COMPONENT_LABEL",
+    "ENGINE_HASHES_ANNOTATION",
+    "FIELD_MANAGER",
+    "MANAGED_BY",
+    "dns_label",
+    "labels",
+    "owner_reference",
+    "selector_labels",
+    "selector_string",
+]
+
+FIELD_MANAGER: Final = "specdeploy"
+MANAGED_BY: Final = "specdeploy"
+NAME_LABEL: Final = "app.kubernetes.io/name"
+INSTANCE_LABEL: Final = "app.kubernetes.io/instance"
+COMPONENT_LABEL: Final = "app.kubernetes.io/component"
+MANAGED_BY_LABEL: Final = "app.kubernetes.io/managed-by"
+ENGINE_HASHES_ANNOTATION: Final = "specdeploy.dev/engine-hashes"
+ENGINE_HASH_LABEL: Final = "specdeploy.dev/engine-hash"
+ENGINE_ROLE_LABEL: Final = "specdeploy.dev/engine-role"
+MAX_NAME: Final = 63
+
+_INVALID = re.compile(r"[^a-z0-9-]+")
+
+
+def dns_label(*parts: str, max_length: int = MAX_NAME) -> str:
+    """A DNS-1123 label from `parts` joined by `-`. The last part is kept whole (it carries the hash or the
+    suffix that makes the name unique); the first parts are lower-cased, cleaned and shortened to fit."""
+    if not parts:
+        raise ValueError("no parts")
+    *head, last = parts
+    cleaned = [_INVALID.sub("-", part.lower()).strip("-") for part in head]
+    prefix = "-".join(part for part in cleaned if part)
+    room = max_length - len(last) - 1
+    name = last[:max_length] if room <= 0 or not prefix else f"{prefix[:room].rstrip('-')}-{last}"
+    return name.strip("-")
+
+
+def short_hash(*values: str, length: int = 8) -> str:
+    """A short SHA-256 hex digest of `values`, for names that must stay under the length limit."""
+    digest = hashlib.sha256("\x00".join(values).encode()).hexdigest()
+    return digest[:length]
+
+
+def selector_labels(name: str, component: str) -> dict[str, str]:
+    """Labels that select the children of one deployment with one role."""
+    return {NAME_LABEL: "specdeploy", INSTANCE_LABEL: name, COMPONENT_LABEL: component}
+
+
+def labels(name: str, component: str) -> dict[str, str]:
+    """The standard labels of a child object."""
+    return {**selector_labels(name, component), MANAGED_BY_LABEL: MANAGED_BY}
+
+
+def selector_string(match_labels: Mapping[str, str]) -> str:
+    """`status.selector` form of a label selector (`k=v,k=v`, sorted), as the scale subresource wants."""
+    return ",".join(f"{key}={match_labels[key]}" for key in sorted(match_labels))
+
+
+def owner_reference(obj: Mapping[str, Any], *, controller: bool = True) -> dict[str, Any]:
+    """An ownerReference to `obj` (a dict with apiVersion, kind, metadata.name and metadata.uid). Objects
+    rendered offline have no uid yet: the placeholder `""` is kept and the handler fills it in."""
+    metadata = obj.get("metadata") or {}
+    return {
+        "apiVersion": obj.get("apiVersion", API_VERSION),
+        "kind": obj["kind"],
+        "name": metadata["name"],
+        "uid": metadata.get("uid", ""),
+        "controller": controller,
+        "blockOwnerDeletion": True,
+    }
+
+
+def deployment_owner(sdep: SpeculativeDeployment) -> dict[str, Any]:
+    """The ownerReference every serving child carries."""
+    return owner_reference(
+        {
+            "apiVersion": sdep.api_version,
+            "kind": sdep.kind,
+            "metadata": sdep.metadata.model_dump(by_alias=True, exclude_none=True),
+        }
+    )
+
+
+def metadata(
+    name: str, namespace: str | None, object_labels: Mapping[str, str], owners: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Object metadata with deterministic key order."""
+    meta: dict[str, Any] = {"name": name}
+    if namespace:
+        meta["namespace"] = namespace
+    meta["labels"] = dict(object_labels)
+    if owners:
+        meta["ownerReferences"] = owners
+    return meta

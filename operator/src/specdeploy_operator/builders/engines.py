@@ -1,0 +1,129 @@
+"""EngineBuilds of a SpeculativeDeployment: one per model that needs a build, content-addressed by hash."""
+
+from __future__ import annotations
+
+from typing import Any, Final
+
+from specdeploy_operator.api import (
+    EngineBuild,
+    EngineBuildSpec,
+    EngineCacheLocation,
+    EngineRole,
+    ModelSpec,
+    Parallelism,
+    SpeculativeDeployment,
+    render_build_flags,
+)
+
+from .common import ENGINE_HASH_LABEL, ENGINE_ROLE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, dns_label
+from .settings import OperatorSettings
+
+__all__ = [
+    "build_engine_builds",
+    "engine_build_name",
+    "engine_dir",
+    "engine_models",
+    "gpu_product",
+    "needs_build",
+]
+
+_HASH_PLACEHOLDER: Final = "0" * 16
+
+
+def engine_models(sdep: SpeculativeDeployment) -> list[tuple[EngineRole, ModelSpec]]:
+    """The models of the deployment in build order: the target, then the draft when there is one."""
+    spec = sdep.spec
+    models: list[tuple[EngineRole, ModelSpec]] = [("target", spec.target)]
+    if spec.draft is not None:
+        models.append(("draft", spec.draft))
+    return models
+
+
+def needs_build(sdep: SpeculativeDeployment, model: ModelSpec) -> bool:
+    """Backend `tensorrt` always builds an engine; `pytorch` only produces a quantized checkpoint when
+    quantization is asked for."""
+    if sdep.spec.backend == "tensorrt":
+        return True
+    quantization = model.quantization
+    return quantization.format != "none" or quantization.kv_cache_dtype != "auto"
+
+
+def gpu_product(sdep: SpeculativeDeployment, settings: OperatorSettings) -> str:
+    """The GPU product the deployment runs (and its engines are built) on."""
+    return sdep.spec.placement.gpu_product or settings.default_gpu_product
+
+
+def cache_pvc_name(sdep: SpeculativeDeployment, settings: OperatorSettings) -> str:
+    """The engine-cache claim of the deployment: `spec.engineCache.pvcName`, the claim the operator creates
+    for `spec.engineCache.size` (`<name>-engine-cache`), or the operator's default claim."""
+    cache = sdep.spec.engine_cache
+    if cache is not None and cache.pvc_name:
+        return cache.pvc_name
+    if cache is not None and cache.size:
+        return dns_label(sdep.metadata.name or "", "engine-cache")
+    return settings.cache_pvc_name
+
+
+def engine_dir(hash_: str) -> str:
+    """Directory of an engine inside the cache claim."""
+    return f"engines/{hash_}"
+
+
+def engine_build_name(model_uri: str, role: EngineRole, hash_: str) -> str:
+    """`<model>-<role>-<hash>`: the last path segment of the URI, shortened so the name stays a DNS-1123
+    label of at most 63 characters; the hash keeps it unique."""
+    model_name = model_uri.rstrip("/").rsplit("/", 1)[-1]
+    return dns_label(model_name, f"{role}-{hash_}")
+
+
+def _engine_build(
+    sdep: SpeculativeDeployment, role: EngineRole, model: ModelSpec, settings: OperatorSettings
+) -> dict[str, Any]:
+    spec = sdep.spec
+    builder_image = (spec.images.builder if spec.images else None) or settings.builder_image
+    flags = render_build_flags(spec, role) if spec.backend == "tensorrt" else []
+    draft = EngineBuildSpec(
+        model=model.model,
+        role=role,
+        parallelism=Parallelism(
+            tensor_parallel=model.tensor_parallel, pipeline_parallel=model.pipeline_parallel
+        ),
+        quantization=model.quantization,
+        build_flags=flags,
+        hash=_HASH_PLACEHOLDER,
+        builder_image=builder_image,
+        gpu_product=gpu_product(sdep, settings),
+        cache=EngineCacheLocation(pvc_name=cache_pvc_name(sdep, settings), path="pending"),
+    )
+    hash_ = draft.content_hash()
+    engine_spec = draft.model_copy(
+        update={"hash": hash_, "cache": draft.cache.model_copy(update={"path": engine_dir(hash_)})}
+    )
+    name = engine_build_name(model.model.uri, role, hash_)
+    build = EngineBuild(spec=engine_spec)
+    body = build.to_dict()
+    body.pop("status", None)
+    meta: dict[str, Any] = {"name": name}
+    if sdep.metadata.namespace:
+        meta["namespace"] = sdep.metadata.namespace
+    meta["labels"] = {
+        NAME_LABEL: "specdeploy",
+        MANAGED_BY_LABEL: MANAGED_BY,
+        ENGINE_ROLE_LABEL: role,
+        ENGINE_HASH_LABEL: hash_,
+    }
+    body["metadata"] = meta
+    return body
+
+
+def build_engine_builds(
+    sdep: SpeculativeDeployment, settings: OperatorSettings | None = None
+) -> list[dict[str, Any]]:
+    """The EngineBuild objects the deployment needs, target first. Shared between deployments: they carry no
+    owner reference (unreferenced ones are garbage-collected after the grace period)."""
+    settings = settings or OperatorSettings()
+    return [
+        _engine_build(sdep, role, model, settings)
+        for role, model in engine_models(sdep)
+        if needs_build(sdep, model)
+    ]

@@ -1,0 +1,251 @@
+"""The build Job of an EngineBuild: download -> quantize.py (or convert_checkpoint.py) -> trtllm-build ->
+completion marker. Each step is one container running one argv, so the rendered command lines are exactly the
+seed's (`build_commands`)."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from typing import Any, Final
+
+from specdeploy_operator.api import EngineBuild, ModelSource
+
+from .common import (
+    ENGINE_HASH_LABEL,
+    ENGINE_ROLE_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NAME_LABEL,
+    dns_label,
+    owner_reference,
+)
+from .settings import OperatorSettings
+
+__all__ = [
+    "COMPLETION_MARKER",
+    "CREDENTIALS_MOUNT",
+    "BuildCommands",
+    "build_commands",
+    "build_job",
+    "download_step",
+    "gpu_scheduling",
+    "job_name",
+]
+
+COMPLETION_MARKER: Final = ".specdeploy-complete"
+"""File written into the engine directory once the engine is complete."""
+CREDENTIALS_MOUNT: Final = "/var/run/secrets/specdeploy/model"
+"""Where the model's credentials Secret is mounted (read-only files, never env values)."""
+SOURCE_MOUNT: Final = "/model-source"
+GPU_TOLERATION: Final = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+
+
+@dataclass(frozen=True)
+class BuildCommands:
+    """The argv of each step of a build, in order; `download` is None for `pvc://` sources."""
+
+    download: list[str] | None
+    checkpoint: list[str]
+    build: list[str] | None
+    complete: list[str]
+    model_dir: str
+    engine_dir: str
+
+
+def job_name(engine_build: dict[str, Any]) -> str:
+    """`<engine build name>-build`, shortened so it stays a 63-character label (the Job controller copies it
+    into the `job-name` pod label)."""
+    spec = engine_build["spec"]
+    name: str = engine_build["metadata"]["name"]
+    role = spec["role"]
+    stem = name.removesuffix(f"-{role}-{spec['hash']}")
+    return dns_label(stem, f"{role}-{spec['hash']}-build")
+
+
+def download_step(source: ModelSource, dest: str) -> tuple[list[str] | None, str, list[dict[str, str]]]:
+    """(argv of the download, the directory the checkpoint ends up in, env vars naming credential *files*).
+    `pvc://` sources are mounted instead of downloaded. Credentials are read from files under
+    `CREDENTIALS_MOUNT`; no secret value appears in argv or env."""
+    uri = source.uri
+    scheme, _, rest = uri.partition("://")
+    env: list[dict[str, str]] = []
+    if scheme == "pvc":
+        _, _, path = rest.partition("/")
+        return None, f"{SOURCE_MOUNT}/{path}".rstrip("/"), env
+    if scheme == "hf":
+        argv = ["huggingface-cli", "download", rest, "--local-dir", dest]
+        if source.revision:
+            argv += ["--revision", source.revision]
+        if source.credentials_secret:
+            env.append({"name": "HF_TOKEN_PATH", "value": f"{CREDENTIALS_MOUNT}/HF_TOKEN"})
+        return argv, dest, env
+    if scheme == "s3":
+        if source.credentials_secret:
+            env.append({"name": "AWS_SHARED_CREDENTIALS_FILE", "value": f"{CREDENTIALS_MOUNT}/credentials"})
+        return ["aws", "s3", "sync", "--only-show-errors", uri, dest], dest, env
+    if source.credentials_secret:
+        env.append(
+            {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": f"{CREDENTIALS_MOUNT}/credentials.json"}
+        )
+    return ["gsutil", "-m", "rsync", "-r", uri, dest], dest, env
+
+
+def _checkpoint_argv(
+    spec: dict[str, Any], model_dir: str, output_dir: str, settings: OperatorSettings
+) -> list[str]:
+    engine = EngineBuild.model_validate({"spec": spec})
+    quantization = engine.spec.quantization
+    parallelism = engine.spec.parallelism
+    tp_pp = ["--tp_size", str(parallelism.tensor_parallel), "--pp_size", str(parallelism.pipeline_parallel)]
+    if quantization.format == "none" and quantization.kv_cache_dtype == "auto":
+        return [
+            settings.python,
+            settings.convert_script,
+            "--model_dir",
+            model_dir,
+            "--output_dir",
+            output_dir,
+            "--dtype",
+            quantization.dtype,
+            *tp_pp,
+        ]
+    # quantize.py in the seed's order: --model_dir --dtype --qformat --kv_cache_dtype --output_dir
+    # --calib_size --tp_size --pp_size.
+    argv = [
+        settings.python,
+        settings.quantize_script,
+        "--model_dir",
+        model_dir,
+        "--dtype",
+        quantization.dtype,
+    ]
+    argv += ["--qformat", "full_prec" if quantization.format == "none" else quantization.format]
+    if quantization.kv_cache_dtype != "auto":
+        argv += ["--kv_cache_dtype", quantization.kv_cache_dtype]
+    argv += ["--output_dir", output_dir, "--calib_size", str(quantization.calib_size), *tp_pp]
+    return argv
+
+
+def build_commands(engine_build: dict[str, Any], settings: OperatorSettings) -> BuildCommands:
+    """The command lines of the build of `engine_build` (an EngineBuild dict)."""
+    spec = engine_build["spec"]
+    hash_ = spec["hash"]
+    cache = settings.cache_mount_path
+    work = f"{cache}/work/{hash_}"
+    out_dir = f"{cache}/{spec['cache']['path']}"
+    source = ModelSource.model_validate(spec["model"])
+    download, model_dir, _ = download_step(source, f"{work}/model")
+    is_engine = bool(spec["buildFlags"])  # pytorch: a quantized checkpoint, no engine
+    checkpoint_dir = f"{work}/checkpoint" if is_engine else out_dir
+    checkpoint = _checkpoint_argv(spec, model_dir, checkpoint_dir, settings)
+    build: list[str] | None = None
+    if is_engine:
+        workers = str(spec.get("parallelism", {}).get("tensorParallel", 1))
+        build = ["trtllm-build", "--checkpoint_dir", checkpoint_dir, "--output_dir", out_dir]
+        build += ["--workers", workers, *spec["buildFlags"]]
+    # Keep the tokenizer next to the engine (the server loads it from there), then write the marker.
+    src, dst = shlex.quote(model_dir), shlex.quote(out_dir)
+    script = (
+        f"set -e; mkdir -p {dst}/tokenizer; "
+        f"for f in {src}/*token* {src}/generation_config.json {src}/config.json; "
+        f'do if [ -f "$f" ]; then cp "$f" {dst}/tokenizer/; fi; done; '
+        f"echo {hash_} > {dst}/{COMPLETION_MARKER}"
+    )
+    return BuildCommands(
+        download=download,
+        checkpoint=checkpoint,
+        build=build,
+        complete=["sh", "-c", script],
+        model_dir=model_dir,
+        engine_dir=out_dir,
+    )
+
+
+def gpu_scheduling(product: str, gpus: int, resource: str = "nvidia.com/gpu") -> dict[str, Any]:
+    """Pod spec fields that put a pod on `gpus` GPUs of `product`."""
+    return {
+        "nodeSelector": {GPU_PRODUCT_LABEL: product},
+        "tolerations": [dict(GPU_TOLERATION)],
+        "resources": {"limits": {resource: str(gpus)}, "requests": {resource: str(gpus)}},
+    }
+
+
+def build_job(engine_build: dict[str, Any], settings: OperatorSettings | None = None) -> dict[str, Any]:
+    """The Job that builds `engine_build`, owned by it (the uid placeholder is filled in by the handler)."""
+    settings = settings or OperatorSettings()
+    spec = engine_build["spec"]
+    commands = build_commands(engine_build, settings)
+    source = ModelSource.model_validate(spec["model"])
+    _, _, credential_env = download_step(source, "")
+    parallelism = spec.get("parallelism", {})
+    gpus = int(parallelism.get("tensorParallel", 1)) * int(parallelism.get("pipelineParallel", 1))
+    scheduling = gpu_scheduling(spec["gpuProduct"], gpus)
+    image = spec["builderImage"]
+    cache_mount = {"name": "engine-cache", "mountPath": settings.cache_mount_path}
+    mounts: list[dict[str, Any]] = [cache_mount]
+    volumes: list[dict[str, Any]] = [
+        {"name": "engine-cache", "persistentVolumeClaim": {"claimName": spec["cache"]["pvcName"]}}
+    ]
+    if source.uri.startswith("pvc://"):
+        claim = source.uri.removeprefix("pvc://").split("/", 1)[0]
+        volumes.append(
+            {"name": "model-source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        )
+        mounts.append({"name": "model-source", "mountPath": SOURCE_MOUNT, "readOnly": True})
+    download_mounts = list(mounts)
+    if source.credentials_secret:
+        volumes.append(
+            {
+                "name": "model-credentials",
+                "secret": {"secretName": source.credentials_secret, "defaultMode": 0o400},
+            }
+        )
+        download_mounts.append(
+            {"name": "model-credentials", "mountPath": CREDENTIALS_MOUNT, "readOnly": True}
+        )
+    steps: list[dict[str, Any]] = []
+    if commands.download is not None:
+        download: dict[str, Any] = {"name": "download", "image": image, "command": commands.download}
+        if credential_env:
+            download["env"] = credential_env
+        download["volumeMounts"] = download_mounts
+        steps.append(download)
+    step_name = "quantize" if "quantize" in commands.checkpoint[1] else "convert"
+    gpu_step = {"resources": scheduling["resources"], "volumeMounts": mounts}
+    steps.append({"name": step_name, "image": image, "command": commands.checkpoint, **gpu_step})
+    if commands.build is not None:
+        steps.append({"name": "build", "image": image, "command": commands.build, **gpu_step})
+    complete = {"name": "complete", "image": image, "command": commands.complete, "volumeMounts": mounts}
+    labels = {
+        NAME_LABEL: "specdeploy",
+        "app.kubernetes.io/component": "engine-build",
+        MANAGED_BY_LABEL: MANAGED_BY,
+        ENGINE_ROLE_LABEL: spec["role"],
+        ENGINE_HASH_LABEL: spec["hash"],
+    }
+    meta: dict[str, Any] = {"name": job_name(engine_build)}
+    if engine_build["metadata"].get("namespace"):
+        meta["namespace"] = engine_build["metadata"]["namespace"]
+    meta["labels"] = labels
+    meta["ownerReferences"] = [owner_reference(engine_build)]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            "backoffLimit": settings.build_backoff_limit,
+            "ttlSecondsAfterFinished": settings.build_ttl_seconds,
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "nodeSelector": scheduling["nodeSelector"],
+                    "tolerations": scheduling["tolerations"],
+                    "initContainers": steps,
+                    "containers": [complete],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }

@@ -1,0 +1,398 @@
+"""Serving children of a SpeculativeDeployment: server configuration, ConfigMap, Deployment, Service, PDB."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+from specdeploy_operator.api import EngineRole, ModelSpec, SpeculativeDeployment
+
+from .common import (
+    ENGINE_HASHES_ANNOTATION,
+    deployment_owner,
+    dns_label,
+    labels,
+    metadata,
+    selector_labels,
+    selector_string,
+)
+from .engines import engine_models, gpu_product
+from .job import CREDENTIALS_MOUNT, GPU_PRODUCT_LABEL, GPU_TOLERATION, download_step
+from .settings import OperatorSettings
+
+__all__ = [
+    "CONFIG_FILE",
+    "CONFIG_MOUNT",
+    "build_configmap",
+    "build_deployment",
+    "build_pdb",
+    "build_server_config",
+    "build_service",
+    "device_placement",
+    "endpoint",
+    "pod_selector",
+    "status_selector",
+]
+
+COMPONENT: Final = "server"
+CONFIG_MOUNT: Final = "/etc/specdeploy"
+CONFIG_FILE: Final = "server.yaml"
+API_KEY_MOUNT: Final = "/var/run/secrets/specdeploy/api-key"
+CHAT_TEMPLATE_MOUNT: Final = "/etc/specdeploy/chat-template"
+MODELS_MOUNT: Final = "/models"
+_BACKENDS: Final = {"tensorrt": "trtllm-engine", "pytorch": "trtllm-llmapi"}
+_SERVER_METHODS: Final = ("draftTarget", "promptLookup", "none")
+
+
+def _name(sdep: SpeculativeDeployment) -> str:
+    name = sdep.metadata.name
+    if not name:
+        raise ValueError("metadata.name is required")
+    return name
+
+
+def pod_selector(sdep: SpeculativeDeployment) -> dict[str, str]:
+    """matchLabels of the serving pods."""
+    return selector_labels(_name(sdep), COMPONENT)
+
+
+def status_selector(sdep: SpeculativeDeployment) -> str:
+    """`status.selector` of the deployment (scale subresource)."""
+    return selector_string(pod_selector(sdep))
+
+
+def endpoint(sdep: SpeculativeDeployment) -> str:
+    """The OpenAI-compatible base URL written to `status.endpoint`."""
+    namespace = sdep.metadata.namespace or "default"
+    return f"http://{_name(sdep)}.{namespace}.svc:{sdep.spec.serving.port}/v1"
+
+
+def device_placement(sdep: SpeculativeDeployment) -> tuple[list[int], list[int] | None]:
+    """(target device ids, draft device ids or None). The target takes devices 0..TP*PP-1; a colocated draft
+    shares the first draft-TP of them, a dedicated one takes the devices after the target's."""
+    spec = sdep.spec
+    target = list(range(spec.target.gpus))
+    if spec.draft is None:
+        return target, None
+    draft_tp = spec.draft.tensor_parallel
+    start = 0 if spec.placement.draft == "colocated" else spec.target.gpus
+    return target, list(range(start, start + draft_tp))
+
+
+def _engine_path(
+    engines: dict[str, dict[str, Any]], role: EngineRole, settings: OperatorSettings
+) -> str | None:
+    engine = engines.get(role)
+    if engine is None:
+        return None
+    return f"{settings.cache_mount_path}/{engine['spec']['cache']['path']}"
+
+
+def _model_path(
+    role: EngineRole, model: ModelSpec, engines: dict[str, dict[str, Any]], settings: OperatorSettings
+) -> str:
+    built = _engine_path(engines, role, settings)
+    if built is not None:
+        return built
+    _, path, _ = download_step(model.model, f"{MODELS_MOUNT}/{role}")
+    return path.replace("/model-source", f"{MODELS_MOUNT}/source-{role}", 1)
+
+
+def build_server_config(
+    sdep: SpeculativeDeployment,
+    engines: list[dict[str, Any]],
+    settings: OperatorSettings | None = None,
+) -> dict[str, Any]:
+    """The server configuration file (schema: docs/server.md, camelCase) for the deployment and its built
+    engines (EngineBuild dicts, as `build_engine_builds` returns them)."""
+    settings = settings or OperatorSettings()
+    spec = sdep.spec
+    by_role = {engine["spec"]["role"]: engine for engine in engines}
+    model: dict[str, Any] = {"target": _model_path("target", spec.target, by_role, settings)}
+    if spec.draft is not None:
+        model["draft"] = _model_path("draft", spec.draft, by_role, settings)
+    if "target" in by_role and spec.backend == "tensorrt":
+        model["tokenizer"] = f"{model['target']}/tokenizer"
+    model["servedModelName"] = spec.target.model.uri.split("://", 1)[1].split("/", 1)[-1]
+    speculative: dict[str, Any] = {
+        "maxDraftLen": spec.speculative.max_draft_len,
+        "draftLen": spec.speculative.effective_draft_len,
+        "acceptance": spec.speculative.acceptance,
+    }
+    if spec.speculative.method in _SERVER_METHODS:
+        speculative = {"method": spec.speculative.method, **speculative}
+    if spec.speculative.prompt_lookup is not None:
+        speculative["promptLookup"] = {
+            "maxMatchingNgramSize": spec.speculative.prompt_lookup.max_matching_ngram_size
+        }
+    target_ids, draft_ids = device_placement(sdep)
+    placement: dict[str, Any] = {"device": "cuda", "targetDeviceIds": target_ids}
+    if draft_ids is not None:
+        placement["draftDeviceIds"] = draft_ids
+    runtime: dict[str, Any] = {}
+    rt = spec.runtime
+    for key, value in (
+        ("maxBatchSize", rt.max_batch_size),
+        ("maxQueueSize", rt.max_queue_size),
+        ("maxNumTokens", rt.max_num_tokens),
+        ("kvCacheFreeGpuMemFraction", rt.kv_cache_free_gpu_mem_fraction),
+        ("draftKvCacheFreeGpuMemFraction", rt.draft_kv_cache_free_gpu_mem_fraction),
+        ("enableKvCacheReuse", rt.enable_kv_cache_reuse),
+        ("enableChunkedContext", rt.enable_chunked_context),
+        ("guaranteedNoEvict", rt.guaranteed_no_evict),
+    ):
+        if value is not None:
+            runtime[key] = value
+    serving: dict[str, Any] = {
+        "host": "0.0.0.0",
+        "port": spec.serving.port,
+        "shutdownTimeoutSeconds": max(settings.termination_grace_period_seconds - 5, 0),
+    }
+    if spec.serving.api_key_secret:
+        serving["apiKeyFile"] = f"{API_KEY_MOUNT}/api-key"
+    if spec.serving.chat_template or spec.serving.chat_template_config_map:
+        serving["chatTemplate"] = f"{CHAT_TEMPLATE_MOUNT}/template.jinja"
+    return {
+        "model": model,
+        "backend": _BACKENDS[spec.backend],
+        "speculative": speculative,
+        "placement": placement,
+        "runtime": runtime,
+        "serving": serving,
+        "logging": {"level": "INFO", "format": "json"},
+    }
+
+
+def configmap_name(sdep: SpeculativeDeployment) -> str:
+    return dns_label(_name(sdep), "server-config")
+
+
+def build_configmap(
+    sdep: SpeculativeDeployment, engines: list[dict[str, Any]], settings: OperatorSettings | None = None
+) -> dict[str, Any]:
+    """ConfigMap holding the server configuration (`server.yaml`, JSON, which is valid YAML) and the inline
+    chat template when there is one."""
+    config = build_server_config(sdep, engines, settings)
+    data = {CONFIG_FILE: json.dumps(config, indent=2, sort_keys=True) + "\n"}
+    if sdep.spec.serving.chat_template:
+        data["template.jinja"] = sdep.spec.serving.chat_template
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": metadata(
+            configmap_name(sdep),
+            sdep.metadata.namespace,
+            labels(_name(sdep), COMPONENT),
+            [deployment_owner(sdep)],
+        ),
+        "data": data,
+    }
+
+
+def _probe(path: str, port: int, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": port},
+        "periodSeconds": period,
+        "timeoutSeconds": 5,
+        "failureThreshold": failures,
+    }
+
+
+def _volumes(
+    sdep: SpeculativeDeployment, engines: list[dict[str, Any]], settings: OperatorSettings
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, server volume mounts, init containers that download unbuilt checkpoints)."""
+    spec = sdep.spec
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": configmap_name(sdep)}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    init: list[dict[str, Any]] = []
+    if engines:
+        claim = engines[0]["spec"]["cache"]["pvcName"]
+        volumes.append(
+            {"name": "engine-cache", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        )
+        mounts.append({"name": "engine-cache", "mountPath": settings.cache_mount_path, "readOnly": True})
+    built = {engine["spec"]["role"] for engine in engines}
+    for role, model in engine_models(sdep):
+        if role in built:
+            continue
+        argv, _, env = download_step(model.model, f"{MODELS_MOUNT}/{role}")
+        if argv is None:
+            claim = model.model.uri.removeprefix("pvc://").split("/", 1)[0]
+            volumes.append(
+                {"name": f"source-{role}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+            )
+            mounts.append(
+                {"name": f"source-{role}", "mountPath": f"{MODELS_MOUNT}/source-{role}", "readOnly": True}
+            )
+            continue
+        volumes.append({"name": f"model-{role}", "emptyDir": {}})
+        mount: dict[str, Any] = {"name": f"model-{role}", "mountPath": f"{MODELS_MOUNT}/{role}"}
+        mounts.append({**mount, "readOnly": True})
+        step: dict[str, Any] = {
+            "name": f"download-{role}",
+            "image": _builder_image(sdep, settings),
+            "command": argv,
+        }
+        if env:
+            step["env"] = env
+        step_mounts: list[dict[str, Any]] = [mount]
+        if model.model.credentials_secret:
+            volumes.append(
+                {
+                    "name": f"credentials-{role}",
+                    "secret": {"secretName": model.model.credentials_secret, "defaultMode": 0o400},
+                }
+            )
+            step_mounts.append(
+                {"name": f"credentials-{role}", "mountPath": CREDENTIALS_MOUNT, "readOnly": True}
+            )
+        step["volumeMounts"] = step_mounts
+        init.append(step)
+    if spec.serving.api_key_secret:
+        volumes.append(
+            {
+                "name": "api-key",
+                "secret": {
+                    "secretName": spec.serving.api_key_secret,
+                    "items": [{"key": "api-key", "path": "api-key"}],
+                    "defaultMode": 0o400,
+                },
+            }
+        )
+        mounts.append({"name": "api-key", "mountPath": API_KEY_MOUNT, "readOnly": True})
+    if spec.serving.chat_template_config_map is not None:
+        ref = spec.serving.chat_template_config_map
+        volumes.append(
+            {
+                "name": "chat-template",
+                "configMap": {"name": ref.name, "items": [{"key": ref.key, "path": "template.jinja"}]},
+            }
+        )
+        mounts.append({"name": "chat-template", "mountPath": CHAT_TEMPLATE_MOUNT, "readOnly": True})
+    elif spec.serving.chat_template:
+        volumes.append(
+            {
+                "name": "chat-template",
+                "configMap": {
+                    "name": configmap_name(sdep),
+                    "items": [{"key": "template.jinja", "path": "template.jinja"}],
+                },
+            }
+        )
+        mounts.append({"name": "chat-template", "mountPath": CHAT_TEMPLATE_MOUNT, "readOnly": True})
+    return volumes, mounts, init
+
+
+def _builder_image(sdep: SpeculativeDeployment, settings: OperatorSettings) -> str:
+    return (sdep.spec.images.builder if sdep.spec.images else None) or settings.builder_image
+
+
+def build_deployment(
+    sdep: SpeculativeDeployment, engines: list[dict[str, Any]], settings: OperatorSettings | None = None
+) -> dict[str, Any]:
+    """The Deployment of the serving pods."""
+    settings = settings or OperatorSettings()
+    spec = sdep.spec
+    name = _name(sdep)
+    port = spec.serving.port
+    gpus = spec.gpus_per_replica
+    resource = spec.placement.gpu_resource
+    hashes = ",".join(f"{engine['spec']['role']}={engine['spec']['hash']}" for engine in engines)
+    volumes, mounts, init = _volumes(sdep, engines, settings)
+    resources: dict[str, Any] = {"limits": {resource: str(gpus)}, "requests": {resource: str(gpus)}}
+    if spec.serving.resources is not None:
+        extra = spec.serving.resources.to_dict()
+        for key in ("requests", "limits"):
+            resources[key] = {**extra.get(key, {}), **resources[key]}
+    image = (spec.images.server if spec.images else None) or settings.server_image
+    container: dict[str, Any] = {
+        "name": "server",
+        "image": image,
+        "command": ["specdeploy-server", "--config", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+        "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
+        "resources": resources,
+        "volumeMounts": mounts,
+        "startupProbe": _probe("/health/ready", port, 10, max(settings.startup_timeout_seconds // 10, 1)),
+        "readinessProbe": _probe("/health/ready", port, 5, 3),
+        "livenessProbe": _probe("/health/live", port, 10, 6),
+    }
+    node_selector = dict(sorted((spec.placement.node_selector or {}).items()))
+    node_selector[GPU_PRODUCT_LABEL] = gpu_product(sdep, settings)
+    tolerations = [dict(GPU_TOLERATION)]
+    for toleration in spec.placement.tolerations or []:
+        item = toleration.to_dict()
+        if item not in tolerations:
+            tolerations.append(item)
+    pod_spec: dict[str, Any] = {
+        "terminationGracePeriodSeconds": settings.termination_grace_period_seconds,
+        "nodeSelector": node_selector,
+        "tolerations": tolerations,
+    }
+    if spec.placement.affinity is not None:
+        pod_spec["affinity"] = spec.placement.affinity.to_dict()
+    if spec.placement.priority_class_name:
+        pod_spec["priorityClassName"] = spec.placement.priority_class_name
+    if init:
+        pod_spec["initContainers"] = init
+    pod_spec["containers"] = [container]
+    pod_spec["volumes"] = volumes
+    template_meta: dict[str, Any] = {"labels": labels(name, COMPONENT)}
+    if hashes:
+        template_meta["annotations"] = {ENGINE_HASHES_ANNOTATION: hashes}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": metadata(
+            name, sdep.metadata.namespace, labels(name, COMPONENT), [deployment_owner(sdep)]
+        ),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": pod_selector(sdep)},
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {
+                    "maxSurge": spec.rollout.max_surge,
+                    "maxUnavailable": spec.rollout.max_unavailable,
+                },
+            },
+            "template": {"metadata": template_meta, "spec": pod_spec},
+        },
+    }
+
+
+def build_service(sdep: SpeculativeDeployment) -> dict[str, Any]:
+    """ClusterIP Service named like the deployment (the endpoint's host)."""
+    name = _name(sdep)
+    port = sdep.spec.serving.port
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": metadata(
+            name, sdep.metadata.namespace, labels(name, COMPONENT), [deployment_owner(sdep)]
+        ),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": pod_selector(sdep),
+            "ports": [{"name": "http", "port": port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def build_pdb(sdep: SpeculativeDeployment) -> dict[str, Any]:
+    """PodDisruptionBudget: at most one serving pod evicted at a time."""
+    name = _name(sdep)
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": metadata(
+            name, sdep.metadata.namespace, labels(name, COMPONENT), [deployment_owner(sdep)]
+        ),
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": pod_selector(sdep)}},
+    }

@@ -1,0 +1,77 @@
+"""Operator settings: one pydantic model, read from `SPECDEPLOY_*` environment variables (the chart sets
+them).
+
+`OperatorSettings.from_env(environ)` takes the mapping as an argument, so builders and tests never read the
+process environment themselves."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Annotated, Final
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["ENV_PREFIX", "OperatorSettings"]
+
+ENV_PREFIX: Final = "SPECDEPLOY_"
+
+
+class OperatorSettings(BaseModel):
+    """Defaults the operator applies where a SpeculativeDeployment leaves something unset."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    server_image: str = "ghcr.io/specdeploy/server:latest"
+    """Inference server image (`SPECDEPLOY_SERVER_IMAGE`), unless `spec.images.server` is set."""
+    builder_image: str = "ghcr.io/specdeploy/builder:latest"
+    """Download/quantize/build image (`SPECDEPLOY_BUILDER_IMAGE`), unless `spec.images.builder` is set."""
+    cache_pvc_name: str = "specdeploy-engine-cache"
+    """Engine-cache claim used when `spec.engineCache` is unset (`SPECDEPLOY_CACHE_PVC_NAME`)."""
+    cache_storage_class_name: str | None = None
+    """StorageClass of claims the operator creates (`SPECDEPLOY_CACHE_STORAGE_CLASS_NAME`)."""
+    cache_size: str = "1Ti"
+    """Size of claims the operator creates (`SPECDEPLOY_CACHE_SIZE`)."""
+    cache_mount_path: str = "/cache"
+    """Where the engine cache is mounted in build and serving pods (`SPECDEPLOY_CACHE_MOUNT_PATH`)."""
+    default_gpu_product: str = "NVIDIA-H100-80GB-HBM3"
+    """GPU product when `spec.placement.gpuProduct` is unset (`SPECDEPLOY_DEFAULT_GPU_PRODUCT`)."""
+    gc_grace_seconds: Annotated[int, Field(ge=0)] = 3600
+    """How long an unreferenced EngineBuild is kept (`SPECDEPLOY_GC_GRACE_SECONDS`)."""
+    keep_previous_engines: Annotated[int, Field(ge=0)] = 1
+    """Previous engines kept per deployment for rollback (`SPECDEPLOY_KEEP_PREVIOUS_ENGINES`)."""
+    watch_namespaces: tuple[str, ...] = ()
+    """Namespaces to watch, comma-separated (`SPECDEPLOY_WATCH_NAMESPACES`); empty means all."""
+    build_backoff_limit: Annotated[int, Field(ge=0)] = 3
+    """`backoffLimit` of build Jobs (`SPECDEPLOY_BUILD_BACKOFF_LIMIT`)."""
+    build_ttl_seconds: Annotated[int, Field(ge=0)] = 86400
+    """`ttlSecondsAfterFinished` of build Jobs (`SPECDEPLOY_BUILD_TTL_SECONDS`)."""
+    quantize_script: str = "/opt/TensorRT-LLM-examples/quantization/quantize.py"
+    """TensorRT-LLM `quantize.py` inside the builder image (`SPECDEPLOY_QUANTIZE_SCRIPT`)."""
+    convert_script: str = "/opt/TensorRT-LLM-examples/llama/convert_checkpoint.py"
+    """`convert_checkpoint.py` used for `format: none` (`SPECDEPLOY_CONVERT_SCRIPT`)."""
+    python: str = "python"
+    """Interpreter that runs the scripts in the builder image (`SPECDEPLOY_PYTHON`)."""
+    termination_grace_period_seconds: Annotated[int, Field(ge=0)] = 60
+    """Grace period of serving pods (`SPECDEPLOY_TERMINATION_GRACE_PERIOD_SECONDS`)."""
+    startup_timeout_seconds: Annotated[int, Field(ge=10)] = 1800
+    """How long a serving pod may take to load its engines before it is restarted
+    (`SPECDEPLOY_STARTUP_TIMEOUT_SECONDS`)."""
+    shm_size: str = "16Gi"
+    """Size limit of the memory-backed `/dev/shm` of serving pods (`SPECDEPLOY_SHM_SIZE`)."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> OperatorSettings:
+        """Settings from `SPECDEPLOY_<FIELD>` variables of `environ`; unknown `SPECDEPLOY_*` names are ignored
+        (other tools share the prefix)."""
+        values: dict[str, object] = {}
+        for name in cls.model_fields:
+            raw = environ.get(ENV_PREFIX + name.upper())
+            if raw is None:
+                continue
+            if name == "watch_namespaces":
+                values[name] = tuple(part.strip() for part in raw.split(",") if part.strip())
+            elif name == "cache_storage_class_name" and raw == "":
+                values[name] = None
+            else:
+                values[name] = raw
+        return cls.model_validate(values)
