@@ -109,6 +109,7 @@ def test_job_runs_the_commands_in_order(engines: list[dict[str, Any]]) -> None:
     assert steps[1][1] == commands.checkpoint
     assert steps[2][1] == commands.build
     hash_ = engine["spec"]["hash"]
+    assert commands.build is not None
     assert commands.engine_dir == f"/cache/engines/{hash_}"
     assert commands.build[commands.build.index("--output_dir") + 1] == f"/cache/engines/{hash_}"
     assert f"/cache/engines/{hash_}/.specdeploy-complete" in steps[3][1][-1]
