@@ -31,7 +31,7 @@ bins: ## build (or find cached) kube-apiserver, controller-manager, scheduler, k
 lint: venv ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy operator/src server/src tests hack/cluster/localcluster.py
+	$(VENV)/bin/mypy operator/src server/src tests benchmarks hack/cluster/localcluster.py
 
 .PHONY: fmt
 fmt: venv ## format the code with ruff
@@ -49,6 +49,10 @@ test-unit: venv ## only the tests that need no cluster
 .PHONY: crds
 crds: venv ## regenerate crds/ and docs/api.md from the pydantic models (a test fails if they are stale)
 	$(PY) -m specdeploy_operator.crdgen --out-dir crds --docs docs/api.md
+
+.PHONY: bench-server
+bench-server: venv ## server benchmarks (orchestration, reference backend, HTTP streaming) -> docs/benchmarks-server.md
+	$(PY) -m benchmarks.server
 
 .PHONY: cluster-up
 cluster-up: venv bins ## start the local control plane + kwok GPU node pools; kubeconfig in .cluster/kubeconfig
