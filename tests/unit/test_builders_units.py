@@ -12,6 +12,7 @@ import yaml
 from specdeploy_operator.api import SpeculativeDeployment, parse_object
 from specdeploy_operator.builders import (
     OperatorSettings,
+    build_cache_pvc,
     build_deployment,
     build_engine_builds,
     build_job,
@@ -361,3 +362,37 @@ def test_settings_from_env() -> None:
     assert OperatorSettings.from_env({}) == OperatorSettings()
     with pytest.raises(ValueError, match="gc_grace_seconds"):
         OperatorSettings.from_env({"SPECDEPLOY_GC_GRACE_SECONDS": "-1"})
+
+
+def test_runtime_change_rolls_pods_through_the_config_hash() -> None:
+    body = _body(COLOCATED)
+    sdep = _sdep(body)
+    engines = build_engine_builds(sdep, SETTINGS)
+    before = build_deployment(sdep, engines, SETTINGS)["spec"]["template"]
+    body["spec"]["runtime"]["kvCacheFreeGpuMemFraction"] = 0.5
+    after = build_deployment(_sdep(body), engines, SETTINGS)["spec"]["template"]
+    key = "specdeploy.dev/config-hash"
+    assert after["metadata"]["annotations"][key] != before["metadata"]["annotations"][key]
+    body["spec"]["replicas"] = 4  # scaling does not touch the pod template
+    scaled = build_deployment(_sdep(body), engines, SETTINGS)["spec"]["template"]
+    assert scaled == after
+
+
+def test_cache_claim_only_for_engine_cache_size() -> None:
+    body = _body(COLOCATED)
+    assert build_cache_pvc(_sdep(body), SETTINGS) is None
+    body["spec"]["engineCache"] = {"size": "2Ti", "storageClassName": "fast-rwx"}
+    sdep = _sdep(body)
+    pvc = build_cache_pvc(sdep, SETTINGS)
+    assert pvc is not None
+    assert pvc["metadata"]["name"] == "llama-70b-8b-h100-engine-cache"
+    assert pvc["spec"] == {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": "2Ti"}},
+        "storageClassName": "fast-rwx",
+    }
+    engines = build_engine_builds(sdep, SETTINGS)
+    assert {e["spec"]["cache"]["pvcName"] for e in engines} == {"llama-70b-8b-h100-engine-cache"}
+    assert render_children(sdep, SETTINGS)[0] == pvc
+    body["spec"]["engineCache"] = {"pvcName": "shared-cache"}
+    assert build_cache_pvc(_sdep(body), SETTINGS) is None

@@ -6,6 +6,7 @@ from .engines import build_engine_builds, engine_build_name, needs_build
 from .job import BuildCommands, build_commands, build_job, job_name
 from .render import dump_yaml, render_children
 from .serving import (
+    build_cache_pvc,
     build_configmap,
     build_deployment,
     build_pdb,
@@ -22,6 +23,7 @@ __all__ = [
     "FIELD_MANAGER",
     "BuildCommands",
     "OperatorSettings",
+    "build_cache_pvc",
     "build_commands",
     "build_configmap",
     "build_deployment",

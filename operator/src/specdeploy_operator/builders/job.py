@@ -217,6 +217,9 @@ def build_job(engine_build: dict[str, Any], settings: OperatorSettings | None = 
     if commands.build is not None:
         steps.append({"name": "build", "image": image, "command": commands.build, **gpu_step})
     complete = {"name": "complete", "image": image, "command": commands.complete, "volumeMounts": mounts}
+    for container in [*steps, complete]:
+        # A failed step's last log lines become its termination message (EngineBuild status.message).
+        container["terminationMessagePolicy"] = "FallbackToLogsOnError"
     labels = {
         NAME_LABEL: "specdeploy",
         "app.kubernetes.io/component": "engine-build",

@@ -11,7 +11,7 @@ from specdeploy_operator.api import SpeculativeDeployment
 
 from .engines import build_engine_builds
 from .job import build_job
-from .serving import build_configmap, build_deployment, build_pdb, build_service
+from .serving import build_cache_pvc, build_configmap, build_deployment, build_pdb, build_service
 from .settings import OperatorSettings
 
 __all__ = ["dump_yaml", "render_children"]
@@ -20,10 +20,14 @@ __all__ = ["dump_yaml", "render_children"]
 def render_children(
     sdep: SpeculativeDeployment, settings: OperatorSettings | None = None
 ) -> list[dict[str, Any]]:
-    """EngineBuilds, their Jobs, then ConfigMap, Deployment, Service and PodDisruptionBudget."""
+    """The engine-cache claim when the operator creates one, EngineBuilds, their Jobs, then ConfigMap,
+    Deployment, Service and PodDisruptionBudget."""
     settings = settings or OperatorSettings()
     engines = build_engine_builds(sdep, settings)
     objects: list[dict[str, Any]] = []
+    pvc = build_cache_pvc(sdep, settings)
+    if pvc is not None:
+        objects.append(pvc)
     for engine in engines:
         objects.append(engine)
         objects.append(build_job(engine, settings))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any, Final
 
@@ -16,13 +17,14 @@ from .common import (
     selector_labels,
     selector_string,
 )
-from .engines import engine_models, gpu_product
+from .engines import cache_pvc_name, engine_models, gpu_product
 from .job import CREDENTIALS_MOUNT, GPU_PRODUCT_LABEL, GPU_TOLERATION, download_step
 from .settings import OperatorSettings
 
 __all__ = [
     "CONFIG_FILE",
     "CONFIG_MOUNT",
+    "build_cache_pvc",
     "build_configmap",
     "build_deployment",
     "build_pdb",
@@ -35,6 +37,7 @@ __all__ = [
 ]
 
 COMPONENT: Final = "server"
+CONFIG_HASH_ANNOTATION: Final = "specdeploy.dev/config-hash"
 CONFIG_MOUNT: Final = "/etc/specdeploy"
 CONFIG_FILE: Final = "server.yaml"
 API_KEY_MOUNT: Final = "/var/run/secrets/specdeploy/api-key"
@@ -343,9 +346,12 @@ def build_deployment(
         pod_spec["initContainers"] = init
     pod_spec["containers"] = [container]
     pod_spec["volumes"] = volumes
-    template_meta: dict[str, Any] = {"labels": labels(name, COMPONENT)}
+    # A changed configuration (runtime, serving) or a new engine changes the pod template: pods roll.
+    config = json.dumps(build_server_config(sdep, engines, settings), sort_keys=True)
+    annotations = {CONFIG_HASH_ANNOTATION: hashlib.sha256(config.encode()).hexdigest()[:16]}
     if hashes:
-        template_meta["annotations"] = {ENGINE_HASHES_ANNOTATION: hashes}
+        annotations[ENGINE_HASHES_ANNOTATION] = hashes
+    template_meta: dict[str, Any] = {"labels": labels(name, COMPONENT), "annotations": annotations}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -354,6 +360,8 @@ def build_deployment(
         ),
         "spec": {
             "replicas": spec.replicas,
+            "progressDeadlineSeconds": settings.startup_timeout_seconds + 300,
+            "revisionHistoryLimit": 3,
             "selector": {"matchLabels": pod_selector(sdep)},
             "strategy": {
                 "type": "RollingUpdate",
@@ -364,6 +372,36 @@ def build_deployment(
             },
             "template": {"metadata": template_meta, "spec": pod_spec},
         },
+    }
+
+
+def build_cache_pvc(
+    sdep: SpeculativeDeployment, settings: OperatorSettings | None = None
+) -> dict[str, Any] | None:
+    """The engine-cache claim the operator creates for `spec.engineCache.size` (None otherwise), owned by the
+    deployment. An existing claim (`pvcName`) or the operator's default claim is never created here."""
+    settings = settings or OperatorSettings()
+    cache = sdep.spec.engine_cache
+    if cache is None or not cache.size:
+        return None
+    name = _name(sdep)
+    claim: dict[str, Any] = {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": str(cache.size)}},
+    }
+    storage_class = cache.storage_class_name or settings.cache_storage_class_name
+    if storage_class:
+        claim["storageClassName"] = storage_class
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata(
+            cache_pvc_name(sdep, settings),
+            sdep.metadata.namespace,
+            labels(name, "engine-cache"),
+            [deployment_owner(sdep)],
+        ),
+        "spec": claim,
     }
 
 
