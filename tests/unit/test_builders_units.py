@@ -52,6 +52,10 @@ def _gpus(deployment: dict[str, Any]) -> str:
     return limits["nvidia.com/gpu"]
 
 
+def _deployment(sdep: SpeculativeDeployment) -> dict[str, Any]:
+    return build_deployment(sdep, build_engine_builds(sdep, SETTINGS), SETTINGS)
+
+
 COLOCATED = "01-draft-target-llama70b-8b-h100"
 DEDICATED = "03-draft-target-dedicated-logits"
 
@@ -71,24 +75,24 @@ def test_colocated_draft_uses_the_first_draft_tp_target_devices() -> None:
         "targetDeviceIds": [0, 1, 2, 3],
         "draftDeviceIds": [0, 1],
     }
-    assert _gpus(build_deployment(sdep, [], SETTINGS)) == "4"
+    assert _gpus(build_deployment(sdep, build_engine_builds(sdep, SETTINGS), SETTINGS)) == "4"
 
 
 def test_seed_000_colocated_two_gpus() -> None:
     sdep = _sdep(_body(COLOCATED))
     assert device_placement(sdep) == ([0, 1], [0, 1])
-    assert _gpus(build_deployment(sdep, [], SETTINGS)) == "2"
+    assert _gpus(build_deployment(sdep, build_engine_builds(sdep, SETTINGS), SETTINGS)) == "2"
 
 
 def test_dedicated_draft_takes_the_devices_after_the_target() -> None:
     sdep = _sdep(_body(DEDICATED))
     assert device_placement(sdep) == ([0], [1])
-    assert _gpus(build_deployment(sdep, [], SETTINGS)) == "2"
+    assert _gpus(build_deployment(sdep, build_engine_builds(sdep, SETTINGS), SETTINGS)) == "2"
     body = _body(COLOCATED)
     body["spec"]["placement"]["draft"] = "dedicated"
     sdep = _sdep(body)
     assert device_placement(sdep) == ([0, 1], [2, 3])
-    assert _gpus(build_deployment(sdep, [], SETTINGS)) == "4"
+    assert _gpus(build_deployment(sdep, build_engine_builds(sdep, SETTINGS), SETTINGS)) == "4"
 
 
 def test_no_draft_has_no_draft_devices() -> None:
@@ -151,7 +155,7 @@ def test_deployment_scheduling_and_volumes() -> None:
 def test_rollout_limits_come_from_the_spec() -> None:
     body = _body(COLOCATED)
     body["spec"]["rollout"] = {"maxSurge": "25%", "maxUnavailable": 0}
-    deployment = build_deployment(_sdep(body), [], SETTINGS)
+    deployment = _deployment(_sdep(body))
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": "25%", "maxUnavailable": 0}
 
 
@@ -290,7 +294,7 @@ def test_labels_selector_endpoint_and_owner() -> None:
     body = _body(COLOCATED)
     body["metadata"].update(namespace="serving", uid="1234")
     sdep = _sdep(body)
-    deployment = build_deployment(sdep, [], SETTINGS)
+    deployment = build_deployment(sdep, build_engine_builds(sdep, SETTINGS), SETTINGS)
     assert deployment["metadata"]["labels"] == {
         "app.kubernetes.io/name": "specdeploy",
         "app.kubernetes.io/instance": "llama-70b-8b-h100",
@@ -396,3 +400,12 @@ def test_cache_claim_only_for_engine_cache_size() -> None:
     assert render_children(sdep, SETTINGS)[0] == pvc
     body["spec"]["engineCache"] = {"pvcName": "shared-cache"}
     assert build_cache_pvc(_sdep(body), SETTINGS) is None
+
+
+def test_tensorrt_serving_needs_its_engines() -> None:
+    sdep = _sdep(_body(COLOCATED))
+    engines = build_engine_builds(sdep, SETTINGS)
+    with pytest.raises(ValueError, match="draft engine"):
+        build_deployment(sdep, engines[:1], SETTINGS)
+    with pytest.raises(ValueError, match="target engine"):
+        build_server_config(sdep, [], SETTINGS)

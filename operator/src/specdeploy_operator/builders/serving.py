@@ -92,11 +92,18 @@ def _engine_path(
 
 
 def _model_path(
-    role: EngineRole, model: ModelSpec, engines: dict[str, dict[str, Any]], settings: OperatorSettings
+    sdep: SpeculativeDeployment,
+    role: EngineRole,
+    model: ModelSpec,
+    engines: dict[str, dict[str, Any]],
+    settings: OperatorSettings,
 ) -> str:
     built = _engine_path(engines, role, settings)
     if built is not None:
         return built
+    if sdep.spec.backend == "tensorrt":
+        # Serving is rendered only once every engine exists; never fall back to the raw checkpoint.
+        raise ValueError(f"no EngineBuild for the {role} engine: build the engines first")
     _, path, _ = download_step(model.model, f"{MODELS_MOUNT}/{role}")
     return path.replace("/model-source", f"{MODELS_MOUNT}/source-{role}", 1)
 
@@ -111,12 +118,12 @@ def build_server_config(
     settings = settings or OperatorSettings()
     spec = sdep.spec
     by_role = {engine["spec"]["role"]: engine for engine in engines}
-    model: dict[str, Any] = {"target": _model_path("target", spec.target, by_role, settings)}
+    model: dict[str, Any] = {"target": _model_path(sdep, "target", spec.target, by_role, settings)}
     if spec.draft is not None:
-        model["draft"] = _model_path("draft", spec.draft, by_role, settings)
+        model["draft"] = _model_path(sdep, "draft", spec.draft, by_role, settings)
     if "target" in by_role and spec.backend == "tensorrt":
         model["tokenizer"] = f"{model['target']}/tokenizer"
-    model["servedModelName"] = spec.target.model.uri.split("://", 1)[1].split("/", 1)[-1]
+    model["servedModelName"] = spec.target.model.uri.rstrip("/").rsplit("/", 1)[-1]
     speculative: dict[str, Any] = {
         "maxDraftLen": spec.speculative.max_draft_len,
         "draftLen": spec.speculative.effective_draft_len,
@@ -300,7 +307,8 @@ def _builder_image(sdep: SpeculativeDeployment, settings: OperatorSettings) -> s
 def build_deployment(
     sdep: SpeculativeDeployment, engines: list[dict[str, Any]], settings: OperatorSettings | None = None
 ) -> dict[str, Any]:
-    """The Deployment of the serving pods."""
+    """The Deployment of the serving pods. With backend `tensorrt`, `engines` must hold the EngineBuild of
+    every model (`ValueError` otherwise)."""
     settings = settings or OperatorSettings()
     spec = sdep.spec
     name = _name(sdep)
