@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from specdeploy_operator.api import SpeculativeDeployment, parse_object
+from specdeploy_operator.api import EngineBuild, SpeculativeDeployment, parse_object, validate_object
 from specdeploy_operator.builders import (
     OperatorSettings,
     build_cache_pvc,
@@ -409,3 +409,15 @@ def test_tensorrt_serving_needs_its_engines() -> None:
         build_deployment(sdep, engines[:1], SETTINGS)
     with pytest.raises(ValueError, match="target engine"):
         build_server_config(sdep, [], SETTINGS)
+
+
+def test_rendered_engine_builds_are_valid_api_objects() -> None:
+    for path in sorted(EXAMPLES.glob("*.yaml")):
+        for body in yaml.safe_load_all(path.read_text()):
+            if not body or body.get("kind") != "SpeculativeDeployment":
+                continue
+            for engine in build_engine_builds(_sdep(body), SETTINGS):
+                parsed, errors = validate_object(engine)
+                assert errors == [], (path.name, errors)
+                assert isinstance(parsed, EngineBuild)
+                assert parsed.spec.hash == parsed.spec.content_hash()
