@@ -59,32 +59,54 @@ async def _run(
     target = engine.scheduler.target
     assert isinstance(target, StandInTarget)
     await engine.start()
-    stop_at = time.perf_counter() + seconds
     params = SamplingParams(temperature=0.0)
-
-    async def client() -> None:
-        while time.perf_counter() < stop_at:
-            gen = engine.generate([97, 98, 99], 256, params)
-            async for _ in gen.outputs:
-                pass
-
-    warm = engine.generate([97], 8, params)
-    async for _ in warm.outputs:
-        pass
-    base = engine.stats.emitted, engine.stats.sequence_steps
 
     def busy() -> float:
         extra = draft_executor.busy_seconds if isinstance(draft_executor, StandInDraft) else 0.0
         return target.busy_seconds + extra
 
-    busy_base = busy()
-    started = time.perf_counter()
-    await asyncio.gather(*(client() for _ in range(concurrency)))
-    elapsed = time.perf_counter() - started
-    busy_fraction = (busy() - busy_base) / elapsed
-    emitted = engine.stats.emitted - base[0]
-    steps = engine.stats.sequence_steps - base[1]
-    await engine.stop(1)
+    # The window: whole steps, from the end of the first step that ends after a 0.2 s ramp-up to the end of
+    # the last step that finishes before the deadline. Every client has a request in flight all through it (a
+    # client resubmits as soon as its request ends, and that gap is measured); the ramp-up and the drain
+    # after the deadline, when fewer than `concurrency` requests are in flight, are outside it.
+    marks: list[tuple[float, int, int, float]] = []  # (time, emitted, sequence steps, executor busy) per step
+    stats = engine.stats
+    measuring = False
+
+    class _Marker:
+        def on_step(self, batch_size: int, seconds: float, emitted: int) -> None:
+            if measuring:
+                marks.append((time.perf_counter(), stats.emitted, stats.sequence_steps, busy()))
+
+        def on_sequence_step(self, drafted: int, accepted: int) -> None:
+            return None
+
+    engine.scheduler.observer = _Marker()
+    warm = engine.generate([97], 8, params)
+    async for _ in warm.outputs:
+        pass
+
+    stop = False
+
+    async def client() -> None:
+        while not stop:
+            gen = engine.generate([97, 98, 99], 256, params)
+            async for _ in gen.outputs:
+                pass
+
+    clients = [asyncio.ensure_future(client()) for _ in range(concurrency)]
+    await asyncio.sleep(0.2)  # all clients submitted and running
+    measuring = True
+    await asyncio.sleep(seconds)
+    measuring = False
+    stop = True
+    await engine.stop(0)  # abort what is in flight: the drain is not measured
+    await asyncio.gather(*clients)
+    (t0, emitted0, steps0, busy0), (t1, emitted1, steps1, busy1) = marks[0], marks[-1]
+    elapsed = t1 - t0
+    busy_fraction = (busy1 - busy0) / elapsed
+    emitted = emitted1 - emitted0
+    steps = steps1 - steps0
     per_step = emitted / steps
     step_seconds = (k * draft_ms + verify_ms) / 1000
     return OrchestrationResult(

@@ -91,6 +91,9 @@ class SpeculativeScheduler:
         self._task: asyncio.Task[None] | None = None
         self._accepting = True
         self._rate_tokens_per_s: float | None = None
+        # Outputs of the last step not yet handed to their consumers (see _step); whether a flush is queued.
+        self._undelivered: list[tuple[SequenceState, StepOutput]] = []
+        self._flush_queued = False
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -195,15 +198,20 @@ class SpeculativeScheduler:
             if not seq.cancelled:
                 self.running.append(seq)
 
-    def _budget(self, seq: SequenceState, k: int) -> int:
-        """Clamp k so that the step cannot overshoot max_tokens or the context length."""
-        room = min(seq.remaining_tokens, self.settings.max_model_len - len(seq.token_ids)) - 1
-        return max(0, min(k, room))
-
     async def _step(self, batch: list[SequenceState]) -> None:
         t0 = time.perf_counter()
         k = self.draft_len.next_k()
-        plan = [(seq, self._budget(seq, k)) for seq in batch]
+        # Each sequence drafts at most k, clamped so the step cannot overshoot max_tokens or the context.
+        max_model_len = self.settings.max_model_len
+        plan = [
+            (
+                seq,
+                max(
+                    0, min(k, seq.max_tokens - seq.num_generated - 1, max_model_len - len(seq.token_ids) - 1)
+                ),
+            )
+            for seq in batch
+        ]
         want_probs = self.settings.acceptance == AcceptanceRule.LOGITS
         drafting = any(n > 0 for _, n in plan)
         proposals: list[Proposal] = (
@@ -220,10 +228,25 @@ class SpeculativeScheduler:
             self.draft_len.observe_costs(t1 - t0, max(n for _, n in plan), t2 - t1)
         elif not self.drafter.has_cost:
             self.draft_len.observe_costs(0.0, 0, t2 - t1)
+        if self._undelivered:  # an earlier step's outputs always reach their consumers first
+            self._flush()
         total = 0
+        finished: list[tuple[SequenceState, StepOutput]] = []
         for seq, prop, tokens in zip(batch, proposals, emitted, strict=True):
-            total += self._apply(seq, prop, tokens)
+            total += self._apply(seq, prop, tokens, finished)
         seconds = time.perf_counter() - t0
+        if finished:
+            # Sequences that ended get their last output now, and their consumers one turn of the event loop
+            # before the next step is planned: a consumer that follows up at once (a closed-loop client, the
+            # next turn of a conversation) is admitted into the freed slot at the next step, not one later.
+            for seq, out in finished:
+                seq.outputs.put_nowait(out)
+            await asyncio.sleep(0)
+        if self._undelivered and not self._flush_queued:
+            # The others' outputs reach their consumers once the next step's executor call has been made: the
+            # consumers' work overlaps the executors' instead of delaying the next step.
+            self._flush_queued = True
+            asyncio.get_running_loop().call_soon(self._flush)
         self.stats.steps += 1
         if seconds > 0 and total > 0:
             rate = total / seconds
@@ -231,7 +254,14 @@ class SpeculativeScheduler:
             self._rate_tokens_per_s = rate if old is None else old + 0.1 * (rate - old)
         self.observer.on_step(len(batch), seconds, total)
 
-    def _apply(self, seq: SequenceState, prop: Proposal, tokens: Sequence[int]) -> int:
+    def _apply(
+        self,
+        seq: SequenceState,
+        prop: Proposal,
+        tokens: Sequence[int],
+        finished: list[tuple[SequenceState, StepOutput]],
+    ) -> int:
+        """Account one sequence's step; its output goes to ``finished`` if it ended, else to undelivered."""
         if seq.cancelled or seq.finished is not None:
             return 0
         drafted = len(prop.tokens)
@@ -239,35 +269,60 @@ class SpeculativeScheduler:
         self.drafter.observe(seq, prop, accepted)
         self.draft_len.observe_acceptance(drafted, accepted)
         self.observer.on_sequence_step(drafted, accepted)
-        seq.stats.steps += 1
-        seq.stats.drafted += drafted
-        seq.stats.accepted += accepted
-        self.stats.sequence_steps += 1
-        self.stats.drafted += drafted
-        self.stats.accepted += accepted
-        new: list[int] = []
+        seq_stats = seq.stats
+        seq_stats.steps += 1
+        seq_stats.drafted += drafted
+        seq_stats.accepted += accepted
+        stats = self.stats
+        stats.sequence_steps += 1
+        stats.drafted += drafted
+        stats.accepted += accepted
+        # Tokens up to the first stop token, the max_tokens budget or the context length; the common case
+        # (none of them reached) takes all tokens at once.
+        new = list(tokens)
         finish: FinishReason | None = None
-        for token in tokens:
-            new.append(token)
-            seq.token_ids.append(token)
-            seq.num_generated += 1
-            if token in seq.stop_token_ids:
-                finish = FinishReason.STOP
-            elif seq.num_generated >= seq.max_tokens or len(seq.token_ids) >= self.settings.max_model_len:
+        stop_ids = seq.stop_token_ids
+        if stop_ids and not stop_ids.isdisjoint(new):
+            for i, token in enumerate(new):
+                if token in stop_ids:
+                    del new[i + 1 :]
+                    finish = FinishReason.STOP
+                    break
+        # at least one token: a sequence already at its limit still emits the one it was verified for
+        room = max(
+            min(seq.max_tokens - seq.num_generated, self.settings.max_model_len - len(seq.token_ids)), 1
+        )
+        if len(new) >= room:
+            if len(new) > room:
+                del new[room:]
+                finish = None
+            if finish is None:
                 finish = FinishReason.LENGTH
-            if finish is not None:
-                break
-        seq.stats.emitted += len(new)
-        self.stats.emitted += len(new)
-        seq.outputs.put_nowait(StepOutput(new, finish, drafted, accepted))
+        n = len(new)
+        seq.token_ids.extend(new)
+        seq.num_generated += n
+        seq_stats.emitted += n
+        stats.emitted += n
+        out = StepOutput(new, finish, drafted, accepted)
         if finish is not None:
+            finished.append((seq, out))
             self._drop(seq, finish)
-        return len(new)
+        else:
+            self._undelivered.append((seq, out))
+        return n
+
+    def _flush(self) -> None:
+        """Hand the undelivered outputs to their consumers."""
+        self._flush_queued = False
+        pending, self._undelivered = self._undelivered, []
+        for seq, out in pending:
+            seq.outputs.put_nowait(out)
 
     def _finish(self, seq: SequenceState, reason: FinishReason) -> None:
         if seq.finished is None:
             seq.finished = reason
             if reason == FinishReason.ABORT:
+                self._flush()
                 seq.outputs.put_nowait(StepOutput([], reason, 0, 0))
 
     def _drop(self, seq: SequenceState, reason: FinishReason) -> None:
@@ -278,6 +333,7 @@ class SpeculativeScheduler:
         self._release(seq)
 
     def _fail(self, seq: SequenceState, exc: BaseException) -> None:
+        self._flush()
         if seq.finished is None:
             seq.finished = FinishReason.ABORT
             seq.outputs.put_nowait(exc)
