@@ -3,13 +3,14 @@
 Stand-in executors take a fixed time per batched call: a draft call ``k * d`` seconds, a verify call ``t``
 seconds, whatever the batch size, and accept each draft token with probability alpha. Closed-loop clients keep
 ``concurrency`` requests in flight. Ideal tokens/s = concurrency * (tokens per sequence step) / (k*d + t),
-using
-the tokens per step the run actually achieved; efficiency = measured / ideal.
+using the tokens per step the run actually achieved; efficiency = measured / ideal.
 
-The stand-ins' own timers overshoot (a thread hop plus ``time.sleep`` costs ~0.1-0.8 ms more than asked,
-more on a loaded machine), which the nominal ideal charges to us. So a second figure divides by the time the
-executors actually spent inside their calls: busy / wall = the fraction of time the "GPU" had work; one minus
-it is what the Python loop costs.
+Measured over a steady-state window of whole steps (see ``_run``): every client has a request in flight all
+through it, and each client's resubmission after a request ends falls inside it. The stand-ins hold their
+nominal latency to within a few microseconds (a timer plus a short spin, see ``backends.standin``), except
+when the OS deschedules the process on a loaded machine. A second figure, busy / wall, is the fraction of
+time the "GPU" had work (it counts any overshoot of the stand-ins as busy); one minus it is what the Python
+loop costs.
 """
 
 from __future__ import annotations

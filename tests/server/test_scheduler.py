@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 import pytest
-from specdeploy_server.backends.standin import standin_engine
+from specdeploy_server.backends.standin import standin_engine, wait_until
 from specdeploy_server.core.executors import VerifyRequest
 from specdeploy_server.core.scheduler import EngineStoppedError, QueueFullError, SchedulerSettings
 from specdeploy_server.core.types import FinishReason, SamplingParams, StepOutput
@@ -148,5 +149,64 @@ def test_stop_finishes_in_flight_requests_within_the_grace_period_and_aborts_the
         assert (await long)[-1].finish_reason == FinishReason.ABORT
         with pytest.raises(EngineStoppedError):
             engine.generate([97], 1, GREEDY)
+
+    asyncio.run(main())
+
+
+def test_standin_calls_last_their_nominal_time() -> None:
+    """The stand-ins are a latency model: a call takes its nominal time (a timer, then a spin), not more."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for seconds in (0.0005, 0.003, 0.012):
+            started = loop.time()
+            await wait_until(time.perf_counter() + seconds)
+            elapsed = loop.time() - started
+            assert seconds <= elapsed + 1e-6
+            assert elapsed < seconds + 0.005  # generous: a loaded CI machine can deschedule the spin
+
+    asyncio.run(main())
+
+
+def test_outputs_arrive_in_order_and_complete_with_many_concurrent_requests() -> None:
+    """Outputs are handed over after the next executor call starts; none is lost, reordered or late."""
+
+    async def main() -> None:
+        engine, _ = standin_engine(
+            0.002, 0.0005, alpha=0.6, settings=SchedulerSettings(draft_len=3, max_batch_size=16)
+        )
+        await engine.start()
+        counts = [3, 17, 40, 1, 25] * 8
+        results = await asyncio.gather(*(_drain(engine, [97, 98], n) for n in counts))
+        await engine.stop(1)
+        for n, outs in zip(counts, results, strict=True):
+            assert sum(len(o.token_ids) for o in outs) == n
+            assert [o.finish_reason for o in outs] == [None] * (len(outs) - 1) + [FinishReason.LENGTH]
+
+    asyncio.run(main())
+
+
+def test_a_follow_up_request_joins_the_next_step() -> None:
+    """A consumer that submits a new request as soon as its previous one finished is in the next step."""
+
+    async def main() -> None:
+        engine, target = standin_engine(
+            0.002, None, alpha=0.0, settings=SchedulerSettings(draft_len=0, max_batch_size=4)
+        )
+        await engine.start()
+
+        async def background() -> None:
+            await _drain(engine, [97], 30)
+
+        async def chain() -> None:
+            for _ in range(5):
+                await _drain(engine, [97], 3)
+
+        await asyncio.gather(background(), chain())
+        await engine.stop(1)
+        # 5 requests of 3 tokens at one token per step, back to back: 15 consecutive steps with two sequences
+        pairs = [i for i, ids in enumerate(target.seen) if len(ids) == 2]
+        assert len(pairs) == 15
+        assert pairs[-1] - pairs[0] == 14
 
     asyncio.run(main())
