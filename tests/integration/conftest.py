@@ -11,7 +11,9 @@ Nothing here mocks the Kubernetes API.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -54,16 +56,19 @@ def wait_for(
 
 
 @pytest.fixture(scope="session")
-def local_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster | None]:
+def local_cluster() -> Iterator[LocalCluster | None]:
     if os.environ.get("USE_EXISTING_CLUSTER") == "1":
         yield None
         return
-    cluster = LocalCluster(tmp_path_factory.mktemp("cluster"))
+    # Not under pytest's basetemp: a concurrent pytest run on the same machine prunes old basetemps.
+    state = Path(tempfile.mkdtemp(prefix="specdeploy-cluster-"))
+    cluster = LocalCluster(state)
     try:
         cluster.up(timeout=180)
         yield cluster
     finally:
         cluster.down()
+        shutil.rmtree(state, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
