@@ -9,7 +9,12 @@ from collections.abc import Sequence
 import pytest
 from specdeploy_server.backends.standin import standin_engine, wait_until
 from specdeploy_server.core.executors import VerifyRequest
-from specdeploy_server.core.scheduler import EngineStoppedError, QueueFullError, SchedulerSettings
+from specdeploy_server.core.scheduler import (
+    EngineStoppedError,
+    QueueFullError,
+    SchedulerSettings,
+    _truncate,
+)
 from specdeploy_server.core.types import FinishReason, SamplingParams, StepOutput
 from specdeploy_server.engine import Engine
 
@@ -210,3 +215,23 @@ def test_a_follow_up_request_joins_the_next_step() -> None:
         assert pairs[-1] - pairs[0] == 14
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("tokens", "room", "kept", "finish"),
+    [
+        ([5, 6, 7], 10, [5, 6, 7], None),
+        ([5, 0, 7], 10, [5, 0], FinishReason.STOP),
+        ([5, 0, 7], 2, [5, 0], FinishReason.STOP),  # the stop token is also the last allowed one
+        ([5, 6, 0], 2, [5, 6], FinishReason.LENGTH),  # the limit comes before the stop token
+        ([5, 6, 7], 3, [5, 6, 7], FinishReason.LENGTH),
+        ([5, 6, 7], 1, [5], FinishReason.LENGTH),
+        ([0], 1, [0], FinishReason.STOP),
+    ],
+)
+def test_truncate_stops_at_the_first_stop_token_or_the_limit(
+    tokens: list[int], room: int, kept: list[int], finish: FinishReason | None
+) -> None:
+    new = list(tokens)
+    assert _truncate(new, frozenset({0}), room) == finish
+    assert new == kept

@@ -68,6 +68,22 @@ class GlobalStats:
     requests_finished: int = 0
 
 
+def _truncate(tokens: list[int], stop_ids: frozenset[int], room: int) -> FinishReason | None:
+    """Cut ``tokens`` after the first stop token or at ``room`` tokens, whichever comes first; say why."""
+    finish: FinishReason | None = None
+    for i, token in enumerate(tokens):
+        if token in stop_ids:
+            del tokens[i + 1 :]
+            finish = FinishReason.STOP
+            break
+    if len(tokens) > room:
+        del tokens[room:]
+        return FinishReason.LENGTH
+    if len(tokens) == room and finish is None:
+        return FinishReason.LENGTH
+    return finish
+
+
 class SpeculativeScheduler:
     def __init__(
         self,
@@ -92,7 +108,7 @@ class SpeculativeScheduler:
         self._accepting = True
         self._rate_tokens_per_s: float | None = None
         # Outputs of the last step not yet handed to their consumers (see _step); whether a flush is queued.
-        self._undelivered: list[tuple[SequenceState, StepOutput]] = []
+        self._undelivered: list[tuple[SequenceState, list[int], int, int]] = []
         self._flush_queued = False
 
     # ----------------------------------------------------------------- lifecycle
@@ -230,10 +246,8 @@ class SpeculativeScheduler:
             self.draft_len.observe_costs(0.0, 0, t2 - t1)
         if self._undelivered:  # an earlier step's outputs always reach their consumers first
             self._flush()
-        total = 0
         finished: list[tuple[SequenceState, StepOutput]] = []
-        for seq, prop, tokens in zip(batch, proposals, emitted, strict=True):
-            total += self._apply(seq, prop, tokens, finished)
+        total = self._apply(batch, proposals, emitted, finished)
         seconds = time.perf_counter() - t0
         if finished:
             # Sequences that ended get their last output now, and their consumers one turn of the event loop
@@ -256,67 +270,72 @@ class SpeculativeScheduler:
 
     def _apply(
         self,
-        seq: SequenceState,
-        prop: Proposal,
-        tokens: Sequence[int],
+        batch: Sequence[SequenceState],
+        proposals: Sequence[Proposal],
+        emitted: Sequence[Sequence[int]],
         finished: list[tuple[SequenceState, StepOutput]],
     ) -> int:
-        """Account one sequence's step; its output goes to ``finished`` if it ended, else to undelivered."""
-        if seq.cancelled or seq.finished is not None:
-            return 0
-        drafted = len(prop.tokens)
-        accepted = max(len(tokens) - 1, 0)
-        self.drafter.observe(seq, prop, accepted)
-        self.draft_len.observe_acceptance(drafted, accepted)
-        self.observer.on_sequence_step(drafted, accepted)
-        seq_stats = seq.stats
-        seq_stats.steps += 1
-        seq_stats.drafted += drafted
-        seq_stats.accepted += accepted
-        stats = self.stats
-        stats.sequence_steps += 1
-        stats.drafted += drafted
-        stats.accepted += accepted
-        # Tokens up to the first stop token, the max_tokens budget or the context length; the common case
-        # (none of them reached) takes all tokens at once.
-        new = list(tokens)
-        finish: FinishReason | None = None
-        stop_ids = seq.stop_token_ids
-        if stop_ids and not stop_ids.isdisjoint(new):
-            for i, token in enumerate(new):
-                if token in stop_ids:
-                    del new[i + 1 :]
-                    finish = FinishReason.STOP
-                    break
-        # at least one token: a sequence already at its limit still emits the one it was verified for
-        room = max(
-            min(seq.max_tokens - seq.num_generated, self.settings.max_model_len - len(seq.token_ids)), 1
-        )
-        if len(new) >= room:
-            if len(new) > room:
-                del new[room:]
-                finish = None
+        """Account one step for every sequence; returns the tokens emitted.
+
+        The output of a sequence that ended goes to ``finished``; the others' go to the undelivered (as
+        tuples: their StepOutput is built when they are handed over, off the critical path). Runs for every
+        sequence every step, so per-step lookups are hoisted out of the loop.
+        """
+        drafter_observe = self.drafter.observe
+        observe_acceptance = self.draft_len.observe_acceptance
+        on_sequence_step = self.observer.on_sequence_step
+        max_model_len = self.settings.max_model_len
+        undelivered = self._undelivered
+        total = sequence_steps = total_drafted = total_accepted = 0
+        for seq, prop, tokens in zip(batch, proposals, emitted, strict=True):
+            if seq.cancelled or seq.finished is not None:
+                continue
+            drafted = len(prop.tokens)
+            accepted = len(tokens) - 1 if tokens else 0
+            drafter_observe(seq, prop, accepted)
+            observe_acceptance(drafted, accepted)
+            on_sequence_step(drafted, accepted)
+            sequence_steps += 1
+            total_drafted += drafted
+            total_accepted += accepted
+            # Tokens up to the first stop token, the max_tokens budget or the context length (at least one: a
+            # sequence already at its limit still emits the one it was verified for); the common case (none of
+            # them reached) takes all tokens at once.
+            new = list(tokens)
+            room = max(min(seq.max_tokens - seq.num_generated, max_model_len - len(seq.token_ids)), 1)
+            stop_ids = seq.stop_token_ids
+            finish = (
+                _truncate(new, stop_ids, room)
+                if len(new) >= room or (stop_ids and not stop_ids.isdisjoint(new))
+                else None
+            )
+            n = len(new)
+            seq.token_ids.extend(new)
+            seq.num_generated += n
+            seq_stats = seq.stats
+            seq_stats.steps += 1
+            seq_stats.drafted += drafted
+            seq_stats.accepted += accepted
+            seq_stats.emitted += n
+            total += n
             if finish is None:
-                finish = FinishReason.LENGTH
-        n = len(new)
-        seq.token_ids.extend(new)
-        seq.num_generated += n
-        seq_stats.emitted += n
-        stats.emitted += n
-        out = StepOutput(new, finish, drafted, accepted)
-        if finish is not None:
-            finished.append((seq, out))
-            self._drop(seq, finish)
-        else:
-            self._undelivered.append((seq, out))
-        return n
+                undelivered.append((seq, new, drafted, accepted))
+            else:
+                finished.append((seq, StepOutput(new, finish, drafted, accepted)))
+                self._drop(seq, finish)
+        stats = self.stats
+        stats.sequence_steps += sequence_steps
+        stats.drafted += total_drafted
+        stats.accepted += total_accepted
+        stats.emitted += total
+        return total
 
     def _flush(self) -> None:
         """Hand the undelivered outputs to their consumers."""
         self._flush_queued = False
         pending, self._undelivered = self._undelivered, []
-        for seq, out in pending:
-            seq.outputs.put_nowait(out)
+        for seq, new, drafted, accepted in pending:
+            seq.outputs.put_nowait(StepOutput(new, None, drafted, accepted))
 
     def _finish(self, seq: SequenceState, reason: FinishReason) -> None:
         if seq.finished is None:
