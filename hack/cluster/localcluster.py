@@ -341,11 +341,14 @@ def _pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
-def _pid_cmdline(pid: int) -> str:
+def _pid_start_time(pid: int) -> str:
+    """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22): with the pid,
+    it identifies one process for good, so a recycled pid is never mistaken for ours."""
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return ""
+    return stat.rsplit(")", 1)[-1].split()[19]
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -400,11 +403,11 @@ class LocalCluster:
         for name in COMPONENTS:
             pid_file = self.pids / f"{name}.pid"
             try:
-                pid = int(pid_file.read_text())
+                pid_text, started = pid_file.read_text().split(":", 1)
+                pid = int(pid_text)
             except (OSError, ValueError):
                 continue
-            # Guard against a recycled pid: our processes all name a path inside the state directory.
-            if _pid_alive(pid) and str(self.dir) in _pid_cmdline(pid):
+            if _pid_alive(pid) and _pid_start_time(pid) == started.strip():
                 running[name] = pid
         return running
 
@@ -421,7 +424,7 @@ class LocalCluster:
                 env={**os.environ, **(env or {})},
                 cwd=self.dir,
             )
-        (self.pids / f"{name}.pid").write_text(str(proc.pid))
+        (self.pids / f"{name}.pid").write_text(f"{proc.pid}:{_pid_start_time(proc.pid)}")
         log.info("started %s pid=%d", name, proc.pid)
 
     def _expect_alive(self, name: str) -> None:
