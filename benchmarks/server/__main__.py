@@ -1,6 +1,6 @@
 """Run the server benchmarks and write docs/benchmarks-server.md.
 
-python -m benchmarks.server                 # all three (about 3-4 minutes on 2 CPU cores)
+python -m benchmarks.server                 # all four (about 4-5 minutes on 2 CPU cores)
 python -m benchmarks.server --only 1,3      # a subset
 python -m benchmarks.server --quick         # shorter runs, for a smoke check
 """
@@ -15,11 +15,12 @@ import sys
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks-server.md"
+ALL = "1,2,3,4"
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.server", description=__doc__)
-    parser.add_argument("--only", default="1,2,3", help="comma-separated benchmark numbers")
+    parser.add_argument("--only", default=ALL, help="comma-separated benchmark numbers")
     parser.add_argument("--quick", action="store_true", help="shorter runs")
     parser.add_argument("--output", type=Path, default=OUT, help="markdown file to write")
     args = parser.parse_args(argv)
@@ -48,6 +49,12 @@ def main(argv: list[str] | None = None) -> None:
         res3 = http_stream.run(streams=8, tokens=500 if args.quick else 2000)
         sections.append("## 3. HTTP streaming throughput (instant engine)\n\n" + http_stream.table(res3))
         print(sections[-1], flush=True)
+    if 4 in only:
+        from benchmarks.server import concurrency  # noqa: PLC0415
+
+        res4 = concurrency.run(requests=4 if args.quick else 8, max_new=32 if args.quick else 64)
+        sections.append("## 4. Reference backend under concurrency (CPU)\n\n" + concurrency.table(res4))
+        print(sections[-1], flush=True)
 
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
@@ -56,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Run {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')} on {platform.machine()}, "
         f"{os.cpu_count()} CPU cores, Python {sys.version.split()[0]}, torch {torch.__version__}, "
         f"transformers {transformers.__version__}; command: `python -m benchmarks.server"
-        f"{' --quick' if args.quick else ''}{'' if args.only == '1,2,3' else ' --only ' + args.only}`."
+        f"{' --quick' if args.quick else ''}{'' if args.only == ALL else ' --only ' + args.only}`."
     )
     header = (
         args.output.read_text(encoding="utf-8").split("<!-- results -->")[0] if args.output.exists() else ""
