@@ -23,6 +23,7 @@ import ipaddress
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -695,23 +696,12 @@ class LocalCluster:
         while time.monotonic() < end and any(_pid_alive(p) for p in running.values()):
             time.sleep(0.1)
         for sub in ("pids", "etcd-data", "pki", "kubeconfigs", "apiserver-certs"):
-            _rmtree(self.dir / sub)
+            shutil.rmtree(self.dir / sub, ignore_errors=True)
         for f in (self.state_file, self.kubeconfig, self.dir / "kwok-stages.yaml"):
             with contextlib.suppress(FileNotFoundError):
                 f.unlink()
         if running:
             log.info("stopped %s", ", ".join(sorted(running)))
-
-
-def _rmtree(path: Path) -> None:
-    if not path.exists():
-        return
-    for child in sorted(path.rglob("*"), key=lambda p: len(p.parts), reverse=True):
-        if child.is_dir() and not child.is_symlink():
-            child.rmdir()
-        else:
-            child.unlink()
-    path.rmdir()
 
 
 def main(argv: list[str] | None = None) -> int:

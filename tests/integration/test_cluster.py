@@ -54,6 +54,19 @@ def pod_manifest(
     }
 
 
+def deployment_manifest(name: str, replicas: int, pod_spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": pod_spec},
+        },
+    }
+
+
 def pods_by_phase(core: client.CoreV1Api, namespace: str, selector: str = "") -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
     for pod in core.list_namespaced_pod(namespace, label_selector=selector).items:
@@ -98,17 +111,9 @@ def test_gpu_deployment_lands_only_on_nodes_of_the_requested_product(
     api_client: client.ApiClient, core: client.CoreV1Api, namespace: str
 ) -> None:
     apps = client.AppsV1Api(api_client)
-    body = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "gpu-app"},
-        "spec": {
-            "replicas": 3,
-            "selector": {"matchLabels": {"app": "gpu-app"}},
-            "template": {"metadata": {"labels": {"app": "gpu-app"}}, "spec": gpu_pod_spec(2, product=H100)},
-        },
-    }
-    apps.create_namespaced_deployment(namespace, body)
+    apps.create_namespaced_deployment(
+        namespace, deployment_manifest("gpu-app", 3, gpu_pod_spec(2, product=H100))
+    )
 
     def ready_replicas() -> bool:
         dep = apps.read_namespaced_deployment("gpu-app", namespace)
@@ -224,24 +229,12 @@ def test_deleting_a_deployment_garbage_collects_its_replicasets_and_pods(
     api_client: client.ApiClient, core: client.CoreV1Api, namespace: str
 ) -> None:
     apps = client.AppsV1Api(api_client)
-    body = {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "cpu-app"},
-        "spec": {
-            "replicas": 2,
-            "selector": {"matchLabels": {"app": "cpu-app"}},
-            "template": {
-                "metadata": {"labels": {"app": "cpu-app"}},
-                "spec": {
-                    # kwok nodes only: on kind, the real node would try to pull the image.
-                    "nodeSelector": {"type": "kwok"},
-                    "containers": [{"name": "c", "image": "registry.invalid/app:1"}],
-                },
-            },
-        },
+    pod_spec = {
+        # kwok nodes only: on kind, the real node would try to pull the image.
+        "nodeSelector": {"type": "kwok"},
+        "containers": [{"name": "c", "image": "registry.invalid/app:1"}],
     }
-    apps.create_namespaced_deployment(namespace, body)
+    apps.create_namespaced_deployment(namespace, deployment_manifest("cpu-app", 2, pod_spec))
     wait_for(
         lambda: len(pods_by_phase(core, namespace, "app=cpu-app").get("Running", [])) == 2,
         what="2 running pods",

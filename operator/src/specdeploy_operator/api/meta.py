@@ -328,17 +328,8 @@ class PodAffinity(ApiModel):
     """Terms the scheduler prefers, by weight."""
 
 
-class PodAntiAffinity(ApiModel):
+class PodAntiAffinity(PodAffinity):
     """Keep the pods away from other pods (Kubernetes `PodAntiAffinity`)."""
-
-    required_during_scheduling_ignored_during_execution: (
-        Annotated[list[PodAffinityTerm], Field(max_length=32)] | None
-    ) = None
-    """Terms that must hold for a node to be chosen."""
-    preferred_during_scheduling_ignored_during_execution: (
-        Annotated[list[WeightedPodAffinityTerm], Field(max_length=32)] | None
-    ) = None
-    """Terms the scheduler prefers, by weight."""
 
 
 class Affinity(ApiModel):
