@@ -342,6 +342,22 @@ def _pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
+def _wait_gone(pids: list[int], timeout: float) -> bool:
+    """Wait until every process has fully exited. A zombie thread-group leader can still have threads (and
+    listening sockets) being torn down, so "gone" means reaped: reap our own children, and wait for others'
+    /proc entries to disappear (init reaps processes whose starter has exited)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for pid in pids:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        if not any(Path(f"/proc/{pid}").exists() for pid in pids):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+
+
 def _pid_start_time(pid: int) -> str:
     """The process's start time in clock ticks since boot (``/proc/<pid>/stat`` field 22): with the pid,
     it identifies one process for good, so a recycled pid is never mistaken for ours."""
@@ -677,24 +693,18 @@ class LocalCluster:
     def down(self, timeout: float = 15.0) -> None:
         """Stop every process of this cluster (process groups), wait for them, remove its state."""
         running = self._running()
-        for name in reversed(COMPONENTS):
-            pid = running.get(name)
-            if pid is not None:
+        # Everything that talks to etcd first, then etcd: an apiserver that loses etcd mid-shutdown hangs.
+        waves = [[n for n in COMPONENTS if n != "etcd"], ["etcd"]]
+        for wave in waves:
+            pids = [running[n] for n in wave if n in running]
+            for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and any(_pid_alive(p) for p in running.values()):
-            time.sleep(0.1)
-        for pid in running.values():
-            if _pid_alive(pid):
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pid, signal.SIGKILL)
-        for pid in running.values():
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)  # reap when we are the parent (the pytest fixture)
-        end = time.monotonic() + 5
-        while time.monotonic() < end and any(_pid_alive(p) for p in running.values()):
-            time.sleep(0.1)
+            if not _wait_gone(pids, timeout):
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)
+                _wait_gone(pids, 5.0)
         for sub in ("pids", "etcd-data", "pki", "kubeconfigs", "apiserver-certs"):
             shutil.rmtree(self.dir / sub, ignore_errors=True)
         for f in (self.state_file, self.kubeconfig, self.dir / "kwok-stages.yaml"):

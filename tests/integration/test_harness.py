@@ -1,0 +1,46 @@
+"""The harness itself: `up` twice is harmless, `down` leaves no process and no listening port behind."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+from localcluster import LocalCluster, _pid_alive
+
+
+def _listening(port: int) -> bool:
+    """Whether any socket on this machine is in LISTEN state on ``port`` (read from /proc, no connecting)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
+def test_up_twice_is_harmless_and_down_leaves_no_process_or_port() -> None:
+    state = Path(tempfile.mkdtemp(prefix="specdeploy-harness-"))
+    cluster = LocalCluster(state)
+    try:
+        cluster.up(timeout=180)
+        pids = cluster._running()
+        ports = cluster.state()["ports"]
+        assert sorted(pids) == sorted(
+            ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
+        )
+        assert _listening(ports["apiserver"])
+        assert _listening(ports["etcd"])
+
+        cluster.up(timeout=60)  # already healthy: nothing restarts
+        assert cluster._running() == pids
+        assert cluster.healthy()
+
+        cluster.down()
+        assert not any(_pid_alive(pid) for pid in pids.values())
+        assert not any(_listening(port) for port in (ports["apiserver"], ports["etcd"], ports["etcd_peer"]))
+        assert not cluster.kubeconfig.exists()
+        assert (state / "logs" / "kube-apiserver.log").exists()  # logs are kept for post-mortems
+    finally:
+        cluster.down()
+        shutil.rmtree(state, ignore_errors=True)
