@@ -31,7 +31,13 @@ class Backend(enum.StrEnum):
 class Method(enum.StrEnum):
     DRAFT_TARGET = "draftTarget"
     PROMPT_LOOKUP = "promptLookup"
+    EAGLE3 = "eagle3"  # backend trtllm-llmapi only
+    MTP = "mtp"  # backend trtllm-llmapi only
     NONE = "none"
+
+
+#: Methods TensorRT-LLM's LLM API runs inside the model (our speculative loop cannot drive them).
+LLMAPI_ONLY_METHODS = frozenset({Method.EAGLE3, Method.MTP})
 
 
 class Acceptance(enum.StrEnum):
@@ -59,6 +65,10 @@ class ModelConfig(_Model):
     )
     max_model_len: int | None = Field(
         default=None, ge=2, description="Context length limit; default: the target's max_position_embeddings."
+    )
+    speculative_model: Path | None = Field(
+        default=None,
+        description="EAGLE-3 draft checkpoint (`speculative_model_dir`); method eagle3 only.",
     )
 
     @property
@@ -136,6 +146,30 @@ class RuntimeConfig(_Model):
     )
     enable_chunked_context: bool = Field(default=True, description="TensorRT-LLM: chunked prefill.")
     guaranteed_no_evict: bool = Field(default=False, description="TensorRT-LLM capacity scheduler policy.")
+    max_seq_len: int | None = Field(
+        default=None, ge=2, description="trtllm-llmapi: longest sequence (engines fix it at build time)."
+    )
+    kv_cache_host_memory_megabytes: int | None = Field(
+        default=None, ge=0, description="TensorRT-LLM: host memory for offloaded KV blocks, MiB."
+    )
+    kv_cache_onboard_blocks: bool | None = Field(
+        default=None, description="TensorRT-LLM: copy offloaded blocks back before use."
+    )
+    enable_batch_size_tuning: bool | None = Field(
+        default=None, description="TensorRT-LLM: dynamic batch size tuning."
+    )
+    enable_max_num_tokens_tuning: bool | None = Field(
+        default=None, description="TensorRT-LLM: dynamic max_num_tokens tuning."
+    )
+    cross_kv_cache_fraction: float | None = Field(
+        default=None, gt=0, le=1, description="TensorRT-LLM: cross-attention KV share (encoder-decoder)."
+    )
+    secondary_offload_min_priority: int | None = Field(
+        default=None, ge=0, le=100, description="TensorRT-LLM: lowest block priority offloaded to host."
+    )
+    event_buffer_max_size: int | None = Field(
+        default=None, ge=0, description="TensorRT-LLM: KV cache event buffer size (0 = off)."
+    )
 
 
 class ServingConfig(_Model):
@@ -176,9 +210,19 @@ class ServerConfig(_Model):
         return Method.DRAFT_TARGET if self.model.draft is not None else Method.NONE
 
     @model_validator(mode="after")
-    def _draft_needed(self) -> ServerConfig:
-        if self.speculative.method == Method.DRAFT_TARGET and self.model.draft is None:
+    def _method_inputs(self) -> ServerConfig:
+        method = self.speculative.method
+        if method == Method.DRAFT_TARGET and self.model.draft is None:
             raise ValueError("speculative.method draftTarget needs model.draft")
+        if method == Method.EAGLE3 and self.model.speculative_model is None:
+            raise ValueError("speculative.method eagle3 needs model.speculativeModel (EAGLE-3 checkpoint)")
+        if self.model.speculative_model is not None and method != Method.EAGLE3:
+            raise ValueError("model.speculativeModel is only used by speculative.method eagle3")
+        if method in LLMAPI_ONLY_METHODS and self.backend not in (Backend.AUTO, Backend.TRTLLM_LLMAPI):
+            raise ValueError(
+                f"speculative.method {method.value} runs only on backend trtllm-llmapi, "
+                f"not {self.backend.value}"
+            )
         return self
 
     def dump(self) -> dict[str, Any]:
@@ -207,9 +251,16 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def detect_backend(path: Path) -> Backend:
-    """A TensorRT-LLM engine directory holds config.json and rank*.engine; anything else is an HF
-    checkpoint."""
-    if (path / "config.json").is_file() and any(path.glob("rank*.engine")):
+def is_engine_dir(path: Path) -> bool:
+    """A TensorRT-LLM engine directory holds config.json and rank*.engine."""
+    return (path / "config.json").is_file() and any(path.glob("rank*.engine"))
+
+
+def detect_backend(path: Path, method: Method | None = None) -> Backend:
+    """An engine directory means trtllm-engine; eagle3/mtp on a checkpoint mean trtllm-llmapi (the only
+    backend that runs them); any other checkpoint is served by pytorch-reference."""
+    if is_engine_dir(path):
         return Backend.TRTLLM_ENGINE
+    if method in LLMAPI_ONLY_METHODS:
+        return Backend.TRTLLM_LLMAPI
     return Backend.PYTORCH_REFERENCE

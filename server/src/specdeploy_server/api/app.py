@@ -27,7 +27,7 @@ from specdeploy_server.api.errors import (
 )
 from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest
 from specdeploy_server.api.serving import OpenAIServing, ServingSettings
-from specdeploy_server.engine import Engine, EngineClient
+from specdeploy_server.engine import EngineClient, ObservableEngine
 from specdeploy_server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
@@ -58,8 +58,10 @@ def create_app(
     metrics.bind_load(
         lambda: float(engine.queue_depth), lambda: engine.queue_seconds, lambda: engine.generation_rate
     )
-    if isinstance(engine, Engine):
-        engine.scheduler.observer = metrics
+    if isinstance(engine, ObservableEngine):
+        engine.attach_observer(metrics)
+        if engine.executor_stats is not None:
+            metrics.bind_executor_stats(engine.executor_stats)
     state = AppState(
         engine=engine,
         serving=OpenAIServing(engine, ServingSettings(name, default_max_tokens), metrics),

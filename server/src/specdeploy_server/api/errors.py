@@ -64,5 +64,11 @@ class InternalServerError(APIError):
     code = "internal_error"
 
 
+class ExecutorFailedError(InternalServerError):
+    """The model executor failed this request (its message is passed on: it names the executor)."""
+
+    code = "executor_error"
+
+
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}

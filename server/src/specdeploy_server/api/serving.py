@@ -10,9 +10,15 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from specdeploy_server.api.errors import BadRequestError, ModelNotFoundError, OverloadedError
+from specdeploy_server.api.errors import (
+    BadRequestError,
+    ExecutorFailedError,
+    ModelNotFoundError,
+    OverloadedError,
+)
 from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest
 from specdeploy_server.api.textstream import IncrementalDecoder, StopMatcher
+from specdeploy_server.core.executors import ExecutorError
 from specdeploy_server.core.scheduler import EngineStoppedError, QueueFullError
 from specdeploy_server.core.types import FinishReason, SamplingParams
 from specdeploy_server.engine import EngineClient, Generation
@@ -314,13 +320,14 @@ class OpenAIServing:
                 yield _sse({**base, "choices": [], "usage": run.usage()})
         except Exception as exc:  # headers are sent: report in-band, then end the stream
             self.metrics.errors.labels(self.settings.served_model_name, "server_error").inc()
+            code = ExecutorFailedError.code if isinstance(exc, ExecutorError) else "internal_error"
             yield _sse(
                 {
                     "error": {
                         "message": f"generation failed: {exc}",
                         "type": "server_error",
                         "param": None,
-                        "code": "internal_error",
+                        "code": code,
                     }
                 }
             )
@@ -330,9 +337,12 @@ class OpenAIServing:
 async def _collect(run: Run) -> tuple[str, str | None]:
     parts: list[str] = []
     finish: str | None = None
-    async for delta in run.deltas():
-        parts.append(delta.text)
-        finish = delta.finish_reason or finish
+    try:
+        async for delta in run.deltas():
+            parts.append(delta.text)
+            finish = delta.finish_reason or finish
+    except ExecutorError as exc:
+        raise ExecutorFailedError(f"generation failed: {exc}") from exc
     return "".join(parts), finish
 
 

@@ -24,6 +24,27 @@ from typing import Protocol
 from specdeploy_server.core.types import Proposal, SequenceState
 
 
+class ExecutorError(RuntimeError):
+    """An executor refused or failed one request (TensorRT-LLM: a response with ``has_error()``)."""
+
+    def __init__(self, executor: str, message: str) -> None:
+        super().__init__(f"{executor} executor: {message}")
+        self.executor = executor
+        self.message = message
+
+
+class RequestErrors(Exception):
+    """Some sequences of a batched call failed, keyed by ``SequenceState.request_id``.
+
+    The scheduler fails only those sequences; the others keep running and are stepped again (nothing of the
+    failed step was committed: every step re-sends the whole prefix).
+    """
+
+    def __init__(self, errors: dict[str, ExecutorError]) -> None:
+        super().__init__("; ".join(str(e) for e in errors.values()))
+        self.errors = errors
+
+
 class AcceptanceRule:
     TOKEN_MATCH = "tokenMatch"
     LOGITS = "logits"

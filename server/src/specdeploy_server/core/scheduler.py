@@ -18,7 +18,7 @@ from typing import Protocol
 
 from specdeploy_server.core.adaptive import DraftLenController
 from specdeploy_server.core.drafters import Drafter
-from specdeploy_server.core.executors import AcceptanceRule, TargetExecutor, VerifyRequest
+from specdeploy_server.core.executors import AcceptanceRule, RequestErrors, TargetExecutor, VerifyRequest
 from specdeploy_server.core.types import FinishReason, Proposal, SequenceState, StepOutput
 
 log = logging.getLogger(__name__)
@@ -157,6 +157,10 @@ class SpeculativeScheduler:
         if seq in self.waiting:
             self.waiting.remove(seq)
             seq.finished = FinishReason.ABORT
+        elif seq in self.running:
+            # Release now, not after the step: a backend cancels the request's executor work in flight
+            # (TensorRT-LLM: cancel_request); releasing again when the sequence is dropped is harmless.
+            self._release(seq)
         self._wakeup.set()
 
     # ----------------------------------------------------------------- load figures (autoscaling signals)
@@ -197,6 +201,11 @@ class SpeculativeScheduler:
                 await self._step(list(self.running))
             except asyncio.CancelledError:
                 raise
+            except RequestErrors as exc:  # only these sequences failed; the others are stepped again
+                failed = [seq for seq in self.running if seq.request_id in exc.errors]
+                log.warning("step failed for %d of %d requests: %s", len(failed), len(self.running), exc)
+                for seq in failed or list(self.running):
+                    self._fail(seq, exc.errors.get(seq.request_id, exc))
             except Exception as exc:  # a backend fault fails this batch, not the server
                 log.exception("step failed; failing %d requests", len(self.running))
                 for seq in list(self.running):

@@ -43,6 +43,9 @@ class Proposal:
 
     tokens: list[int]
     probs: FloatArray | None = None
+    #: backend-native draft logits handed back to the same backend's target executor (TensorRT-LLM: the
+    #: draft request's generation logits, ``[len(tokens), vocab]``, for ``ExternalDraftTokensConfig``)
+    native_logits: object | None = None
 
 
 EMPTY_PROPOSAL = Proposal(tokens=[])
