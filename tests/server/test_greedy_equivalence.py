@@ -15,6 +15,7 @@ from specdeploy_server.config import ServerConfig
 from specdeploy_server.core.drafters import DraftModelDrafter
 from specdeploy_server.core.scheduler import GlobalStats
 from specdeploy_server.core.types import SamplingParams
+from specdeploy_server.engine import Engine
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.server.conftest import TinyModels
@@ -120,6 +121,7 @@ def test_finished_requests_leave_no_kv_cache_behind(tiny_models: TinyModels) -> 
         engine = build_engine(
             ServerConfig.model_validate(_config(tiny_models.target, tiny_models.draft_unrelated))
         )
+        assert isinstance(engine, Engine)
         await engine.start()
         gen = engine.generate(engine.tokenizer.encode(PROMPTS[0]), 8, SamplingParams(temperature=0.0))
         assert len([out async for out in gen.outputs]) > 0

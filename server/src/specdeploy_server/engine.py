@@ -7,10 +7,11 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
-from specdeploy_server.core.scheduler import GlobalStats, SpeculativeScheduler
+from specdeploy_server.core.scheduler import GlobalStats, SchedulerObserver, SpeculativeScheduler
 from specdeploy_server.core.types import SamplingParams, SeqStats, SequenceState, StepOutput
+from specdeploy_server.metrics import ExecutorSample
 from specdeploy_server.tokenizer import Tokenizer
 
 
@@ -56,6 +57,15 @@ class EngineClient(Protocol):
     async def stop(self, timeout: float) -> None: ...
 
 
+@runtime_checkable
+class ObservableEngine(Protocol):
+    """An engine that reports speculation statistics (and maybe executor statistics) to the metrics."""
+
+    executor_stats: Callable[[], list[ExecutorSample]] | None
+
+    def attach_observer(self, observer: SchedulerObserver) -> None: ...
+
+
 class Engine:
     """Runs requests through the speculative scheduler."""
 
@@ -70,6 +80,11 @@ class Engine:
         self.scheduler = scheduler
         self.info = info
         self._on_close = on_close
+        #: the executors' own statistics for /metrics (TensorRT-LLM backends), None when there are none
+        self.executor_stats: Callable[[], list[ExecutorSample]] | None = None
+
+    def attach_observer(self, observer: SchedulerObserver) -> None:
+        self.scheduler.observer = observer
 
     @property
     def ready(self) -> bool:

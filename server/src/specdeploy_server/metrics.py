@@ -2,12 +2,62 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
+
+
+@dataclass(frozen=True)
+class ExecutorSample:
+    """The latest iteration statistics of one model executor (TensorRT-LLM ``IterationStats``)."""
+
+    executor: str  # "target" or "draft"
+    active_requests: int
+    queued_requests: int
+    iteration_seconds: float | None
+    kv_blocks_used: int | None
+    kv_blocks_free: int | None
+
+
+class _ExecutorCollector(Collector):
+    """Gauges read from the executors at scrape time."""
+
+    def __init__(self, model: str, source: Callable[[], list[ExecutorSample]]) -> None:
+        self.model = model
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model", "executor"]
+        active = GaugeMetricFamily(
+            "specdeploy_executor_active_requests", "Requests the executor is working on", labels=labels
+        )
+        queued = GaugeMetricFamily(
+            "specdeploy_executor_queued_requests", "Requests queued inside the executor", labels=labels
+        )
+        latency = GaugeMetricFamily(
+            "specdeploy_executor_iteration_seconds",
+            "Duration of the executor's last iteration",
+            labels=labels,
+        )
+        blocks = GaugeMetricFamily(
+            "specdeploy_executor_kv_cache_blocks", "KV cache blocks", labels=[*labels, "state"]
+        )
+        for s in self.source():
+            active.add_metric([self.model, s.executor], s.active_requests)
+            queued.add_metric([self.model, s.executor], s.queued_requests)
+            if s.iteration_seconds is not None:
+                latency.add_metric([self.model, s.executor], s.iteration_seconds)
+            if s.kv_blocks_used is not None:
+                blocks.add_metric([self.model, s.executor, "used"], s.kv_blocks_used)
+            if s.kv_blocks_free is not None:
+                blocks.add_metric([self.model, s.executor, "free"], s.kv_blocks_free)
+        yield from (active, queued, latency, blocks)
 
 
 class ServerMetrics:
@@ -100,10 +150,19 @@ class ServerMetrics:
         self.queue_seconds.labels(self.model).set_function(seconds)
         self.generation_rate.labels(self.model).set_function(rate)
 
+    def bind_executor_stats(self, source: Callable[[], list[ExecutorSample]]) -> None:
+        self.registry.register(_ExecutorCollector(self.model, source))
+
     # SchedulerObserver
     def on_step(self, batch_size: int, seconds: float, emitted: int) -> None:
         self.step_seconds.labels(self.model).observe(seconds)
         self.batch_size.labels(self.model).observe(batch_size)
+
+    def on_request_speculation(self, drafted: int, accepted: int) -> None:
+        """Totals of one request where the backend speculates internally (trtllm-llmapi)."""
+        if drafted:
+            self.draft_tokens.labels(self.model).inc(drafted)
+            self.accepted_tokens.labels(self.model).inc(accepted)
 
     def on_sequence_step(self, drafted: int, accepted: int) -> None:
         self.spec_steps.labels(self.model).inc()

@@ -102,6 +102,17 @@ class HFTokenizer:
         else:
             log.warning("no chat template for %s: /v1/chat/completions will answer 400", path)
 
+    @property
+    def eos_token_id(self) -> int | None:
+        """The tokenizer's own end-of-sequence token (TensorRT-LLM requests take one ``end_id``)."""
+        value = self._tok.eos_token_id
+        return None if value is None else int(value)
+
+    @property
+    def pad_token_id(self) -> int | None:
+        value = self._tok.pad_token_id
+        return None if value is None else int(value)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
 

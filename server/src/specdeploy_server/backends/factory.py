@@ -5,22 +5,21 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 
-from specdeploy_server.config import Backend, Method, ServerConfig, detect_backend
+from specdeploy_server.backends.errors import BackendUnavailableError
+from specdeploy_server.config import LLMAPI_ONLY_METHODS, Backend, Method, ServerConfig, detect_backend
 from specdeploy_server.core.drafters import Drafter, DraftModelDrafter, NoDrafter, PromptLookupDrafter
 from specdeploy_server.core.scheduler import SchedulerObserver, SchedulerSettings, SpeculativeScheduler
-from specdeploy_server.engine import Engine, model_info
+from specdeploy_server.engine import Engine, EngineClient, model_info
+
+__all__ = ["BackendUnavailableError", "build_engine", "resolve_backend", "scheduler_settings"]
 
 log = logging.getLogger(__name__)
-
-
-class BackendUnavailableError(RuntimeError):
-    pass
 
 
 def resolve_backend(config: ServerConfig) -> Backend:
     if config.backend != Backend.AUTO:
         return config.backend
-    return detect_backend(config.model.target)
+    return detect_backend(config.model.target, config.method)
 
 
 def scheduler_settings(config: ServerConfig, max_model_len: int) -> SchedulerSettings:
@@ -35,14 +34,23 @@ def scheduler_settings(config: ServerConfig, max_model_len: int) -> SchedulerSet
     )
 
 
-def build_engine(config: ServerConfig, observer: SchedulerObserver | None = None) -> Engine:
+def build_engine(config: ServerConfig, observer: SchedulerObserver | None = None) -> EngineClient:
+    """The engine of the configured backend; TensorRT-LLM is imported only by its backends."""
     backend = resolve_backend(config)
-    if backend == Backend.PYTORCH_REFERENCE:
-        return _build_reference(config, observer)
-    raise BackendUnavailableError(
-        f"backend {backend.value!r} is not available in this build; "
-        "use --backend pytorch-reference with a Hugging Face checkpoint"
-    )
+    if config.method in LLMAPI_ONLY_METHODS and backend != Backend.TRTLLM_LLMAPI:
+        raise BackendUnavailableError(
+            f"speculative.method {config.method.value} runs only on backend trtllm-llmapi, "
+            f"not {backend.value}"
+        )
+    if backend == Backend.TRTLLM_ENGINE:
+        from specdeploy_server.backends.trtllm_engine import build_trtllm_engine  # noqa: PLC0415
+
+        return build_trtllm_engine(config, observer)
+    if backend == Backend.TRTLLM_LLMAPI:
+        from specdeploy_server.backends.trtllm_llmapi import build_llmapi_engine  # noqa: PLC0415
+
+        return build_llmapi_engine(config)
+    return _build_reference(config, observer)
 
 
 def _build_reference(config: ServerConfig, observer: SchedulerObserver | None) -> Engine:

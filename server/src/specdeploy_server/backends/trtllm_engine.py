@@ -1,0 +1,551 @@
+"""Backend ``trtllm-engine``: TensorRT-LLM engines run by the executor (``tensorrt_llm.bindings.executor``).
+
+Two executors live in this one process, both in orchestrator mode with their own ``device_ids``: the target
+engine, and the draft engine when the method is ``draftTarget``. The speculative core drives them, one batched
+call per executor per step, exactly as TensorRT-LLM's own draft-target loop (``examples/run.py``) does:
+
+* draft: ``Request(prefix, max_tokens=k)``, returning generation logits when acceptance is by logits;
+* target: ``Request(prefix, max_tokens=k + 1, external_draft_tokens_config=ExternalDraftTokensConfig(tokens,
+  logits))``; its output is the accepted draft tokens plus one token of the target's own.
+
+Every step is a new request carrying the whole prefix; KV block reuse (engines built with paged context FMHA)
+makes that cheap. Prompt lookup uses the core's n-gram drafter against the target alone. Cancelling a sequence
+cancels its executor requests in flight (``cancel_request``).
+
+This module is thin glue over the bindings; the bindings are imported lazily, after the engines' config.json
+passed the checks in ``engine_config``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from specdeploy_server.backends.engine_config import EngineFacts, EngineSetup, check_engines
+from specdeploy_server.backends.errors import import_tensorrt_llm
+from specdeploy_server.config import Acceptance, Method, RuntimeConfig, ServerConfig
+from specdeploy_server.core.drafters import Drafter, DraftModelDrafter, NoDrafter, PromptLookupDrafter
+from specdeploy_server.core.executors import (
+    AcceptanceRule,
+    DraftRequest,
+    ExecutorError,
+    RequestErrors,
+    VerifyRequest,
+)
+from specdeploy_server.core.scheduler import SchedulerObserver, SchedulerSettings, SpeculativeScheduler
+from specdeploy_server.core.types import Proposal, SequenceState
+from specdeploy_server.engine import Engine, model_info
+from specdeploy_server.metrics import ExecutorSample
+from specdeploy_server.tokenizer import HFTokenizer
+
+log = logging.getLogger(__name__)
+
+BACKEND = "trtllm-engine"
+#: DynamicBatchConfig's moving-average window when runtime tuning is on (our choice)
+DYNAMIC_BATCH_WINDOW = 128
+_END_ID = "END_ID"  # FinishReason name
+
+
+# --------------------------------------------------------------------------------------------- executors
+@dataclass
+class Outcome:
+    """The final state of one executor request."""
+
+    tokens: list[int]
+    finish: str | None  # FinishReason name of beam 0
+    logits: Any  # generation logits ([beams, tokens, vocab]) when requested
+    error: str | None
+    cancelled: bool
+
+
+@dataclass
+class _Reply:
+    request_id: int
+    error: str | None
+    tokens: list[int]
+    final: bool
+    finish: str | None
+    logits: Any
+
+
+@dataclass
+class _Pending:
+    seq_id: str
+    future: asyncio.Future[Outcome]
+    tokens: list[int] = field(default_factory=list)
+    finish: str | None = None
+    logits: Any = None
+    error: str | None = None
+
+
+def _convert(response: Any) -> _Reply:
+    """A bindings Response -> plain data (runs on the response thread, off the event loop)."""
+    request_id = int(response.request_id)
+    if response.has_error():
+        return _Reply(request_id, str(response.error_msg), [], True, None, None)
+    result = response.result
+    beams = result.output_token_ids
+    reasons = result.finish_reasons
+    finish = getattr(reasons[0], "name", str(reasons[0])) if reasons else None
+    return _Reply(
+        request_id,
+        None,
+        [int(t) for t in beams[0]] if beams else [],
+        bool(result.is_final),
+        finish,
+        result.generation_logits,
+    )
+
+
+class ExecutorClient:
+    """One executor and the thread that collects its responses and hands them to the event loop."""
+
+    def __init__(self, name: str, executor: Any, poll_seconds: float = 0.05) -> None:
+        self.name = name
+        self.executor = executor
+        self._poll = datetime.timedelta(seconds=poll_seconds)
+        self._pending: dict[int, _Pending] = {}
+        self._by_seq: dict[str, set[int]] = {}
+        self._cancelled: set[int] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._last_stats: Any = None
+
+    async def run(self, requests: Sequence[tuple[str, Any]]) -> list[Outcome]:
+        """Enqueue one bindings Request per sequence (``(seq_id, request)``); wait for all final results."""
+        loop = asyncio.get_running_loop()
+        self._start(loop)
+        ids = [int(i) for i in self.executor.enqueue_requests([request for _, request in requests])]
+        futures: list[asyncio.Future[Outcome]] = []
+        for (seq_id, _), request_id in zip(requests, ids, strict=True):
+            future: asyncio.Future[Outcome] = loop.create_future()
+            self._pending[request_id] = _Pending(seq_id, future)
+            self._by_seq.setdefault(seq_id, set()).add(request_id)
+            futures.append(future)
+        try:
+            return list(await asyncio.gather(*futures))
+        finally:  # also when the step itself is cancelled (shutdown): nothing stays queued in the executor
+            for (seq_id, _), request_id in zip(requests, ids, strict=True):
+                if self._pending.pop(request_id, None) is not None and request_id not in self._cancelled:
+                    self.executor.cancel_request(request_id)
+                self._cancelled.discard(request_id)
+                owned = self._by_seq.get(seq_id)
+                if owned is not None:
+                    owned.discard(request_id)
+                    if not owned:
+                        del self._by_seq[seq_id]
+
+    def cancel(self, seq_id: str) -> None:
+        """Cancel the executor requests of one sequence that are still in flight."""
+        for request_id in list(self._by_seq.get(seq_id, ())):
+            if request_id in self._pending and request_id not in self._cancelled:
+                self._cancelled.add(request_id)
+                self.executor.cancel_request(request_id)
+
+    def latest_stats(self) -> Any:
+        """The newest IterationStats (the executor hands each out once; the last one is kept)."""
+        stats = list(self.executor.get_latest_iteration_stats())
+        if stats:
+            self._last_stats = stats[-1]
+        return self._last_stats
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.executor.shutdown()
+
+    # ------------------------------------------------------------------ response thread
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._thread is not None and self._loop is loop:
+            return
+        if self._thread is not None:  # a new event loop (tests run several): restart the thread for it
+            self._stop.set()
+            self._thread.join(timeout=10)
+            self._stop = threading.Event()
+        self._loop = loop
+        self._thread = threading.Thread(
+            target=self._collect, args=(loop, self._stop), name=f"{self.name}-responses", daemon=True
+        )
+        self._thread.start()
+
+    def _collect(self, loop: asyncio.AbstractEventLoop, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                responses = self.executor.await_responses(timeout=self._poll)
+            except Exception:  # the executor went away (shutdown) or a binding fault: keep the loop alive
+                if stop.is_set():
+                    return
+                log.exception("%s executor: await_responses failed", self.name)
+                stop.wait(self._poll.total_seconds())
+                continue
+            if responses:
+                replies = [_convert(r) for r in responses]
+                try:
+                    loop.call_soon_threadsafe(self._deliver, replies)
+                except RuntimeError:  # the loop is closed
+                    return
+
+    def _deliver(self, replies: list[_Reply]) -> None:
+        for reply in replies:
+            pending = self._pending.get(reply.request_id)
+            if pending is None or pending.future.done():
+                continue  # a reply for a request already given up (cancelled step)
+            pending.tokens.extend(reply.tokens)
+            pending.finish = reply.finish or pending.finish
+            if reply.logits is not None:
+                pending.logits = reply.logits
+            if reply.error is not None:
+                pending.error = reply.error
+            if reply.final or reply.error is not None:
+                pending.future.set_result(
+                    Outcome(
+                        pending.tokens,
+                        pending.finish,
+                        pending.logits,
+                        pending.error,
+                        reply.request_id in self._cancelled,
+                    )
+                )
+
+
+# --------------------------------------------------------------------------------------------- requests
+@dataclass(frozen=True)
+class RequestFactory:
+    """Builds bindings Requests for one model."""
+
+    bindings: Any
+    end_id: int
+    pad_id: int
+
+    def sampling(self, seq: SequenceState, greedy: bool) -> Any:
+        b = self.bindings
+        if greedy:
+            return b.SamplingConfig(beam_width=1, top_k=1)
+        params = seq.params
+        # A fresh seed per request from the sequence's generator: reproducible under a user seed, and
+        # independent from step to step (re-using one seed each step would correlate the draws).
+        return b.SamplingConfig(
+            beam_width=1,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=int(seq.rng.integers(0, 2**63 - 1)),
+        )
+
+    def request(
+        self,
+        seq: SequenceState,
+        max_tokens: int,
+        *,
+        greedy: bool,
+        return_logits: bool = False,
+        draft: Proposal | None = None,
+        use_logits: bool = False,
+    ) -> Any:
+        b = self.bindings
+        external = None
+        if draft is not None and draft.tokens:
+            logits = None
+            if use_logits and draft.native_logits is not None:
+                logits = draft.native_logits
+            external = b.ExternalDraftTokensConfig(list(draft.tokens), logits)
+        return b.Request(
+            input_token_ids=list(seq.token_ids),
+            max_tokens=max_tokens,
+            streaming=False,
+            sampling_config=self.sampling(seq, greedy),
+            output_config=b.OutputConfig(
+                return_generation_logits=return_logits, exclude_input_from_output=True
+            ),
+            end_id=self.end_id,
+            pad_id=self.pad_id,
+            external_draft_tokens_config=external,
+        )
+
+
+def _raise_failures(name: str, failures: dict[str, str]) -> None:
+    if failures:
+        raise RequestErrors({seq: ExecutorError(name, message) for seq, message in failures.items()})
+
+
+class TrtDraftExecutor:
+    """DraftExecutor over a draft engine: one request of ``max_tokens = k`` per sequence."""
+
+    def __init__(self, client: ExecutorClient, requests: RequestFactory) -> None:
+        self.client = client
+        self.requests = requests
+
+    async def draft(self, batch: Sequence[DraftRequest]) -> list[Proposal]:
+        # Draft tokens are sampled from the (processed) draft distribution only when acceptance is by
+        # logits; otherwise they are the draft's argmax, as in the reference backend.
+        sample = [r.want_probs and not r.seq.params.greedy for r in batch]
+        outcomes = await self.client.run(
+            [
+                (
+                    r.seq.request_id,
+                    self.requests.request(r.seq, r.num_tokens, greedy=not s, return_logits=s),
+                )
+                for r, s in zip(batch, sample, strict=True)
+            ]
+        )
+        proposals: list[Proposal] = []
+        failures: dict[str, str] = {}
+        for r, s, outcome in zip(batch, sample, outcomes, strict=True):
+            if outcome.error is not None and not (outcome.cancelled or r.seq.cancelled):
+                failures[r.seq.request_id] = outcome.error
+            tokens = outcome.tokens[: r.num_tokens]
+            logits = None
+            if s and outcome.logits is not None and tokens:
+                logits = outcome.logits[0][: len(tokens)]  # beam 0: [tokens, vocab]
+            proposals.append(Proposal(tokens, native_logits=logits))
+        _raise_failures(self.client.name, failures)
+        return proposals
+
+    def release(self, request_id: str) -> None:
+        self.client.cancel(request_id)
+
+
+class TrtTargetExecutor:
+    """TargetExecutor over the target engine: verifies external draft tokens
+    (``ExternalDraftTokensConfig``)."""
+
+    def __init__(self, client: ExecutorClient, requests: RequestFactory, max_draft_len: int) -> None:
+        self.client = client
+        self.requests = requests
+        self._max_draft_len = max_draft_len
+
+    @property
+    def max_draft_len(self) -> int:
+        return self._max_draft_len
+
+    async def verify(self, batch: Sequence[VerifyRequest]) -> list[list[int]]:
+        outcomes = await self.client.run(
+            [
+                (
+                    r.seq.request_id,
+                    self.requests.request(
+                        r.seq,
+                        len(r.proposal.tokens) + 1,
+                        greedy=r.seq.params.greedy,
+                        draft=r.proposal,
+                        use_logits=r.acceptance == AcceptanceRule.LOGITS and not r.seq.params.greedy,
+                    ),
+                )
+                for r in batch
+            ]
+        )
+        emitted: list[list[int]] = []
+        failures: dict[str, str] = {}
+        end_id = self.requests.end_id
+        for r, outcome in zip(batch, outcomes, strict=True):
+            if outcome.cancelled or r.seq.cancelled:
+                emitted.append([])  # the scheduler drops cancelled sequences; nothing to account
+                continue
+            if outcome.error is not None:
+                failures[r.seq.request_id] = outcome.error
+                emitted.append([])
+                continue
+            room = len(r.proposal.tokens) + 1
+            tokens = outcome.tokens[:room]
+            if outcome.finish == _END_ID and len(tokens) < room and (not tokens or tokens[-1] != end_id):
+                tokens.append(end_id)  # the sequence ended: make the stop visible to the scheduler
+            if not tokens:
+                failures[r.seq.request_id] = (
+                    f"no output token (finish reason {outcome.finish}) for a prefix of {len(r.seq.token_ids)}"
+                )
+            emitted.append(tokens)
+        _raise_failures(self.client.name, failures)
+        return emitted
+
+    def release(self, request_id: str) -> None:
+        self.client.cancel(request_id)
+
+
+# --------------------------------------------------------------------------------------------- building
+def executor_config(
+    bindings: Any,
+    runtime: RuntimeConfig,
+    *,
+    engine: EngineFacts,
+    device_ids: Sequence[int],
+    kv_fraction: float,
+    max_batch_size: int,
+    gather_generation_logits: bool,
+    worker_path: Path,
+) -> Any:
+    """ExecutorConfig for one engine: orchestrator mode on ``device_ids``, KV block reuse, runtime knobs."""
+    b = bindings
+    kv = b.KvCacheConfig(
+        enable_block_reuse=runtime.enable_kv_cache_reuse,
+        free_gpu_memory_fraction=kv_fraction,
+        host_cache_size=(
+            runtime.kv_cache_host_memory_megabytes * 1024 * 1024
+            if runtime.kv_cache_host_memory_megabytes
+            else None
+        ),
+        onboard_blocks=True if runtime.kv_cache_onboard_blocks is None else runtime.kv_cache_onboard_blocks,
+        cross_kv_cache_fraction=runtime.cross_kv_cache_fraction,
+        secondary_offload_min_priority=runtime.secondary_offload_min_priority,
+        event_buffer_max_size=runtime.event_buffer_max_size or 0,
+    )
+    dynamic = None
+    if runtime.enable_batch_size_tuning or runtime.enable_max_num_tokens_tuning:
+        dynamic = b.DynamicBatchConfig(
+            enable_batch_size_tuning=bool(runtime.enable_batch_size_tuning),
+            enable_max_num_tokens_tuning=bool(runtime.enable_max_num_tokens_tuning),
+            dynamic_batch_moving_average_window=DYNAMIC_BATCH_WINDOW,
+        )
+    policy = (
+        b.CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
+        if runtime.guaranteed_no_evict
+        else b.CapacitySchedulerPolicy.MAX_UTILIZATION
+    )
+    parallel = b.ParallelConfig(
+        communication_type=b.CommunicationType.MPI,
+        communication_mode=b.CommunicationMode.ORCHESTRATOR,
+        device_ids=list(device_ids),
+        orchestrator_config=b.OrchestratorConfig(
+            is_orchestrator=True, worker_executable_path=str(worker_path)
+        ),
+    )
+    max_num_tokens = runtime.max_num_tokens
+    if engine.max_num_tokens is not None:
+        max_num_tokens = min(max_num_tokens, engine.max_num_tokens)
+    return b.ExecutorConfig(
+        max_beam_width=1,
+        scheduler_config=b.SchedulerConfig(capacity_scheduler_policy=policy, dynamic_batch_config=dynamic),
+        kv_cache_config=kv,
+        enable_chunked_context=runtime.enable_chunked_context,
+        max_batch_size=max_batch_size,
+        max_num_tokens=max_num_tokens,
+        parallel_config=parallel,
+        gather_generation_logits=gather_generation_logits,
+    )
+
+
+def tokenizer_dir(config: ServerConfig) -> Path:
+    """``model.tokenizer``, else ``<target>/tokenizer`` (where the operator's build Job puts it), else the
+    target directory."""
+    if config.model.tokenizer is not None:
+        return config.model.tokenizer
+    beside = config.model.target / "tokenizer"
+    return beside if beside.is_dir() else config.model.target
+
+
+def executor_samples(clients: Sequence[ExecutorClient]) -> list[ExecutorSample]:
+    """The executors' latest iteration statistics, for /metrics."""
+    samples = []
+    for client in clients:
+        stats = client.latest_stats()
+        if stats is None:
+            continue
+        kv = getattr(stats, "kv_cache_stats", None)
+        latency_ms = getattr(stats, "iter_latency_ms", None)
+        samples.append(
+            ExecutorSample(
+                executor=client.name,
+                active_requests=int(stats.num_active_requests),
+                queued_requests=int(getattr(stats, "num_queued_requests", 0)),
+                iteration_seconds=None if latency_ms is None else float(latency_ms) / 1000.0,
+                kv_blocks_used=None if kv is None else int(kv.used_num_blocks),
+                kv_blocks_free=None if kv is None else int(kv.free_num_blocks),
+            )
+        )
+    return samples
+
+
+def build_trtllm_engine(config: ServerConfig, observer: SchedulerObserver | None = None) -> Engine:
+    setup: EngineSetup = check_engines(config)  # before tensorrt_llm is imported, before any GPU work
+    bindings = import_tensorrt_llm("tensorrt_llm.bindings.executor", BACKEND)
+    package = import_tensorrt_llm("tensorrt_llm", BACKEND)
+    worker_path = Path(str(package.__file__)).parent / "bin" / "executorWorker"
+    tokenizer = HFTokenizer(tokenizer_dir(config), config.serving.chat_template)
+    end_id = tokenizer.eos_token_id
+    if end_id is None:
+        raise ValueError(f"the tokenizer at {tokenizer_dir(config)} has no end-of-sequence token")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end_id
+    runtime, placement, spec = config.runtime, config.placement, config.speculative
+    logits = config.method == Method.DRAFT_TARGET and spec.acceptance == Acceptance.LOGITS
+    requests = RequestFactory(bindings, end_id, pad_id)
+    clients: list[ExecutorClient] = []
+
+    def start(facts: EngineFacts, device_ids: list[int], fraction: float, gather: bool) -> ExecutorClient:
+        log.info(
+            "%s: starting the executor on GPUs %s (KV cache: %.2f of free memory)",
+            facts.describe(),
+            device_ids,
+            fraction,
+        )
+        executor = bindings.Executor(
+            facts.path,
+            bindings.ModelType.DECODER_ONLY,
+            executor_config(
+                bindings,
+                runtime,
+                engine=facts,
+                device_ids=device_ids,
+                kv_fraction=fraction,
+                max_batch_size=setup.max_batch_size,
+                gather_generation_logits=gather,
+                worker_path=worker_path,
+            ),
+        )
+        client = ExecutorClient(facts.role, executor)
+        clients.append(client)
+        return client
+
+    def close() -> None:
+        for client in clients:
+            client.close()
+
+    try:
+        # The target first: each executor's KV cache takes its fraction of the memory free when it starts.
+        target = TrtTargetExecutor(
+            start(setup.target, placement.target_device_ids, runtime.kv_cache_free_gpu_mem_fraction, False),
+            requests,
+            setup.max_draft_len,
+        )
+        drafter: Drafter
+        if setup.draft is not None:
+            fraction = runtime.draft_kv_cache_free_gpu_mem_fraction or runtime.kv_cache_free_gpu_mem_fraction
+            client = start(setup.draft, placement.draft_device_ids, fraction, logits)
+            drafter = DraftModelDrafter(TrtDraftExecutor(client, requests))
+        elif config.method == Method.PROMPT_LOOKUP:
+            drafter = PromptLookupDrafter(spec.prompt_lookup.max_matching_ngram_size)
+        else:
+            drafter = NoDrafter()
+    except Exception:
+        close()
+        raise
+    settings = SchedulerSettings(
+        max_batch_size=setup.max_batch_size,
+        max_queue_size=runtime.max_queue_size,
+        max_model_len=setup.max_model_len,
+        acceptance=spec.acceptance.value,
+        draft_len=None if spec.draft_len == "auto" else spec.draft_len,
+        max_draft_len=setup.max_draft_len,
+    )
+    scheduler = SpeculativeScheduler(target, drafter, settings, observer)
+    engine = Engine(
+        tokenizer,
+        scheduler,
+        model_info(config.model.name, setup.max_model_len, setup.target.vocab_size),
+        on_close=close,
+    )
+    engine.executor_stats = lambda: executor_samples(clients)
+    log.info(
+        "trtllm-engine: method %s, draftLen %s (engine max %d), acceptance %s, max model len %d",
+        config.method.value,
+        spec.draft_len,
+        setup.max_draft_len,
+        spec.acceptance.value,
+        setup.max_model_len,
+    )
+    return engine
