@@ -243,11 +243,14 @@ class SpeculativeScheduler:
             await self.drafter.propose(plan, want_probs) if drafting else [Proposal([]) for _ in batch]
         )
         t1 = time.perf_counter()
+        if any(seq.cancelled for seq in batch):  # cancelled while drafting: not worth verifying
+            kept = [(seq, prop) for seq, prop in zip(batch, proposals, strict=True) if not seq.cancelled]
+            batch, proposals = [seq for seq, _ in kept], [prop for _, prop in kept]
         requests = [
             VerifyRequest(seq, prop, self.settings.acceptance)
             for seq, prop in zip(batch, proposals, strict=True)
         ]
-        emitted = await self.target.verify(requests)
+        emitted = await self.target.verify(requests) if requests else []
         t2 = time.perf_counter()
         if self.drafter.has_cost and drafting:
             self.draft_len.observe_costs(t1 - t0, max(n for _, n in plan), t2 - t1)
