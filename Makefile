@@ -47,8 +47,8 @@ test-unit: venv ## only the tests that need no cluster
 	$(PY) -m pytest -m 'not integration' $(PYTEST_ARGS)
 
 .PHONY: crds
-crds: venv ## regenerate crds/ and docs/api.md from the pydantic models (a test fails if they are stale)
-	$(PY) -m specdeploy_operator.crdgen --out-dir crds --docs docs/api.md
+crds: venv ## regenerate crds/, the chart's crds/ and docs/api.md from the pydantic models (a test fails if they are stale)
+	$(PY) -m specdeploy_operator.crdgen --out-dir crds --out-dir charts/specdeploy/crds --docs docs/api.md
 
 .PHONY: bench-server
 bench-server: venv ## server benchmarks (orchestration, reference backend, HTTP streaming) -> docs/benchmarks-server.md

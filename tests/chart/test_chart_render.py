@@ -1,0 +1,343 @@
+"""The Helm chart, offline: lint, rendering validated against the Kubernetes 1.35 JSON schemas, RBAC that is
+least-privilege, pod security, settings as env vars, the values schema, and the CRDs kept in sync."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+from specdeploy_operator.builders.settings import ENV_PREFIX, OperatorSettings
+from specdeploy_operator.crdgen import render_crds
+
+from tests.chart.conftest import CHART, KUBE_VERSION, REPO, Helm, render
+
+VALUES_FILES = sorted((CHART / "ci").glob("*-values.yaml"))
+# Kinds that are not part of Kubernetes itself: validated by the apiserver in the integration tests (kopf
+# peering) or only by shape here (ServiceMonitor, whose CRD the local cluster does not have).
+NON_CORE_KINDS = {"ClusterKopfPeering", "KopfPeering", "ServiceMonitor"}
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [o for o in objs if o["kind"] == kind]
+
+
+def one(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = by_kind(objs, kind)
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def container(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    containers: list[dict[str, Any]] = one(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def env_of(objs: list[dict[str, Any]]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container(objs)["env"] if "value" in e}
+
+
+def rules_of(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [rule for o in objs if o["kind"] in ("ClusterRole", "Role") for rule in o["rules"]]
+
+
+def test_helm_lint_strict(helm: Helm) -> None:
+    for values in [None, *VALUES_FILES]:
+        args = ["lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION]
+        if values is not None:
+            args += ["-f", str(values)]
+        out = helm(*args)
+        assert "0 chart(s) failed" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("values", [None, *VALUES_FILES], ids=lambda p: p.stem if p else "defaults")
+def test_rendered_manifests_validate_against_kubernetes_schemas(helm: Helm, values: Path | None) -> None:
+    objs = render(helm, values=[values] if values else [])
+    validated = []
+    for obj in objs:
+        if obj["kind"] in NON_CORE_KINDS:
+            assert obj["apiVersion"] in ("kopf.dev/v1", "monitoring.coreos.com/v1")
+            continue
+        # Strict: unknown fields are errors too. The returned version is the schema set actually used.
+        version = kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
+        assert version == "1.35", f"validated against {version}, not 1.35"
+        validated.append(obj["kind"])
+    assert {"CustomResourceDefinition", "Deployment", "ServiceAccount"} <= set(validated)
+
+
+def test_schema_validation_catches_a_broken_manifest(helm: Helm) -> None:
+    """The validation above can fail: a misspelt Deployment field is reported."""
+    deployment = one(render(helm), "Deployment")
+    deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBE_VERSION, strict=True)
+
+
+def test_chart_crds_are_the_generated_crds() -> None:
+    generated = render_crds()
+    chart_crds = {p.name: p.read_text() for p in (CHART / "crds").glob("*")}
+    repo_crds = {p.name: p.read_text() for p in (REPO / "crds").glob("*")}
+    assert chart_crds == repo_crds, "charts/specdeploy/crds differs from crds/: run `make crds`"
+    assert chart_crds == generated, "CRDs are stale: run `make crds`"
+    makefile = (REPO / "Makefile").read_text()
+    assert "--out-dir charts/specdeploy/crds" in makefile, "`make crds` must regenerate the chart's CRDs"
+
+
+def test_default_render(helm: Helm) -> None:
+    objs = render(helm)
+    kinds = sorted(o["kind"] for o in objs)
+    assert kinds == sorted(
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "CustomResourceDefinition",
+            "CustomResourceDefinition",
+            "CustomResourceDefinition",
+            "CustomResourceDefinition",
+            "Deployment",
+            "Service",
+            "ServiceAccount",
+        ]
+    )
+    crds = {o["metadata"]["name"] for o in by_kind(objs, "CustomResourceDefinition")}
+    assert crds == {
+        "speculativedeployments.specdeploy.dev",
+        "enginebuilds.specdeploy.dev",
+        "clusterkopfpeerings.kopf.dev",
+        "kopfpeerings.kopf.dev",
+    }
+    deployment = one(objs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    c = container(objs)
+    assert c["image"] == "ghcr.io/specdeploy/operator:0.1.0"
+    assert c["args"] == ["--health-port=8080", "--metrics-port=8081", "--log-level=info"]
+    service = one(objs, "Service")
+    assert service["spec"]["ports"] == [
+        {"name": "metrics", "port": 8081, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
+
+
+def test_pod_security(helm: Helm) -> None:
+    for values in [None, *VALUES_FILES]:
+        objs = render(helm, values=[values] if values else [])
+        pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] != 0
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        c = container(objs)
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["privileged"] is False
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert set(c["resources"]) == {"requests", "limits"}
+        assert {"cpu", "memory"} <= set(c["resources"]["requests"])
+        assert "memory" in c["resources"]["limits"]
+        for probe in ("livenessProbe", "readinessProbe"):
+            assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+        ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+        assert f"--health-port={ports['health']}" in c["args"]
+        assert f"--metrics-port={ports['metrics']}" in c["args"]
+
+
+def test_every_setting_reaches_the_operator_as_env(helm: Helm) -> None:
+    env = env_of(render(helm))
+    fields = {ENV_PREFIX + name.upper() for name in OperatorSettings.model_fields}
+    assert set(env) == fields, f"missing: {fields - set(env)}, unknown: {set(env) - fields}"
+    settings = OperatorSettings.from_env(env)
+    assert settings.server_image == "ghcr.io/specdeploy/server:0.1.0"
+    assert settings.builder_image == "ghcr.io/specdeploy/server:0.1.0"
+    assert settings.watch_namespaces == ()
+    assert settings.cache_storage_class_name is None
+    assert settings.cache_pvc_name == "specdeploy-engine-cache"
+    assert settings.cache_size == "1Ti"
+    # The chart's defaults are the operator's own defaults, except the images (pinned to the chart's version).
+    defaults = OperatorSettings().model_dump(exclude={"server_image", "builder_image"})
+    assert settings.model_dump(exclude={"server_image", "builder_image"}) == defaults
+
+
+def test_values_files_reach_the_settings(helm: Helm) -> None:
+    settings = OperatorSettings.from_env(
+        env_of(render(helm, values=[CHART / "ci" / "production-values.yaml"]))
+    )
+    assert settings.server_image == "registry.example.com/specdeploy/server:0.1.0"
+    assert settings.cache_storage_class_name == "fsx-lustre"
+    assert settings.cache_size == "4Ti"
+    assert settings.keep_previous_engines == 2
+    assert settings.gc_grace_seconds == 7200
+    namespaced = OperatorSettings.from_env(
+        env_of(render(helm, values=[CHART / "ci" / "namespaced-values.yaml"]))
+    )
+    assert namespaced.watch_namespaces == ("team-a", "team-b")
+
+
+def test_rbac_is_least_privilege(helm: Helm) -> None:
+    for values in [None, *VALUES_FILES]:
+        rules = rules_of(render(helm, values=[values] if values else []))
+        assert rules
+        for rule in rules:
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule[key], f"wildcard in {rule}"
+            assert not {"secrets", "serviceaccounts/token", "pods/exec", "nodes"} & set(rule["resources"])
+            assert not {"escalate", "bind", "impersonate", "deletecollection", "update"} & set(rule["verbs"])
+            assert "nonResourceURLs" not in rule
+        # Only the kopf framework reads CRDs and namespaces, and only reads.
+        for rule in rules:
+            if "customresourcedefinitions" in rule["resources"] or "namespaces" in rule["resources"]:
+                assert rule["verbs"] == ["list", "watch"]
+        # Nothing may change a SpeculativeDeployment's spec: the operator writes only its status.
+        for rule in rules:
+            if "speculativedeployments" in rule["resources"]:
+                assert rule["verbs"] == ["get", "list", "watch"]
+
+
+def test_cluster_wide_mode_has_no_namespaced_roles(helm: Helm) -> None:
+    objs = render(helm, values=[CHART / "ci" / "cluster-wide-values.yaml"])
+    assert not by_kind(objs, "Role")
+    assert not by_kind(objs, "RoleBinding")
+    binding = one(objs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == one(objs, "ClusterRole")["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "specdeploy", "namespace": "specdeploy-system"}
+    ]
+
+
+def test_namespaced_mode_has_a_role_per_namespace(helm: Helm) -> None:
+    objs = render(helm, values=[CHART / "ci" / "namespaced-values.yaml"])
+    roles = by_kind(objs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    bindings = by_kind(objs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for b in bindings:
+        assert b["subjects"][0]["namespace"] == "specdeploy-system"
+    # The only cluster-wide grant is the framework's read-only discovery.
+    cluster_role = one(objs, "ClusterRole")
+    assert {r for rule in cluster_role["rules"] for r in rule["resources"]} == {
+        "customresourcedefinitions",
+        "namespaces",
+    }
+    resources = {r for role in roles for rule in role["rules"] for r in rule["resources"]}
+    assert {"speculativedeployments", "enginebuilds", "jobs", "deployments"} <= resources
+
+
+def test_peering_when_scaled(helm: Helm) -> None:
+    single = render(helm)
+    assert not by_kind(single, "ClusterKopfPeering")
+    assert not any("kopf.dev" in rule["apiGroups"] for rule in rules_of(single))
+
+    objs = render(helm, values=[CHART / "ci" / "production-values.yaml"])
+    assert one(objs, "Deployment")["spec"]["replicas"] == 3
+    assert "--peering=specdeploy-prod" in container(objs)["args"]
+    assert one(objs, "ClusterKopfPeering")["metadata"]["name"] == "specdeploy-prod"
+    peering_rules = [rule for rule in rules_of(objs) if "kopf.dev" in rule["apiGroups"]]
+    assert {v for rule in peering_rules for v in rule["verbs"]} == {"get", "list", "watch", "patch"}
+    assert all(rule["resources"] == ["clusterkopfpeerings"] for rule in peering_rules)
+
+    namespaced = render(helm, values=[CHART / "ci" / "namespaced-values.yaml"], sets=["replicaCount=2"])
+    peerings = by_kind(namespaced, "KopfPeering")
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
+    assert not by_kind(namespaced, "ClusterKopfPeering")
+
+    no_crds = render(helm, sets=["peering.installCRDs=false"])
+    assert {o["metadata"]["name"] for o in by_kind(no_crds, "CustomResourceDefinition")} == {
+        "speculativedeployments.specdeploy.dev",
+        "enginebuilds.specdeploy.dev",
+    }
+
+
+def test_service_monitor(helm: Helm) -> None:
+    assert not by_kind(render(helm), "ServiceMonitor")
+    objs = render(helm, values=[CHART / "ci" / "production-values.yaml"])
+    monitor = one(objs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+    ]
+    service = one(objs, "Service")
+    assert all(
+        service["metadata"]["labels"][k] == v for k, v in monitor["spec"]["selector"]["matchLabels"].items()
+    )
+    failed = helm(
+        "template", "x", str(CHART), "--kube-version", KUBE_VERSION,
+        "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.service.enabled=false",
+        check=False,
+    )  # fmt: skip
+    assert failed.returncode != 0
+    assert "metrics.serviceMonitor.enabled needs metrics.service.enabled" in failed.stderr
+
+
+BAD_VALUES = [
+    (["replicaCount=0"], "/replicaCount"),
+    (["replicaCount=two"], "/replicaCount"),
+    (["image.pullPolicy=Sometimes"], "/image/pullPolicy"),
+    (["image.digest=latest"], "/image/digest"),
+    (["watchNamespaces={Team_A}"], "/watchNamespaces/0"),
+    (["watchNamespaces={a,a}"], "/watchNamespaces"),
+    (["settings.startupTimeoutSeconds=5"], "/settings/startupTimeoutSeconds"),
+    (["settings.gcGraceSeconds=-1"], "/settings/gcGraceSeconds"),
+    (["settings.workers=0"], "/settings/workers"),
+    (["logLevel=verbose"], "/logLevel"),
+    (["engineCache.size=lots"], "/engineCache/size"),
+    (["engineCache.mountPath=cache"], "/engineCache/mountPath"),
+    (["ports.health=70000"], "/ports/health"),
+    (["securityContext.readOnlyRootFilesystem=false"], "/securityContext/readOnlyRootFilesystem"),
+    (["securityContext.allowPrivilegeEscalation=true"], "/securityContext/allowPrivilegeEscalation"),
+    (["podSecurityContext.runAsNonRoot=false"], "/podSecurityContext/runAsNonRoot"),
+    (["podSecurityContext.runAsUser=0"], "/podSecurityContext/runAsUser"),
+    (["resources=null"], "resources"),
+    (["metrics.serviceMonitor.interval=often"], "/metrics/serviceMonitor/interval"),
+    (["settings.severImage.repository=x"], "severImage"),
+    (["watchNamespace={a}"], "watchNamespace"),
+]
+
+
+@pytest.mark.parametrize(("sets", "where"), BAD_VALUES, ids=lambda v: v[0] if isinstance(v, list) else "")
+def test_values_schema_rejects_bad_values(helm: Helm, sets: list[str], where: str) -> None:
+    args = ["template", "x", str(CHART), "--kube-version", KUBE_VERSION]
+    for item in sets:
+        args += ["--set", item]
+    proc = helm(*args, check=False)
+    assert proc.returncode != 0, f"{sets} was accepted"
+    assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
+    assert where in proc.stderr, proc.stderr
+
+
+def test_values_schema_covers_every_value() -> None:
+    """values.yaml validates against the schema's shape: every key is declared (additionalProperties is off at
+    every level the chart reads), so a typo in values.yaml itself is caught too."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(node: dict[str, Any], sch: dict[str, Any], path: str) -> None:
+        props = sch.get("properties")
+        if props is None:
+            return
+        for key, value in node.items():
+            assert key in props, f"{path}.{key} is not in values.schema.json"
+            if isinstance(value, dict) and props[key].get("additionalProperties") is False:
+                walk(value, props[key], f"{path}.{key}")
+
+    walk(values, schema, "")
+    assert schema["additionalProperties"] is False
+
+
+def test_values_yaml_is_documented_line_by_line() -> None:
+    """Every key in values.yaml has a comment on the line(s) just above it or at the end of its line."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    key = re.compile(r"^\s*([A-Za-z][\w-]*):")
+    undocumented = []
+    for n, line in enumerate(lines):
+        if not key.match(line):
+            continue
+        above = lines[n - 1].strip() if n else ""
+        if not above.startswith("#") and "#" not in line:
+            undocumented.append(f"{n + 1}: {line.strip()}")
+    assert not undocumented, "values without a comment:\n" + "\n".join(undocumented)

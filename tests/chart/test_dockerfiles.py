@@ -1,0 +1,213 @@
+"""The container images, checked without a Docker engine: both Dockerfiles parse, every COPY/ADD source exists
+in the build context and is not dropped by .dockerignore, bases are pinned, and the operator image is
+non-root, labelled and runs the operator's entry point with its health endpoint."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOCKERFILES = ["Dockerfile.operator", "Dockerfile.server"]
+INSTRUCTIONS = {
+    "FROM", "RUN", "CMD", "LABEL", "MAINTAINER", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME",
+    "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Instruction:
+    line: int
+    keyword: str
+    args: str
+
+
+def parse(path: Path) -> list[Instruction]:
+    """Instructions of a Dockerfile: comments and blank lines dropped, `\\` continuations joined. Fails on an
+    unknown instruction (what `docker build` would reject first)."""
+    out: list[Instruction] = []
+    pending = ""
+    start = 0
+    for n, raw in enumerate(path.read_text().splitlines(), 1):
+        stripped = raw.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if pending and stripped.startswith("#"):
+            continue  # a comment inside a continued instruction
+        if not pending:
+            start = n
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        text = pending + stripped
+        pending = ""
+        keyword, _, args = text.partition(" ")
+        assert keyword.upper() in INSTRUCTIONS, f"{path.name}:{start}: unknown instruction {keyword}"
+        assert keyword == keyword.upper(), f"{path.name}:{start}: write instructions in upper case"
+        out.append(Instruction(start, keyword.upper(), args.strip()))
+    assert not pending, f"{path.name}: ends inside a continued line"
+    return out
+
+
+def arg_defaults(instructions: list[Instruction]) -> dict[str, str]:
+    defaults = {}
+    for ins in instructions:
+        if ins.keyword == "ARG" and "=" in ins.args:
+            name, _, value = ins.args.partition("=")
+            defaults[name] = value.strip("\"'")
+    return defaults
+
+
+def expand(text: str, args: dict[str, str]) -> str:
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: args.get(m.group(1) or m.group(2), m.group(0)), text)
+
+
+def copy_sources(ins: Instruction) -> list[str]:
+    """Sources of a COPY/ADD from the build context ([] for COPY --from=stage)."""
+    if ins.args.startswith("["):
+        raise AssertionError(f"line {ins.line}: use the shell form of {ins.keyword}")
+    words = shlex.split(ins.args)
+    flags = [w for w in words if w.startswith("--")]
+    if any(f.startswith("--from=") for f in flags):
+        return []
+    paths = [w for w in words if not w.startswith("--")]
+    assert len(paths) >= 2, f"line {ins.line}: {ins.keyword} needs a source and a destination"
+    return paths[:-1]
+
+
+def dockerignore_patterns() -> list[tuple[bool, re.Pattern[str]]]:
+    patterns = []
+    for raw in (REPO / ".dockerignore").read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        negate = line.startswith("!")
+        line = line.lstrip("!").strip("/")
+        regex = ""
+        i = 0
+        while i < len(line):
+            if line.startswith("**/", i):
+                regex += "(?:.*/)?"
+                i += 3
+            elif line.startswith("**", i):
+                regex += ".*"
+                i += 2
+            elif line[i] == "*":
+                regex += "[^/]*"
+                i += 1
+            elif line[i] == "?":
+                regex += "[^/]"
+                i += 1
+            else:
+                regex += re.escape(line[i])
+                i += 1
+        patterns.append((negate, re.compile(regex + "$")))
+    return patterns
+
+
+def ignored(relpath: str, patterns: list[tuple[bool, re.Pattern[str]]]) -> bool:
+    """Docker's rule: the last matching pattern wins; a pattern matching a directory excludes its contents."""
+    parts = relpath.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    result = False
+    for negate, pattern in patterns:
+        if any(pattern.match(p) for p in prefixes):
+            result = not negate
+    return result
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_copy_sources_exist_and_are_in_the_build_context(name: str) -> None:
+    instructions = parse(REPO / name)
+    args = arg_defaults(instructions)
+    patterns = dockerignore_patterns()
+    copies = [ins for ins in instructions if ins.keyword in ("COPY", "ADD")]
+    assert copies, f"{name} copies nothing from the repository"
+    for ins in copies:
+        for raw in copy_sources(ins):
+            source = expand(raw, args)
+            assert not source.startswith(("/", "..")), f"{name}:{ins.line}: {source} is outside the context"
+            matches = sorted(REPO.glob(source.rstrip("/")))
+            assert matches, f"{name}:{ins.line}: COPY source {source} does not exist"
+            for match in matches:
+                rel = match.relative_to(REPO).as_posix()
+                assert not ignored(rel, patterns), f"{name}:{ins.line}: {rel} is excluded by .dockerignore"
+                files = [match] if match.is_file() else [p for p in match.rglob("*") if p.is_file()]
+                shipped = [f for f in files if not ignored(f.relative_to(REPO).as_posix(), patterns)]
+                assert shipped, f"{name}:{ins.line}: .dockerignore leaves nothing of {rel}"
+
+
+def test_dockerignore_matcher() -> None:
+    """The .dockerignore reading above can fail: it excludes what Docker excludes."""
+    patterns = dockerignore_patterns()
+    assert ignored(".git/HEAD", patterns)
+    assert ignored("tests/chart/test_dockerfiles.py", patterns)
+    assert ignored("operator/src/specdeploy_operator/__pycache__/cli.cpython-311.pyc", patterns)
+    assert not ignored("operator/src/specdeploy_operator/cli.py", patterns)
+    assert not ignored("server/pyproject.toml", patterns)
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_base_images_are_pinned(name: str) -> None:
+    instructions = parse(REPO / name)
+    args = arg_defaults(instructions)
+    stages: set[str] = set()
+    froms = [ins for ins in instructions if ins.keyword == "FROM"]
+    assert froms
+    for ins in froms:
+        words = [w for w in ins.args.split() if not w.startswith("--platform")]
+        image = expand(words[0], args)
+        if len(words) == 3 and words[1].upper() == "AS":
+            stages.add(words[2])
+        if image in stages:
+            continue
+        assert "$" not in image, f"{name}:{ins.line}: {image} has an unresolved ARG"
+        if "@sha256:" in image:
+            continue
+        repo, _, tag = image.rpartition(":")
+        assert repo, f"{name}:{ins.line}: {image} has no tag"
+        assert "/" not in tag, f"{name}:{ins.line}: {image} has no tag"
+        assert re.search(r"\d+\.\d+\.\d+", tag), f"{name}:{ins.line}: {image} is not pinned"
+
+
+def test_operator_image() -> None:
+    instructions = parse(REPO / "Dockerfile.operator")
+    final = instructions[max(i for i, ins in enumerate(instructions) if ins.keyword == "FROM") :]
+    # Only the operator package enters the image.
+    sources = [s for ins in instructions if ins.keyword in ("COPY", "ADD") for s in copy_sources(ins)]
+    assert sources
+    assert all(s.startswith("operator/") for s in sources), sources
+    project = tomllib.loads((REPO / "operator" / "pyproject.toml").read_text())["project"]
+    heavy = [d for d in project["dependencies"] if re.match(r"(torch|tensorrt|transformers)\b", d)]
+    assert not heavy, f"the operator image must stay light: {heavy}"
+    # Non-root, numerically (runAsNonRoot can only verify a numeric USER).
+    users = [ins.args for ins in final if ins.keyword == "USER"]
+    assert users, "the final stage has no USER"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit(), users[-1]
+    assert int(uid) != 0, users[-1]
+    chart_values = (REPO / "charts" / "specdeploy" / "values.yaml").read_text()
+    assert f"runAsUser: {uid}" in chart_values, "the chart's runAsUser must be the image's user"
+    # The entry point is the operator package, with the health and metrics ports.
+    entrypoint = [ins.args for ins in final if ins.keyword == "ENTRYPOINT"][-1]
+    assert entrypoint == '["python", "-m", "specdeploy_operator"]'
+    cmd = [ins.args for ins in final if ins.keyword == "CMD"][-1]
+    assert "--health-port" in cmd
+    assert "--metrics-port" in cmd
+    assert (REPO / "operator" / "src" / "specdeploy_operator" / "__main__.py").is_file(), (
+        "Dockerfile.operator runs `python -m specdeploy_operator`, which does not exist"
+    )
+    labels = " ".join(ins.args for ins in final if ins.keyword == "LABEL")
+    for key in ("title", "description", "version", "source", "licenses"):
+        assert f"org.opencontainers.image.{key}=" in labels, key
+
+
+def test_install_docs_show_the_docker_build_commands() -> None:
+    docs = (REPO / "docs" / "install.md").read_text()
+    assert "docker build -f Dockerfile.operator" in docs
+    assert "docker build -f Dockerfile.server" in docs
