@@ -285,6 +285,9 @@ def _write_pki(pki: Path) -> None:
     issue("kube-controller-manager", ca, "system:kube-controller-manager")
     issue("kube-scheduler", ca, "system:kube-scheduler")
     issue("kwok", ca, "kwok", org="system:masters")
+    # The operator's own identity when it runs with admin rights (tests, demo): its requests are the only
+    # ones the audit log records, which is how the benchmark counts them.
+    issue("operator", ca, OPERATOR_USER, org="system:masters")
     front = make_ca("front-proxy-ca", "specdeploy-front-proxy-ca")
     issue("front-proxy-client", front, "front-proxy-client")
     sa = new_key()
@@ -294,6 +297,42 @@ def _write_pki(pki: Path) -> None:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
+
+
+OPERATOR_USER = "specdeploy-operator"
+
+# Only the operator's identity is audited (metadata level, one line per request once it completes): the
+# benchmark counts its API requests from this log, and nothing else pays for auditing.
+AUDIT_POLICY = f"""apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+- level: Metadata
+  users: ["{OPERATOR_USER}"]
+- level: None
+"""
+
+
+def volume_manifest(namespace: str, claim: str, size: str = "100Ti") -> dict[str, Any]:
+    """A PersistentVolume reserved for claim `namespace/claim`: the simulated cluster has no storage
+    provisioner, so engine-cache claims get volumes made for them; the PV controller binds the claim as soon
+    as it exists. (Nothing is mounted: kwok runs no containers.)"""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {
+            "name": f"sim-{namespace}-{claim}"[:253],
+            "labels": {"sim.specdeploy.dev/volume": "true"},
+        },
+        "spec": {
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "claimRef": {"namespace": namespace, "name": claim},
+            "hostPath": {"path": f"/var/lib/specdeploy-sim/{namespace}/{claim}"},
+        },
+    }
 
 
 def kwok_stages() -> str:
@@ -389,6 +428,16 @@ class LocalCluster:
     @property
     def kubeconfig(self) -> Path:
         return self.dir / "kubeconfig"
+
+    @property
+    def operator_kubeconfig(self) -> Path:
+        """Kubeconfig of the operator's identity (user `specdeploy-operator`, cluster admin)."""
+        return self.dir / "kubeconfigs" / "operator.kubeconfig"
+
+    @property
+    def audit_log(self) -> Path:
+        """JSON-lines audit log of every request the operator's identity makes (metadata level)."""
+        return self.dir / "logs" / "audit.log"
 
     @property
     def bin_dir(self) -> Path:
@@ -508,7 +557,7 @@ class LocalCluster:
         server = f"https://127.0.0.1:{ports['apiserver']}"
         kubeconfigs = self.dir / "kubeconfigs"
         kubeconfigs.mkdir(exist_ok=True)
-        for user in ("admin", "kube-controller-manager", "kube-scheduler", "kwok"):
+        for user in ("admin", "kube-controller-manager", "kube-scheduler", "kwok", "operator"):
             text = _kubeconfig(
                 server, self.pki / "ca.crt", self.pki / f"{user}.crt", self.pki / f"{user}.key", user
             )
@@ -517,6 +566,8 @@ class LocalCluster:
         self.kubeconfig.chmod(0o600)
         kwok_config = self.dir / "kwok-stages.yaml"
         kwok_config.write_text(kwok_stages())
+        audit_policy = self.dir / "audit-policy.yaml"
+        audit_policy.write_text(AUDIT_POLICY)
 
         deadline = time.monotonic() + timeout
         pki = self.pki
@@ -569,6 +620,12 @@ class LocalCluster:
                 "--max-requests-inflight=0",
                 "--max-mutating-requests-inflight=0",
                 "--profiling=false",
+                f"--audit-policy-file={audit_policy}",
+                f"--audit-log-path={self.audit_log}",
+                "--audit-log-format=json",
+                "--audit-log-mode=batch",
+                "--audit-log-batch-max-wait=1s",
+                "--audit-log-maxsize=512",
                 "--v=1",
             ],
         )
@@ -666,6 +723,15 @@ class LocalCluster:
                 self.api("POST", "/api/v1/nodes", {**node, "status": status})
             names.append(name)
         return names
+
+    def provide_volume(self, namespace: str, claim: str, size: str = "100Ti") -> str:
+        """A PersistentVolume reserved for claim `namespace/claim` (see `volume_manifest`). Idempotent;
+        returns its name."""
+        pv = volume_manifest(namespace, claim, size)
+        name = str(pv["metadata"]["name"])
+        if not self._exists(f"/api/v1/persistentvolumes/{name}"):
+            self.api("POST", "/api/v1/persistentvolumes", pv)
+        return name
 
     def delete_nodes(self, names: Iterable[str]) -> None:
         for name in names:

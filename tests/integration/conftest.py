@@ -157,3 +157,121 @@ def install_crds(kubectl: Kubectl) -> list[str]:
     for name in names:
         kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
     return names
+
+
+# -- the operator -------------------------------------------------------------------------------------------
+
+OPERATOR_TEST_SETTINGS = {
+    # Short enough for tests: unused engines go after 3 s, a failing build gets one retry.
+    "SPECDEPLOY_GC_GRACE_SECONDS": "3",
+    "SPECDEPLOY_BUILD_BACKOFF_LIMIT": "1",
+    "SPECDEPLOY_RESYNC_SECONDS": "60",
+}
+
+
+class OperatorProcess:
+    """`python -m specdeploy_operator` as a child process: the real operator, killable and restartable."""
+
+    def __init__(self, kubeconfig: Path, log_dir: Path, env: dict[str, str] | None = None) -> None:
+        from localcluster import free_port
+
+        self.kubeconfig = kubeconfig
+        self.log = log_dir / "operator.log"
+        self.env = {**os.environ, **OPERATOR_TEST_SETTINGS, **(env or {})}
+        self.health_port = free_port()
+        self.metrics_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        import sys
+
+        assert self.proc is None or self.proc.poll() is not None, "operator already running"
+        self.starts += 1
+        with self.log.open("ab") as log:
+            log.write(f"--- start {self.starts} ---\n".encode())
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "specdeploy_operator",
+                    f"--kubeconfig={self.kubeconfig}",
+                    f"--health-port={self.health_port}",
+                    f"--metrics-port={self.metrics_port}",
+                ],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        wait_for(self.healthy, timeout=60, what="operator liveness endpoint")
+
+    def healthy(self) -> bool:
+        import urllib.request
+
+        if self.proc is None or self.proc.poll() is not None:
+            raise AssertionError(f"operator exited:\n{self.log_tail()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as when a node dies."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+    def metrics(self) -> dict[str, float]:
+        """Prometheus samples `name{labels}` -> value."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        samples: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@pytest.fixture(scope="session")
+def operator(
+    local_cluster: LocalCluster | None, kubeconfig: Path, install_crds: list[str]
+) -> Iterator[OperatorProcess]:
+    """The operator, running for the whole session with cluster-admin rights (its own identity on the local
+    cluster, so the audit log holds exactly its requests)."""
+    if local_cluster is not None:
+        identity, log_dir = local_cluster.operator_kubeconfig, local_cluster.logs
+    else:
+        identity, log_dir = kubeconfig, Path(tempfile.mkdtemp(prefix="specdeploy-operator-"))
+    proc = OperatorProcess(identity, log_dir)
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+def provide_volume(kubectl: Kubectl, namespace: str, claim: str) -> None:
+    """A PersistentVolume reserved for `namespace/claim` (bound as soon as the claim exists)."""
+    import json
+
+    from localcluster import volume_manifest
+
+    kubectl("apply", "--server-side", "-f", "-", input=json.dumps(volume_manifest(namespace, claim)))

@@ -616,26 +616,6 @@ RULE_CASES = [
         "draft-fp8-plugins-need-fp8",
     ),
     Case(
-        "quantize-on-pytorch",
-        "eagle3",
-        _target(quantization={"format": "fp8"}),
-        "spec.target.quantization.format",
-        "target-quantization-needs-tensorrt",
-    ),
-    Case(
-        "draft-quantize-on-pytorch",
-        "draftTarget",
-        {
-            "spec": {
-                "backend": "pytorch",
-                "target": {"build": None, "quantization": None},
-                "draft": {"build": None},
-            }
-        },
-        "spec.draft.quantization.format",
-        "draft-quantization-needs-tensorrt",
-    ),
-    Case(
         "draft-len-above-max",
         "draftTarget",
         _speculative(draftLen=12),

@@ -261,13 +261,14 @@ def test_engine_build_rejects(patch: dict[str, Any], path: str) -> None:
     assert path in [error.path for error in validate_object(doc)[1]]
 
 
-def test_engine_hash_covers_the_engine_not_the_cache_or_credentials() -> None:
+def test_engine_hash_covers_the_engine_and_its_claim_not_the_path_or_credentials() -> None:
     spec = EngineBuildSpec.model_validate(engine_build()["spec"])
-    same = EngineBuildSpec.model_validate(
-        engine_build(cache={"pvcName": "other", "path": "x"}, model={"uri": spec.model.uri})["spec"]
-    )
+    cache = {"pvcName": spec.cache.pvc_name, "path": "x"}
+    same = EngineBuildSpec.model_validate(engine_build(cache=cache, model={"uri": spec.model.uri})["spec"])
     other = EngineBuildSpec.model_validate(engine_build(buildFlags=["--max_batch_size", "64"])["spec"])
+    elsewhere = EngineBuildSpec.model_validate(engine_build(cache={"pvcName": "other", "path": "x"})["spec"])
     assert spec.content_hash() == same.content_hash()
     assert spec.content_hash() != other.content_hash()
+    assert spec.content_hash() != elsewhere.content_hash(), "an engine in another claim is another artifact"
     assert len(spec.content_hash()) == 16
     assert int(spec.content_hash(), 16) >= 0

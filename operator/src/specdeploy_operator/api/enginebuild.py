@@ -79,8 +79,9 @@ class EngineBuildSpec(ApiModel):
     ]
     """The rendered `trtllm-build` arguments, without `--checkpoint_dir`, `--output_dir` and `--workers`."""
     hash: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,64}$")]
-    """Content hash over model, revision, role, parallelism, quantization, build flags, builder image and GPU
-    product: the engine's identity, computed by the operator (`EngineBuildSpec.content_hash()`)."""
+    """Content hash over model, revision, role, parallelism, quantization, build flags, builder image, GPU
+    product and cache claim: the engine's identity, computed by the operator
+    (`EngineBuildSpec.content_hash()`)."""
     builder_image: Annotated[str, StringConstraints(pattern=r"^\S+$", min_length=1, max_length=512)]
     """Image that runs the build; it pins the TensorRT-LLM version."""
     gpu_product: LabelValue
@@ -91,8 +92,10 @@ class EngineBuildSpec(ApiModel):
     def content_hash(self) -> str:
         """The hash this spec should carry: SHA-256 over everything that changes the engine, 16 hex digits."""
         content = self.to_dict()
-        for key in ("hash", "cache"):
-            content.pop(key, None)
+        content.pop("hash", None)
+        # The claim is part of the identity (an engine in another cache is another artifact); the path
+        # inside it is derived from the hash.
+        content["cache"].pop("path", None)
         # The credentials secret does not change the bytes of the engine.
         content["model"].pop("credentialsSecret", None)
         canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))

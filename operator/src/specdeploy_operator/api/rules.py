@@ -194,14 +194,6 @@ def _model_rules(role: Literal["target", "draft"]) -> list[Rule[SpeculativeDeplo
             ".build",
             fp8_plugins_ok,
         ),
-        rule(
-            "quantization-needs-tensorrt",
-            f"self.backend == 'tensorrt' || {m}.quantization.format == 'none'",
-            f"{path}.quantization.format must be none when spec.backend is pytorch "
-            "(the checkpoint is loaded as is: use a pre-quantized checkpoint, e.g. a ModelOpt FP8 one)",
-            ".quantization.format",
-            lambda s, model: s.backend == "tensorrt" or model.quantization.format == "none",
-        ),
     ]
 
 

@@ -388,6 +388,9 @@ class EngineRefs(ApiModel):
     """Engine of the target model."""
     draft: EngineRef | None = None
     """Engine of the draft model."""
+    previous: Annotated[list[DnsSubdomain], Field(max_length=32)] | None = None
+    """EngineBuilds this deployment used before, newest first, kept for rollback (the operator's
+    `keepPreviousEngines` per model); other unreferenced EngineBuilds are deleted after the grace period."""
 
 
 class SpeculativeDeploymentStatus(ApiModel):

@@ -2,12 +2,13 @@
 Names and ordering are deterministic, so a retry or a restart renders byte-identical objects."""
 
 from .common import FIELD_MANAGER, labels, owner_reference, selector_labels, selector_string
-from .engines import build_engine_builds, engine_build_name, needs_build
+from .engines import build_engine_builds, cache_pvc_name, engine_build_name, needs_build
 from .job import BuildCommands, build_commands, build_job, job_name
 from .render import dump_yaml, render_children
 from .serving import (
     build_cache_pvc,
     build_configmap,
+    build_default_cache_pvc,
     build_deployment,
     build_pdb,
     build_server_config,
@@ -26,12 +27,14 @@ __all__ = [
     "build_cache_pvc",
     "build_commands",
     "build_configmap",
+    "build_default_cache_pvc",
     "build_deployment",
     "build_engine_builds",
     "build_job",
     "build_pdb",
     "build_server_config",
     "build_service",
+    "cache_pvc_name",
     "device_placement",
     "dump_yaml",
     "endpoint",

@@ -6,10 +6,14 @@ import hashlib
 import json
 from typing import Any, Final
 
-from specdeploy_operator.api import EngineRole, ModelSpec, SpeculativeDeployment
+from specdeploy_operator.api import EngineRole, ModelSource, ModelSpec, SpeculativeDeployment
 
 from .common import (
+    COMPONENT_LABEL,
     ENGINE_HASHES_ANNOTATION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NAME_LABEL,
     deployment_owner,
     dns_label,
     labels,
@@ -26,6 +30,7 @@ __all__ = [
     "CONFIG_MOUNT",
     "build_cache_pvc",
     "build_configmap",
+    "build_default_cache_pvc",
     "build_deployment",
     "build_pdb",
     "build_server_config",
@@ -44,7 +49,7 @@ API_KEY_MOUNT: Final = "/var/run/secrets/specdeploy/api-key"
 CHAT_TEMPLATE_MOUNT: Final = "/etc/specdeploy/chat-template"
 MODELS_MOUNT: Final = "/models"
 _BACKENDS: Final = {"tensorrt": "trtllm-engine", "pytorch": "trtllm-llmapi"}
-_SERVER_METHODS: Final = ("draftTarget", "promptLookup", "none")
+_SERVER_METHODS: Final = ("draftTarget", "promptLookup", "eagle3", "mtp", "none")
 
 
 def _name(sdep: SpeculativeDeployment) -> str:
@@ -104,8 +109,26 @@ def _model_path(
     if sdep.spec.backend == "tensorrt":
         # Serving is rendered only once every engine exists; never fall back to the raw checkpoint.
         raise ValueError(f"no EngineBuild for the {role} engine: build the engines first")
-    _, path, _ = download_step(model.model, f"{MODELS_MOUNT}/{role}")
+    return _source_path(model.model, role)
+
+
+def _source_path(source: ModelSource, role: str) -> str:
+    """Where a checkpoint the pod loads directly is found: downloaded by an init container into
+    `/models/<role>`, or mounted from its claim at `/models/source-<role>`."""
+    _, path, _ = download_step(source, f"{MODELS_MOUNT}/{role}")
     return path.replace("/model-source", f"{MODELS_MOUNT}/source-{role}", 1)
+
+
+def _direct_sources(sdep: SpeculativeDeployment, built: set[str]) -> list[tuple[str, ModelSource]]:
+    """Checkpoints the serving pod loads as they are: models without an engine build, and the EAGLE-3
+    draft head."""
+    sources: list[tuple[str, ModelSource]] = [
+        (role, model.model) for role, model in engine_models(sdep) if role not in built
+    ]
+    eagle = sdep.spec.speculative.eagle
+    if sdep.spec.speculative.method == "eagle3" and eagle is not None:
+        sources.append(("eagle", eagle.model))
+    return sources
 
 
 def build_server_config(
@@ -121,6 +144,8 @@ def build_server_config(
     model: dict[str, Any] = {"target": _model_path(sdep, "target", spec.target, by_role, settings)}
     if spec.draft is not None:
         model["draft"] = _model_path(sdep, "draft", spec.draft, by_role, settings)
+    if spec.speculative.method == "eagle3" and spec.speculative.eagle is not None:
+        model["speculativeModel"] = _source_path(spec.speculative.eagle.model, "eagle")
     if "target" in by_role and spec.backend == "tensorrt":
         model["tokenizer"] = f"{model['target']}/tokenizer"
     model["servedModelName"] = spec.target.model.uri.rstrip("/").rsplit("/", 1)[-1]
@@ -150,6 +175,14 @@ def build_server_config(
         ("enableKvCacheReuse", rt.enable_kv_cache_reuse),
         ("enableChunkedContext", rt.enable_chunked_context),
         ("guaranteedNoEvict", rt.guaranteed_no_evict),
+        ("maxSeqLen", rt.max_seq_len),
+        ("kvCacheHostMemoryMegabytes", rt.kv_cache_host_memory_megabytes),
+        ("kvCacheOnboardBlocks", rt.kv_cache_onboard_blocks),
+        ("enableBatchSizeTuning", rt.enable_batch_size_tuning),
+        ("enableMaxNumTokensTuning", rt.enable_max_num_tokens_tuning),
+        ("crossKvCacheFraction", rt.cross_kv_cache_fraction),
+        ("secondaryOffloadMinPriority", rt.secondary_offload_min_priority),
+        ("eventBufferMaxSize", rt.event_buffer_max_size),
     ):
         if value is not None:
             runtime[key] = value
@@ -229,12 +262,10 @@ def _volumes(
         )
         mounts.append({"name": "engine-cache", "mountPath": settings.cache_mount_path, "readOnly": True})
     built = {engine["spec"]["role"] for engine in engines}
-    for role, model in engine_models(sdep):
-        if role in built:
-            continue
-        argv, _, env = download_step(model.model, f"{MODELS_MOUNT}/{role}")
+    for role, source in _direct_sources(sdep, built):
+        argv, _, env = download_step(source, f"{MODELS_MOUNT}/{role}")
         if argv is None:
-            claim = model.model.uri.removeprefix("pvc://").split("/", 1)[0]
+            claim = source.uri.removeprefix("pvc://").split("/", 1)[0]
             volumes.append(
                 {"name": f"source-{role}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
             )
@@ -253,11 +284,11 @@ def _volumes(
         if env:
             step["env"] = env
         step_mounts: list[dict[str, Any]] = [mount]
-        if model.model.credentials_secret:
+        if source.credentials_secret:
             volumes.append(
                 {
                     "name": f"credentials-{role}",
-                    "secret": {"secretName": model.model.credentials_secret, "defaultMode": 0o400},
+                    "secret": {"secretName": source.credentials_secret, "defaultMode": 0o400},
                 }
             )
             step_mounts.append(
@@ -408,6 +439,30 @@ def build_cache_pvc(
             sdep.metadata.namespace,
             labels(name, "engine-cache"),
             [deployment_owner(sdep)],
+        ),
+        "spec": claim,
+    }
+
+
+def build_default_cache_pvc(namespace: str, settings: OperatorSettings | None = None) -> dict[str, Any]:
+    """The operator's default engine-cache claim (`SPECDEPLOY_CACHE_PVC_NAME`) in `namespace`, created when a
+    deployment there leaves `spec.engineCache` unset and the claim does not exist yet. Shared by every such
+    deployment of the namespace, so it has no owner: deleting the namespace (or the claim) removes it."""
+    settings = settings or OperatorSettings()
+    claim: dict[str, Any] = {
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": settings.cache_size}},
+    }
+    if settings.cache_storage_class_name:
+        claim["storageClassName"] = settings.cache_storage_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": metadata(
+            settings.cache_pvc_name,
+            namespace,
+            {NAME_LABEL: "specdeploy", COMPONENT_LABEL: "engine-cache", MANAGED_BY_LABEL: MANAGED_BY},
+            [],
         ),
         "spec": claim,
     }

@@ -56,6 +56,11 @@ class OperatorSettings(BaseModel):
     startup_timeout_seconds: Annotated[int, Field(ge=10)] = 1800
     """How long a serving pod may take to load its engines before it is restarted
     (`SPECDEPLOY_STARTUP_TIMEOUT_SECONDS`)."""
+    resync_seconds: Annotated[float, Field(gt=0)] = 300.0
+    """How often the operator looks at every object again, as a safety net for missed events
+    (`SPECDEPLOY_RESYNC_SECONDS`); costs no API request when nothing changed."""
+    workers: Annotated[int, Field(ge=1, le=256)] = 8
+    """Objects reconciled concurrently (`SPECDEPLOY_WORKERS`)."""
     shm_size: str = "16Gi"
     """Size limit of the memory-backed `/dev/shm` of serving pods (`SPECDEPLOY_SHM_SIZE`)."""
 

@@ -1,0 +1,142 @@
+"""kopf registrations: indexes (the operator's read cache, filled from kopf's watches) and event handlers
+that only enqueue keys for the reconciler. No handler calls the API or waits.
+
+No handler needs a finalizer (no deletion handlers, no timers or daemons), so the operator being down
+never blocks a delete: children go through owner references, EngineBuilds through garbage collection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import kopf
+
+from specdeploy_operator.api import GROUP, VERSION
+from specdeploy_operator.builders.common import MANAGED_BY, MANAGED_BY_LABEL
+
+from .reconciler import Reconciler, owner_names
+
+__all__ = ["register"]
+
+MANAGED: Final = {MANAGED_BY_LABEL: MANAGED_BY}
+JOB_NAME_LABEL: Final = "job-name"
+INSTANCE_LABEL: Final = "app.kubernetes.io/instance"
+
+
+def _snapshot(body: Mapping[str, Any], *parts: str) -> dict[str, Any]:
+    """A plain copy of the parts of `body` the reconciler reads (kopf's bodies are views)."""
+    raw = dict(body)
+    out: dict[str, Any] = {"apiVersion": raw.get("apiVersion"), "kind": raw.get("kind")}
+    for part in parts:
+        if part in raw:
+            out[part] = _plain(raw[part])
+    return out
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _reconciler(memo: Any, kwargs: Mapping[str, Any]) -> Reconciler:
+    reconciler: Reconciler = memo.reconciler
+    reconciler.bind(kwargs)
+    return reconciler
+
+
+def _key(kw: Mapping[str, Any]) -> tuple[str, str]:
+    return (str(kw["namespace"]), str(kw["name"]))
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Register every index and handler of the operator in `registry`. Handlers take `**kw` (kopf passes
+    everything by keyword) and read what they need."""
+    sdep = (GROUP, VERSION, "speculativedeployments")
+    engine = (GROUP, VERSION, "enginebuilds")
+
+    # -- indexes: key -> snapshot -------------------------------------------------------------------------
+    def by_name(id_: str, group: str, version: str, plural: str, *parts: str, managed: bool = True) -> None:
+        labels = MANAGED if managed else None
+
+        @kopf.index(group, version, plural, id=id_, labels=labels, registry=registry)
+        async def index(**kw: Any) -> dict[Any, Any]:
+            return {_key(kw): _snapshot(kw["body"], *parts)}
+
+    by_name("sdeps", *sdep, "metadata", "spec", "status", managed=False)
+    by_name("enginebuilds", *engine, "metadata", "spec", "status", managed=False)
+    by_name("jobs", "batch", "v1", "jobs", "metadata", "status")
+    by_name("deployments", "apps", "v1", "deployments", "metadata", "spec", "status")
+    by_name("configmaps", "", "v1", "configmaps", "metadata")
+    by_name("services", "", "v1", "services", "metadata")
+    by_name("pdbs", "policy", "v1", "poddisruptionbudgets", "metadata")
+    # Every claim, not only ours: a user's claim named like the default one must not be overwritten.
+    by_name("pvcs", "", "v1", "persistentvolumeclaims", "metadata", managed=False)
+
+    @kopf.index("", "v1", "pods", id="pods", labels=MANAGED, registry=registry)
+    async def pods(**kw: Any) -> dict[Any, Any]:
+        """Build pods by Job, serving pods by deployment."""
+        labels: Mapping[str, str] = kw["labels"]
+        namespace = str(kw["namespace"])
+        if JOB_NAME_LABEL in labels:
+            key = (namespace, "job", labels[JOB_NAME_LABEL])
+        elif INSTANCE_LABEL in labels:
+            key = (namespace, "serving", labels[INSTANCE_LABEL])
+        else:
+            return {}
+        return {key: _snapshot(kw["body"], "metadata", "status")}
+
+    # -- events -> work queue -------------------------------------------------------------------------
+    @kopf.on.event(*sdep, registry=registry)
+    async def on_deployment(**kw: Any) -> None:
+        reconciler = _reconciler(kw["memo"], kw)
+        namespace, name = _key(kw)
+        if kw["type"] == "DELETED":
+            reconciler.deployment_deleted(namespace, name, _plain(kw["body"].get("status") or {}))
+        else:
+            reconciler.deployment_changed(namespace, name)
+
+    @kopf.on.event(*engine, registry=registry)
+    async def on_engine(**kw: Any) -> None:
+        _reconciler(kw["memo"], kw).engine_changed(*_key(kw))
+
+    @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, registry=registry)
+    async def on_job(**kw: Any) -> None:
+        reconciler = _reconciler(kw["memo"], kw)
+        for owner in owner_names(kw["body"], "EngineBuild"):
+            reconciler.engine_changed(str(kw["namespace"]), owner)
+
+    @kopf.on.event("", "v1", "pods", labels=MANAGED, registry=registry)
+    async def on_pod(**kw: Any) -> None:
+        reconciler = _reconciler(kw["memo"], kw)
+        labels: Mapping[str, str] = kw["labels"]
+        namespace = str(kw["namespace"])
+        if JOB_NAME_LABEL in labels:
+            for job in kw["jobs"].get((namespace, labels[JOB_NAME_LABEL]), ()):
+                for owner in owner_names(job, "EngineBuild"):
+                    reconciler.engine_changed(namespace, owner)
+        elif INSTANCE_LABEL in labels:
+            reconciler.deployment_changed(namespace, labels[INSTANCE_LABEL])
+
+    def owned_child(group: str, plural: str) -> None:
+        @kopf.on.event(group, "v1", plural, labels=MANAGED, id=f"on_{plural}", registry=registry)
+        async def on_child(**kw: Any) -> None:
+            reconciler = _reconciler(kw["memo"], kw)
+            for owner in owner_names(kw["body"], "SpeculativeDeployment"):
+                reconciler.deployment_changed(str(kw["namespace"]), owner)
+
+    for group, plural in (
+        ("apps", "deployments"),
+        ("", "configmaps"),
+        ("", "services"),
+        ("policy", "poddisruptionbudgets"),
+        ("", "persistentvolumeclaims"),
+    ):
+        owned_child(group, plural)
+
+    @kopf.on.cleanup(registry=registry)
+    async def stop(**kw: Any) -> None:
+        await kw["memo"].reconciler.stop()

@@ -1,0 +1,35 @@
+"""Prometheus metrics of the operator (served on `--metrics-port`, `/metrics`)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from prometheus_client import Counter, Gauge, Histogram
+
+API_REQUESTS: Final = Counter(
+    "specdeploy_operator_api_requests",
+    "Write requests the operator made to the API server (reads are kopf's watches).",
+    ["verb", "resource", "code"],
+)
+RECONCILES: Final = Counter(
+    "specdeploy_operator_reconciles",
+    "Reconciliations by object kind and result (ok, error).",
+    ["kind", "result"],
+)
+RECONCILE_SECONDS: Final = Histogram(
+    "specdeploy_operator_reconcile_seconds",
+    "Time one reconciliation took.",
+    ["kind"],
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10),
+)
+STATUS_WRITES: Final = Counter(
+    "specdeploy_operator_status_writes",
+    "Status subresource writes by kind (made only when the status changes).",
+    ["kind"],
+)
+APPLIES: Final = Counter(
+    "specdeploy_operator_applies",
+    "Server-side applies of children by kind (made only when the desired object changes).",
+    ["kind"],
+)
+QUEUE_DEPTH: Final = Gauge("specdeploy_operator_queue_depth", "Keys waiting in the work queue.")

@@ -1,0 +1,410 @@
+"""The operator against the real control plane: kwok completes build pods and runs serving pods.
+
+Every test applies SpeculativeDeployments with kubectl, as a user would, and watches what the running
+operator (`python -m specdeploy_operator`, a child process) does with them.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from localcluster import LocalCluster
+from specdeploy_operator.api import SpeculativeDeployment
+from specdeploy_operator.builders import OperatorSettings, build_engine_builds, build_job, job_name
+
+from .conftest import Kubectl, OperatorProcess, provide_volume, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+GROUP, VERSION = "specdeploy.dev", "v1alpha1"
+PHASE_ORDER = ["Pending", "Building", "Deploying", "Ready"]
+FAILING_IMAGE = "sim.specdeploy.dev/fail:latest"
+
+pytestmark = pytest.mark.usefixtures("operator")
+
+
+def load(path: Path) -> dict[str, Any]:
+    doc: dict[str, Any] = yaml.safe_load(path.read_text())
+    return doc
+
+
+def example(prefix: str) -> dict[str, Any]:
+    return load(next(p for p in EXAMPLES if p.name.startswith(prefix)))
+
+
+class Cluster:
+    """What a test needs: apply manifests, read objects, wait."""
+
+    def __init__(self, kubectl: Kubectl, api: client.ApiClient, namespace: str) -> None:
+        self.kubectl = kubectl
+        self.namespace = namespace
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
+        self.apps = client.AppsV1Api(api)
+        self.phases: dict[str, list[str]] = {}
+        provide_volume(kubectl, namespace, OperatorSettings().cache_pvc_name)
+
+    def apply(self, doc: dict[str, Any]) -> str:
+        doc = copy.deepcopy(doc)
+        doc["metadata"]["namespace"] = self.namespace
+        name = str(doc["metadata"]["name"])
+        if (doc["spec"].get("engineCache") or {}).get("size"):
+            provide_volume(self.kubectl, self.namespace, f"{name}-engine-cache")
+        for claim in sorted(set(re.findall(r"pvc://([a-z0-9-]+)/", json.dumps(doc)))):
+            self.model_store(claim)
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(doc))
+        return name
+
+    def model_store(self, claim: str) -> None:
+        """A user's claim holding checkpoints (`pvc://<claim>/...` sources), bound to a simulated volume."""
+        provide_volume(self.kubectl, self.namespace, claim)
+        pvc = {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": self.namespace},
+            "spec": {"accessModes": ["ReadOnlyMany"], "resources": {"requests": {"storage": "1Ti"}}},
+        }
+        self.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(pvc))
+
+    def sdep(self, name: str) -> dict[str, Any]:
+        obj: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "speculativedeployments", name
+        )
+        return obj
+
+    def status(self, name: str) -> dict[str, Any]:
+        status: dict[str, Any] = self.sdep(name).get("status") or {}
+        phase = status.get("phase")
+        seen = self.phases.setdefault(name, [])
+        if phase and (not seen or seen[-1] != phase):
+            seen.append(phase)
+        return status
+
+    def wait_phase(
+        self, name: str, phase: str, timeout: float = 90, since_generation: bool = True
+    ) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            status = self.status(name)
+            generation = self.sdep(name)["metadata"]["generation"]
+            current = not since_generation or status.get("observedGeneration") == generation
+            return status if status.get("phase") == phase and current else None
+
+        result: dict[str, Any] = wait_for(
+            reached, timeout=timeout, interval=0.2, what=f"{name} phase {phase}"
+        )
+        return result
+
+    def engine_builds(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.custom.list_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "enginebuilds"
+        )["items"]
+        return items
+
+    def jobs(self) -> list[Any]:
+        return list(self.batch.list_namespaced_job(self.namespace).items)
+
+    def pods(self, selector: str) -> list[Any]:
+        return list(self.core.list_namespaced_pod(self.namespace, label_selector=selector).items)
+
+    def patch(self, name: str, spec: dict[str, Any]) -> None:
+        self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "speculativedeployments", name, {"spec": spec}
+        )
+
+
+@pytest.fixture
+def cluster(kubectl: Kubectl, api_client: client.ApiClient, namespace: str) -> Cluster:
+    return Cluster(kubectl, api_client, namespace)
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == type_)
+
+
+def assert_phase_order(seen: list[str]) -> None:
+    order = [PHASE_ORDER.index(p) for p in seen if p in PHASE_ORDER]
+    assert order == sorted(order), f"phases went backwards: {seen}"
+
+
+# -- every example --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_goes_from_building_to_ready_with_its_jobs_gpus_and_endpoint(
+    cluster: Cluster, path: Path
+) -> None:
+    doc = load(path)
+    name = cluster.apply(doc)
+    status = cluster.wait_phase(name, "Ready", timeout=120)
+    assert_phase_order(cluster.phases[name])
+
+    sdep = SpeculativeDeployment.model_validate(cluster.sdep(name))
+    settings = OperatorSettings()
+    wanted = build_engine_builds(sdep, settings)
+    assert {e["metadata"]["name"] for e in cluster.engine_builds()} == {e["metadata"]["name"] for e in wanted}
+    if wanted:
+        assert "Building" in cluster.phases[name] or "Pending" in cluster.phases[name]
+    jobs = {job.metadata.name: job for job in cluster.jobs()}
+    for engine in wanted:
+        observed = next(
+            e for e in cluster.engine_builds() if e["metadata"]["name"] == engine["metadata"]["name"]
+        )
+        assert observed["status"]["phase"] == "Succeeded"
+        assert status["engines"][engine["spec"]["role"]]["name"] == engine["metadata"]["name"]
+        # The Job runs exactly the commands and GPU requests the builders render (held against the seeds
+        # in tests/unit/test_builders_seed.py), on the serving GPU product.
+        job = jobs[job_name(engine)]
+        expected = build_job(
+            {**engine, "metadata": {**engine["metadata"], "uid": observed["metadata"]["uid"]}}
+        )
+        template = job.spec.template.spec
+        assert [c.command for c in template.init_containers] == [
+            c["command"] for c in expected["spec"]["template"]["spec"]["initContainers"]
+        ]
+        assert template.node_selector == expected["spec"]["template"]["spec"]["nodeSelector"]
+        gpu_step = template.init_containers[-1]
+        tp_pp = engine["spec"]["parallelism"]
+        gpus = tp_pp.get("tensorParallel", 1) * tp_pp.get("pipelineParallel", 1)
+        assert gpu_step.resources.requests["nvidia.com/gpu"] == str(gpus)
+        assert job.metadata.owner_references[0].kind == "EngineBuild"
+
+    product = sdep.spec.placement.gpu_product or settings.default_gpu_product
+    pods = cluster.pods(status["selector"])
+    assert len(pods) == sdep.spec.replicas
+    for pod in pods:
+        node = cluster.core.read_node(pod.spec.node_name)
+        assert node.metadata.labels["nvidia.com/gpu.product"] == product
+        requests = pod.spec.containers[0].resources.requests
+        assert requests["nvidia.com/gpu"] == str(sdep.spec.gpus_per_replica)
+    assert status["endpoint"] == f"http://{name}.{cluster.namespace}.svc:{sdep.spec.serving.port}/v1"
+    assert status["readyReplicas"] == status["replicas"] == status["updatedReplicas"] == sdep.spec.replicas
+    assert status["readyText"] == f"{sdep.spec.replicas}/{sdep.spec.replicas}"
+    assert status["gpusPerReplica"] == sdep.spec.gpus_per_replica
+    assert condition(status, "Available")["status"] == "True"
+    assert condition(status, "EnginesReady")["status"] == "True"
+    assert condition(status, "Progressing")["reason"] == "RolloutComplete"
+    for kind in ("configmap", "service", "poddisruptionbudget", "deployment"):
+        out = cluster.kubectl(
+            "get",
+            kind,
+            "-n",
+            cluster.namespace,
+            "-l",
+            status["selector"],
+            "-o",
+            "json",
+            "--show-managed-fields",
+        )
+        items = json.loads(out.stdout)["items"]
+        assert items, f"no {kind} of {name}"
+        for item in items:
+            owner = item["metadata"]["ownerReferences"][0]
+            assert (owner["kind"], owner["name"], owner["controller"]) == (
+                "SpeculativeDeployment",
+                name,
+                True,
+            )
+            managers = {m["manager"] for m in item["metadata"]["managedFields"] if m["operation"] == "Apply"}
+            assert managers == {"specdeploy"}
+    events = cluster.core.list_namespaced_event(cluster.namespace).items
+    reasons = {e.reason for e in events if e.source and e.source.component == "specdeploy-operator"}
+    assert {"RolloutStarted", "RolloutFinished"} <= reasons
+    if wanted:
+        assert {"BuildStarted", "BuildSucceeded"} <= reasons
+
+
+# -- engines: sharing, no rebuild, rebuild ---------------------------------------------------------------
+
+
+def test_two_deployments_that_need_the_same_target_engine_share_one_build(cluster: Cluster) -> None:
+    first = example("02")
+    second = copy.deepcopy(first)
+    second["metadata"]["name"] = "second"
+    second["spec"]["speculative"]["method"] = "promptLookup"  # same target engine, no draft
+    second["spec"].pop("draft", None)
+    second["spec"]["speculative"].pop("draftLen", None)
+    second["spec"]["speculative"]["promptLookup"] = {"maxMatchingNgramSize": 2}
+    a, b = cluster.apply(first), cluster.apply(second)
+    status_a = cluster.wait_phase(a, "Ready")
+    status_b = cluster.wait_phase(b, "Ready")
+    assert status_a["engines"]["target"]["name"] == status_b["engines"]["target"]["name"]
+    targets = [e for e in cluster.engine_builds() if e["spec"]["role"] == "target"]
+    assert len(targets) == 1
+    target_jobs = [j for j in cluster.jobs() if j.metadata.labels["specdeploy.dev/engine-role"] == "target"]
+    assert len(target_jobs) == 1
+
+
+def test_changing_replicas_or_runtime_does_not_rebuild(cluster: Cluster) -> None:
+    name = cluster.apply(example("02"))
+    status = cluster.wait_phase(name, "Ready")
+    engines_before = {e["metadata"]["name"] for e in cluster.engine_builds()}
+    jobs_before = {j.metadata.name for j in cluster.jobs()}
+
+    cluster.patch(name, {"replicas": 2, "runtime": {"kvCacheFreeGpuMemFraction": 0.5, "maxBatchSize": 16}})
+    status = cluster.wait_phase(name, "Ready")
+    assert status["readyReplicas"] == 2
+    assert {e["metadata"]["name"] for e in cluster.engine_builds()} == engines_before
+    assert {j.metadata.name for j in cluster.jobs()} == jobs_before
+    assert "Building" not in cluster.phases[name][1:]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"target": {"quantization": {"format": "int8_sq"}}},
+        {"speculative": {"maxDraftLen": 8}},
+    ],
+    ids=["quantization-format", "max-draft-len"],
+)
+def test_changing_the_engine_builds_a_new_one_and_rolls_the_pods(
+    cluster: Cluster, change: dict[str, Any]
+) -> None:
+    doc = example("02")
+    name = cluster.apply(doc)
+    before = cluster.wait_phase(name, "Ready")
+    old_pods = {p.metadata.name for p in cluster.pods(before["selector"])}
+    old_target = before["engines"]["target"]["name"]
+
+    cluster.patch(name, change)
+    after = cluster.wait_phase(name, "Ready", timeout=120)
+    assert after["engines"]["target"]["name"] != old_target
+    assert old_target in after["engines"].get("previous", []), "the previous engine is kept for rollback"
+    assert "Building" in cluster.phases[name]
+    new_pods = {p.metadata.name for p in cluster.pods(after["selector"]) if not p.metadata.deletion_timestamp}
+    assert new_pods
+    assert not (new_pods & old_pods), "pods rolled over to the new engine"
+    hashes = {e["spec"]["hash"] for e in cluster.engine_builds() if e["spec"]["role"] == "target"}
+    template = cluster.apps.read_namespaced_deployment(name, cluster.namespace).spec.template
+    assert (
+        f"target={after['engines']['target']['hash']}"
+        in template.metadata.annotations["specdeploy.dev/engine-hashes"]
+    )
+    assert len(hashes) == 2
+
+
+# -- failures ------------------------------------------------------------------------------------------
+
+
+def test_failed_build_reports_the_pod_message_and_a_fixed_spec_recovers(cluster: Cluster) -> None:
+    doc = example("02")
+    doc["spec"]["images"] = {"builder": FAILING_IMAGE}
+    name = cluster.apply(doc)
+    status = cluster.wait_phase(name, "Failed", timeout=120)
+    engines = condition(status, "EnginesReady")
+    assert engines["reason"] == "BuildFailed"
+    assert f"simulated failure of image {FAILING_IMAGE}" in engines["message"]
+    failed = [e for e in cluster.engine_builds() if e["status"]["phase"] == "Failed"]
+    assert failed
+    assert all(e["status"]["attempts"] == 2 for e in failed), "one retry (backoffLimit 1)"
+    assert "BackoffLimitExceeded" in failed[0]["status"]["message"]
+
+    cluster.patch(name, {"images": {"builder": None}})
+    status = cluster.wait_phase(name, "Ready", timeout=120)
+    assert condition(status, "EnginesReady")["status"] == "True"
+
+
+def test_a_replica_that_does_not_fit_reports_unschedulable_with_the_scheduler_message(
+    cluster: Cluster,
+) -> None:
+    doc = example("04b")  # H200: one simulated node with 8 GPUs
+    doc["spec"]["replicas"] = 2
+    doc["spec"]["target"]["tensorParallel"] = 8
+    doc["spec"]["placement"]["draft"] = "colocated"
+    name = cluster.apply(doc)
+
+    def unschedulable() -> dict[str, Any] | None:
+        status = cluster.status(name)
+        degraded = next((c for c in status.get("conditions") or () if c["type"] == "Degraded"), None)
+        return status if degraded and degraded["reason"] == "Unschedulable" else None
+
+    status = wait_for(unschedulable, timeout=120, what="Unschedulable")
+    assert status["phase"] == "Degraded"
+    assert "Insufficient nvidia.com/gpu" in condition(status, "Degraded")["message"]
+    assert status["readyReplicas"] == 1
+
+    cluster.patch(name, {"replicas": 1})
+    cluster.wait_phase(name, "Ready")
+
+
+# -- scale, delete ---------------------------------------------------------------------------------------
+
+
+def test_kubectl_scale_reaches_the_deployment(cluster: Cluster) -> None:
+    name = cluster.apply(example("02"))
+    cluster.wait_phase(name, "Ready")
+    cluster.kubectl("scale", f"sdep/{name}", "-n", cluster.namespace, "--replicas=3")
+    status = cluster.wait_phase(name, "Ready")
+    assert status["replicas"] == status["readyReplicas"] == 3
+    assert cluster.apps.read_namespaced_deployment(name, cluster.namespace).spec.replicas == 3
+    scale = cluster.kubectl(
+        "get",
+        "--raw",
+        f"/apis/{GROUP}/{VERSION}/namespaces/{cluster.namespace}/speculativedeployments/{name}/scale",
+    ).stdout
+    assert json.loads(scale)["status"]["replicas"] == 3
+
+
+def test_deleting_a_deployment_removes_its_children_and_unused_engines(cluster: Cluster) -> None:
+    name = cluster.apply(example("02"))
+    status = cluster.wait_phase(name, "Ready")
+    assert cluster.engine_builds()
+    cluster.kubectl("delete", f"sdep/{name}", "-n", cluster.namespace, "--wait=true", "--timeout=30s")
+
+    def gone() -> bool:
+        ns = cluster.namespace
+        leftovers = (
+            cluster.apps.list_namespaced_deployment(ns).items
+            + cluster.core.list_namespaced_service(ns).items
+            + [
+                c
+                for c in cluster.core.list_namespaced_config_map(ns).items
+                if c.metadata.name != "kube-root-ca.crt"
+            ]
+            + cluster.pods(status["selector"])
+            + cluster.engine_builds()
+            + cluster.jobs()
+        )
+        return not leftovers
+
+    wait_for(gone, timeout=60, what="children and engines garbage-collected")
+
+
+def test_steady_state_makes_no_requests(
+    cluster: Cluster, operator: OperatorProcess, local_cluster: LocalCluster | None
+) -> None:
+    """Once Ready, nothing changes, so the operator writes nothing about this deployment (its own requests
+    are read from the API server's audit log; on an existing cluster, from the operator's metrics)."""
+    name = cluster.apply(example("01"))
+    cluster.wait_phase(name, "Ready")
+    time.sleep(3)  # let the last watch events arrive
+
+    def requests() -> float:
+        if local_cluster is not None:
+            return float(len(audit_entries(local_cluster, cluster.namespace)))
+        return sum(
+            v for k, v in operator.metrics().items() if k.startswith("specdeploy_operator_api_requests_total")
+        )
+
+    before = requests()
+    time.sleep(10)
+    assert requests() == before
+
+
+def audit_entries(local_cluster: LocalCluster, namespace: str) -> list[dict[str, Any]]:
+    """The operator's requests about objects in `namespace` (watches are cluster-wide and not included)."""
+    time.sleep(1.5)  # the audit backend writes in batches of at most 1 s
+    entries = []
+    for line in local_cluster.audit_log.read_text().splitlines():
+        entry = json.loads(line)
+        if (entry.get("objectRef") or {}).get("namespace") == namespace:
+            entries.append(entry)
+    return entries
