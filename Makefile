@@ -54,6 +54,10 @@ crds: venv ## regenerate crds/, the chart's crds/ and docs/api.md from the pydan
 bench-server: venv ## server benchmarks (orchestration, reference backend, HTTP streaming) -> docs/benchmarks-server.md
 	$(PY) -m benchmarks.server
 
+.PHONY: bench-operator
+bench-operator: venv bins ## operator at scale on its own simulated cluster (100 deployments, 2 min steady state) -> docs/benchmarks.md
+	$(PY) -m benchmarks.operator
+
 .PHONY: cluster-up
 cluster-up: venv bins ## start the local control plane + kwok GPU node pools; kubeconfig in .cluster/kubeconfig
 	$(PY) hack/cluster/localcluster.py up --dir $(CLUSTER_DIR) --nodepools $(NODEPOOLS)
