@@ -756,9 +756,24 @@ class LocalCluster:
             time.sleep(0.2)
         raise ClusterError(f"nodes not Ready after {timeout:.0f}s: {pending}\n{self._log_tail('kwok')}")
 
+    def _stop_client(self, name: str) -> None:
+        """Stop a process started against this cluster by someone else (`pids/<name>`: its pid, the leader
+        of its own session), if it is still the same process."""
+        try:
+            pid = int((self.pids / name).read_text().split(":")[0])
+        except (OSError, ValueError):
+            return
+        if _pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGTERM)
+            if not _wait_gone([pid], 15.0):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+
     def down(self, timeout: float = 15.0) -> None:
         """Stop every process of this cluster (process groups), wait for them, remove its state."""
         running = self._running()
+        self._stop_client("operator")  # `make demo` leaves the operator running against this cluster
         # Everything that talks to etcd first, then etcd: an apiserver that loses etcd mid-shutdown hangs.
         waves = [[n for n in COMPONENTS if n != "etcd"], ["etcd"]]
         for wave in waves:

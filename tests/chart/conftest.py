@@ -1,8 +1,8 @@
 """Fixtures of the Helm chart tests.
 
 The offline tests (lint, template, schema, Dockerfiles) need only the `helm` binary the cluster harness
-builds; the tests marked ``integration`` reuse the real-cluster fixtures of tests/integration/conftest.py
-(imported here, so they are the same functions: a private local cluster, or ``USE_EXISTING_CLUSTER=1``)."""
+builds; the tests marked ``integration`` use the real-cluster fixtures of tests/conftest.py (the same
+session cluster as tests/integration: a private local cluster, or ``USE_EXISTING_CLUSTER=1``)."""
 
 from __future__ import annotations
 
@@ -17,28 +17,11 @@ import pytest
 import yaml
 from localcluster import LocalCluster
 
-from tests.integration.conftest import (
-    api_client,
-    core,
-    kubeconfig,
-    kubectl,
-    kubectl_bin,
-    local_cluster,
-    namespace,
-)
-
 __all__ = [
     "CHART",
     "KUBE_VERSION",
     "REPO",
     "Helm",
-    "api_client",
-    "core",
-    "kubeconfig",
-    "kubectl",
-    "kubectl_bin",
-    "local_cluster",
-    "namespace",
     "render",
 ]
 

@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from tests.chart.conftest import CHART, REPO, Helm
-from tests.integration.conftest import Kubectl, wait_for
+from tests.conftest import Kubectl, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from specdeploy_operator.api import EngineBuild, SpeculativeDeployment, parse_object
 
-from tests.integration.conftest import Kubectl
+from tests.conftest import Kubectl
 from tests.unit.api_cases import BASES, INVALID_CASES, Case
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("install_crds")]

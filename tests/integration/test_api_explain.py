@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from specdeploy_operator.crdgen import KINDS, custom_resource_definition
 
-from tests.integration.conftest import Kubectl, wait_for
+from tests.conftest import Kubectl, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("install_crds")]
 

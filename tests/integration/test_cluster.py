@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.integration.conftest import Kubectl, wait_for
+from tests.conftest import Kubectl, wait_for
 
 H100 = "NVIDIA-H100-80GB-HBM3"
 H200 = "NVIDIA-H200"

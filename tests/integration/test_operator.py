@@ -10,6 +10,7 @@ import copy
 import json
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,14 @@ from localcluster import LocalCluster
 from specdeploy_operator.api import SpeculativeDeployment
 from specdeploy_operator.builders import OperatorSettings, build_engine_builds, build_job, job_name
 
-from .conftest import Kubectl, OperatorProcess, provide_volume, wait_for
+from tests.conftest import (
+    OPERATOR_NAMESPACE_PREFIX,
+    Kubectl,
+    OperatorProcess,
+    fresh_namespace,
+    provide_volume,
+    wait_for,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
@@ -122,8 +130,10 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(kubectl: Kubectl, api_client: client.ApiClient, namespace: str) -> Cluster:
-    return Cluster(kubectl, api_client, namespace)
+def cluster(kubectl: Kubectl, api_client: client.ApiClient) -> Iterator[Cluster]:
+    """A fresh namespace the session's operator watches."""
+    with fresh_namespace(client.CoreV1Api(api_client), OPERATOR_NAMESPACE_PREFIX) as namespace:
+        yield Cluster(kubectl, api_client, namespace)
 
 
 def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
@@ -229,23 +239,22 @@ def test_two_deployments_that_need_the_same_target_engine_share_one_build(cluste
     first = example("02")
     second = copy.deepcopy(first)
     second["metadata"]["name"] = "second"
-    second["spec"]["speculative"]["method"] = "promptLookup"  # same target engine, no draft
-    second["spec"].pop("draft", None)
-    second["spec"]["speculative"].pop("draftLen", None)
-    second["spec"]["speculative"]["promptLookup"] = {"maxMatchingNgramSize": 2}
+    second["spec"]["draft"]["model"]["uri"] = "hf://meta-llama/Llama-3.2-3B-Instruct"  # another draft
     a, b = cluster.apply(first), cluster.apply(second)
     status_a = cluster.wait_phase(a, "Ready")
     status_b = cluster.wait_phase(b, "Ready")
     assert status_a["engines"]["target"]["name"] == status_b["engines"]["target"]["name"]
-    targets = [e for e in cluster.engine_builds() if e["spec"]["role"] == "target"]
-    assert len(targets) == 1
-    target_jobs = [j for j in cluster.jobs() if j.metadata.labels["specdeploy.dev/engine-role"] == "target"]
-    assert len(target_jobs) == 1
+    assert status_a["engines"]["draft"]["name"] != status_b["engines"]["draft"]["name"]
+    roles = sorted(e["spec"]["role"] for e in cluster.engine_builds())
+    assert roles == ["draft", "draft", "target"]
+    job_roles = sorted(j.metadata.labels["specdeploy.dev/engine-role"] for j in cluster.jobs())
+    assert job_roles == ["draft", "draft", "target"], "one build of the shared target"
 
 
 def test_changing_replicas_or_runtime_does_not_rebuild(cluster: Cluster) -> None:
     name = cluster.apply(example("02"))
     status = cluster.wait_phase(name, "Ready")
+    seen = len(cluster.phases[name])
     engines_before = {e["metadata"]["name"] for e in cluster.engine_builds()}
     jobs_before = {j.metadata.name for j in cluster.jobs()}
 
@@ -254,13 +263,19 @@ def test_changing_replicas_or_runtime_does_not_rebuild(cluster: Cluster) -> None
     assert status["readyReplicas"] == 2
     assert {e["metadata"]["name"] for e in cluster.engine_builds()} == engines_before
     assert {j.metadata.name for j in cluster.jobs()} == jobs_before
-    assert "Building" not in cluster.phases[name][1:]
+    assert "Building" not in cluster.phases[name][seen:]
 
 
 @pytest.mark.parametrize(
     "change",
     [
-        {"target": {"quantization": {"format": "int8_sq"}}},
+        # The example's FP8 GEMM plugins need FP8 weights: a user switching to INT8 SmoothQuant drops them.
+        {
+            "target": {
+                "quantization": {"format": "int8_sq"},
+                "build": {"gemmPlugin": "auto", "gemmSwigluPlugin": None, "useFp8ContextFmha": None},
+            }
+        },
         {"speculative": {"maxDraftLen": 8}},
     ],
     ids=["quantization-format", "max-draft-len"],
@@ -324,9 +339,10 @@ def test_a_replica_that_does_not_fit_reports_unschedulable_with_the_scheduler_me
     def unschedulable() -> dict[str, Any] | None:
         status = cluster.status(name)
         degraded = next((c for c in status.get("conditions") or () if c["type"] == "Degraded"), None)
-        return status if degraded and degraded["reason"] == "Unschedulable" else None
+        stuck = degraded is not None and degraded["reason"] == "Unschedulable"
+        return status if stuck and status.get("readyReplicas") == 1 else None
 
-    status = wait_for(unschedulable, timeout=120, what="Unschedulable")
+    status = wait_for(unschedulable, timeout=120, what="one replica Ready, the other Unschedulable")
     assert status["phase"] == "Degraded"
     assert "Insufficient nvidia.com/gpu" in condition(status, "Degraded")["message"]
     assert status["readyReplicas"] == 1

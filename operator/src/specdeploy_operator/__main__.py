@@ -16,6 +16,7 @@ import asyncio
 import json
 import logging
 import os
+import secrets
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -89,6 +90,9 @@ def build_settings(settings: kopf.OperatorSettings, peering: str | None) -> None
         settings.peering.name = peering
         settings.peering.mandatory = True
         settings.peering.standalone = False
+        # kopf lets the highest priority work and pauses the others; equal priorities would all work at
+        # once. A random one per process makes exactly one replica active, the others standbys.
+        settings.peering.priority = secrets.randbelow(1_000_000) + 1
     else:
         settings.peering.standalone = True
 

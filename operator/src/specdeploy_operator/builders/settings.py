@@ -21,10 +21,12 @@ class OperatorSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    server_image: str = "ghcr.io/specdeploy/server:latest"
-    """Inference server image (`SPECDEPLOY_SERVER_IMAGE`), unless `spec.images.server` is set."""
-    builder_image: str = "ghcr.io/specdeploy/builder:latest"
-    """Download/quantize/build image (`SPECDEPLOY_BUILDER_IMAGE`), unless `spec.images.builder` is set."""
+    server_image: str = "ghcr.io/specdeploy/server:0.1.0"
+    """Inference server image (`SPECDEPLOY_SERVER_IMAGE`, built from Dockerfile.server), unless
+    `spec.images.server` is set."""
+    builder_image: str = "ghcr.io/specdeploy/server:0.1.0"
+    """Download/quantize/build image (`SPECDEPLOY_BUILDER_IMAGE`), unless `spec.images.builder` is set: the
+    server image, which carries TensorRT-LLM's quantize.py, convert_checkpoint.py and trtllm-build."""
     cache_pvc_name: str = "specdeploy-engine-cache"
     """Engine-cache claim used when `spec.engineCache` is unset (`SPECDEPLOY_CACHE_PVC_NAME`)."""
     cache_storage_class_name: str | None = None

@@ -1,4 +1,4 @@
-"""Fixtures for tests against a real Kubernetes API.
+"""Fixtures for tests against a real Kubernetes API (tests/integration, and the chart's cluster tests).
 
 By default a session starts its own local control plane (etcd, kube-apiserver, controller-manager, scheduler,
 kwok with the default GPU node pools) in a temporary directory and stops it at the end. With
@@ -10,6 +10,7 @@ Nothing here mocks the Kubernetes API.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from localcluster import LocalCluster
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 CRDS = REPO / "crds"
 
 
@@ -36,8 +37,9 @@ class Kubectl(Protocol):
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Everything under tests/integration needs the cluster (elsewhere, tests mark themselves)."""
     for item in items:
-        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent):
+        if Path(str(item.fspath)).is_relative_to(Path(__file__).parent / "integration"):
             item.add_marker(pytest.mark.integration)
 
 
@@ -120,10 +122,10 @@ def core(api_client: client.ApiClient) -> client.CoreV1Api:
     return client.CoreV1Api(api_client)
 
 
-@pytest.fixture
-def namespace(core: client.CoreV1Api) -> Iterator[str]:
-    """A fresh namespace (with its default ServiceAccount ready), deleted after the test."""
-    name = f"t-{uuid.uuid4().hex[:10]}"
+@contextlib.contextmanager
+def fresh_namespace(core: client.CoreV1Api, prefix: str = "t") -> Iterator[str]:
+    """A fresh namespace `<prefix>-<random>` (with its default ServiceAccount ready), deleted afterwards."""
+    name = f"{prefix}-{uuid.uuid4().hex[:10]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
 
     def has_default_sa() -> bool:
@@ -136,12 +138,21 @@ def namespace(core: client.CoreV1Api) -> Iterator[str]:
         return True
 
     wait_for(has_default_sa, timeout=30, what=f"default ServiceAccount in {name}")
-    yield name
     try:
-        core.delete_namespace(name)
-    except ApiException as err:
-        if err.status != 404:
-            raise
+        yield name
+    finally:
+        try:
+            core.delete_namespace(name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
+
+
+@pytest.fixture
+def namespace(core: client.CoreV1Api) -> Iterator[str]:
+    """A fresh namespace `t-<random>`, deleted after the test."""
+    with fresh_namespace(core) as name:
+        yield name
 
 
 @pytest.fixture(scope="session")
@@ -167,6 +178,10 @@ OPERATOR_TEST_SETTINGS = {
     "SPECDEPLOY_BUILD_BACKOFF_LIMIT": "1",
     "SPECDEPLOY_RESYNC_SECONDS": "60",
 }
+
+
+OPERATOR_NAMESPACE_PREFIX = "op"
+"""Namespaces the session's operator watches (`op-*`)."""
 
 
 class OperatorProcess:
@@ -262,7 +277,10 @@ def operator(
         identity, log_dir = local_cluster.operator_kubeconfig, local_cluster.logs
     else:
         identity, log_dir = kubeconfig, Path(tempfile.mkdtemp(prefix="specdeploy-operator-"))
-    proc = OperatorProcess(identity, log_dir)
+    # Only the operator tests' namespaces: other tests (the chart's RBAC proof) run operators of their own.
+    proc = OperatorProcess(
+        identity, log_dir, env={"SPECDEPLOY_WATCH_NAMESPACES": f"{OPERATOR_NAMESPACE_PREFIX}-*"}
+    )
     proc.start()
     yield proc
     proc.stop()
