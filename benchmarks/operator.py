@@ -34,7 +34,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -46,7 +45,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack" / "cluster"))
 
-from localcluster import LocalCluster, NodePool, free_port, load_nodepools, volume_manifest  # noqa: E402
+from localcluster import LocalCluster, NodePool, load_nodepools, volume_manifest  # noqa: E402
+from operatorproc import OperatorProcess  # noqa: E402
 from specdeploy_operator.api import SpeculativeDeployment  # noqa: E402
 from specdeploy_operator.builders import (  # noqa: E402
     OperatorSettings,
@@ -296,66 +296,6 @@ def sdep_describe(obj: dict[str, Any]) -> str:
 
 
 # -- the operator -------------------------------------------------------------------------------------------
-
-
-class OperatorProcess:
-    """`python -m specdeploy_operator` as a child process, with its liveness and metrics endpoints (the
-    integration tests have the same harness; this copy keeps the benchmark independent of pytest)."""
-
-    def __init__(self, kubeconfig: Path, log_dir: Path, env: Mapping[str, str]) -> None:
-        self.kubeconfig = kubeconfig
-        self.log = log_dir / "operator.log"
-        self.env = {**os.environ, **env}
-        self.health_port = free_port()
-        self.metrics_port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "specdeploy_operator",
-                    f"--kubeconfig={self.kubeconfig}",
-                    f"--health-port={self.health_port}",
-                    f"--metrics-port={self.metrics_port}",
-                ],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        wait(self.healthy, 60, "the operator's liveness endpoint")
-
-    def healthy(self) -> bool:
-        if self.proc is None or self.proc.poll() is not None:
-            raise RuntimeError(f"the operator exited; see {self.log}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-    def metrics(self) -> dict[str, float]:
-        """Prometheus samples `name{labels}` -> value."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        samples: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
 
 
 # -- request accounting -----------------------------------------------------------------------------------

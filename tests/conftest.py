@@ -25,6 +25,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from localcluster import LocalCluster
+from operatorproc import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[1]
 CRDS = REPO / "crds"
@@ -184,89 +185,6 @@ OPERATOR_NAMESPACE_PREFIX = "op"
 """Namespaces the session's operator watches (`op-*`)."""
 
 
-class OperatorProcess:
-    """`python -m specdeploy_operator` as a child process: the real operator, killable and restartable."""
-
-    def __init__(self, kubeconfig: Path, log_dir: Path, env: dict[str, str] | None = None) -> None:
-        from localcluster import free_port
-
-        self.kubeconfig = kubeconfig
-        self.log = log_dir / "operator.log"
-        self.env = {**os.environ, **OPERATOR_TEST_SETTINGS, **(env or {})}
-        self.health_port = free_port()
-        self.metrics_port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def start(self) -> None:
-        import sys
-
-        assert self.proc is None or self.proc.poll() is not None, "operator already running"
-        self.starts += 1
-        with self.log.open("ab") as log:
-            log.write(f"--- start {self.starts} ---\n".encode())
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "specdeploy_operator",
-                    f"--kubeconfig={self.kubeconfig}",
-                    f"--health-port={self.health_port}",
-                    f"--metrics-port={self.metrics_port}",
-                ],
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        wait_for(self.healthy, timeout=60, what="operator liveness endpoint")
-
-    def healthy(self) -> bool:
-        import urllib.request
-
-        if self.proc is None or self.proc.poll() is not None:
-            raise AssertionError(f"operator exited:\n{self.log_tail()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-
-    def kill(self) -> None:
-        """SIGKILL: no cleanup, as when a node dies."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-    def metrics(self) -> dict[str, float]:
-        """Prometheus samples `name{labels}` -> value."""
-        import urllib.request
-
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        samples: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
-        return samples
-
-    def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-
 @pytest.fixture(scope="session")
 def operator(
     local_cluster: LocalCluster | None, kubeconfig: Path, install_crds: list[str]
@@ -278,9 +196,8 @@ def operator(
     else:
         identity, log_dir = kubeconfig, Path(tempfile.mkdtemp(prefix="specdeploy-operator-"))
     # Only the operator tests' namespaces: other tests (the chart's RBAC proof) run operators of their own.
-    proc = OperatorProcess(
-        identity, log_dir, env={"SPECDEPLOY_WATCH_NAMESPACES": f"{OPERATOR_NAMESPACE_PREFIX}-*"}
-    )
+    env = {**OPERATOR_TEST_SETTINGS, "SPECDEPLOY_WATCH_NAMESPACES": f"{OPERATOR_NAMESPACE_PREFIX}-*"}
+    proc = OperatorProcess(identity, log_dir, env=env)
     proc.start()
     yield proc
     proc.stop()

@@ -7,7 +7,9 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from tests.conftest import OperatorProcess, wait_for
+from operatorproc import OperatorProcess
+
+from tests.conftest import wait_for
 
 from .test_operator import Cluster, cluster, example
 
@@ -48,7 +50,7 @@ def test_operator_killed_at_any_point_converges_without_duplicates(
         for name in names:
             cluster.wait_phase(name, "Ready", timeout=120)
     finally:
-        if operator.proc is None or operator.proc.poll() is not None:
+        if not operator.running:
             operator.start()
 
     assert operator.starts >= 5
