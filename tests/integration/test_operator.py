@@ -18,13 +18,13 @@ import pytest
 import yaml
 from kubernetes import client
 from localcluster import LocalCluster
+from operatorproc import OperatorProcess
 from specdeploy_operator.api import SpeculativeDeployment
 from specdeploy_operator.builders import OperatorSettings, build_engine_builds, build_job, job_name
 
 from tests.conftest import (
     OPERATOR_NAMESPACE_PREFIX,
     Kubectl,
-    OperatorProcess,
     fresh_namespace,
     provide_volume,
     wait_for,
@@ -304,6 +304,23 @@ def test_changing_the_engine_builds_a_new_one_and_rolls_the_pods(
         in template.metadata.annotations["specdeploy.dev/engine-hashes"]
     )
     assert len(hashes) == 2
+
+
+def test_pytorch_backend_with_quantization_builds_a_checkpoint_once_and_serves_it(cluster: Cluster) -> None:
+    doc = example("06")
+    doc["spec"]["target"]["quantization"] = {"format": "fp8"}
+    name = cluster.apply(doc)
+    status = cluster.wait_phase(name, "Ready", timeout=120)
+    (engine,) = cluster.engine_builds()
+    assert engine["spec"]["role"] == "target"
+    assert engine["spec"]["buildFlags"] == []
+    assert status["engines"]["target"]["name"] == engine["metadata"]["name"]
+    (job,) = cluster.jobs()
+    steps = [c.name for c in job.spec.template.spec.init_containers]
+    assert steps == ["quantize"], "a quantized checkpoint, no trtllm-build"
+    pod = cluster.pods(status["selector"])[0]
+    mounts = {m.name: m.mount_path for m in pod.spec.containers[0].volume_mounts}
+    assert mounts["engine-cache"] == OperatorSettings().cache_mount_path
 
 
 # -- failures ------------------------------------------------------------------------------------------
