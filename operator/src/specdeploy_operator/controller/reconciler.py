@@ -20,7 +20,7 @@ from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
-from specdeploy_operator.api import SpeculativeDeployment
+from specdeploy_operator.api import API_VERSION, SpeculativeDeployment
 from specdeploy_operator.builders import (
     OperatorSettings,
     build_cache_pvc,
@@ -58,7 +58,6 @@ APPLIED_HASH_ANNOTATION: Final = "specdeploy.dev/applied-hash"
 """Hash of the object as the operator last rendered it: equal hash, nothing to apply."""
 UNREFERENCED_ANNOTATION: Final = "specdeploy.dev/unreferenced-since"
 """When an EngineBuild stopped being used by any deployment (garbage collection after the grace period)."""
-API_VERSION: Final = "specdeploy.dev/v1alpha1"
 RECENT_WRITE_TTL: Final = 30.0
 
 Key = tuple[Literal["sdep", "engine"], str, str]
@@ -250,6 +249,10 @@ class Reconciler:
         del self._recent[key]
         return False
 
+    def _forget(self, what: str, obj: Obj) -> None:
+        meta = obj["metadata"]
+        self._recent.pop((what, obj["kind"], meta.get("namespace") or "", meta["name"]), None)
+
     def _remember(self, what: str, obj: Obj, observed: Obj | None, value: Any) -> None:
         meta = obj["metadata"]
         key = (what, obj["kind"], meta.get("namespace") or "", meta["name"])
@@ -264,9 +267,15 @@ class Reconciler:
             return observed, False
         if self._wrote_already("apply", rendered, observed, digest):
             return observed or rendered, False
-        metrics.APPLIES.labels(desired["kind"]).inc()
-        result = await self.kube.apply(rendered)
+        # Remembered before the request: deployments that share a new EngineBuild (or the default claim) are
+        # reconciled concurrently, and only the first of them needs to apply it.
         self._remember("apply", rendered, observed, digest)
+        metrics.APPLIES.labels(desired["kind"]).inc()
+        try:
+            result = await self.kube.apply(rendered)
+        except BaseException:
+            self._forget("apply", rendered)
+            raise
         log.info("applied", extra={"object": str(ref_of(rendered)), "hash": digest})
         return result, True
 
@@ -480,18 +489,11 @@ class Reconciler:
         job_key = (namespace, job_name(dict(body)))
         job = _one(self.indices["jobs"], job_key)
         if job is None and previous.get("phase") != "Failed":
-            job, _ = await self._ensure(build_job(self._with_defaults(body), self.settings), None)
+            job, _ = await self._ensure(build_job(dict(body), self.settings), None)
         pods = _all(self.indices["pods"], (namespace, "job", job_key[1]))
         status = engine_build_status(job, pods, previous, self.clock())
         await self._write_status(body, previous, status)
         return None
-
-    @staticmethod
-    def _with_defaults(body: Obj) -> dict[str, Any]:
-        engine = {"apiVersion": body.get("apiVersion", API_VERSION), "kind": "EngineBuild"}
-        engine["metadata"] = dict(body["metadata"])
-        engine["spec"] = dict(body["spec"])
-        return engine
 
     async def _collect_garbage(self, body: Obj) -> float | None:
         """None when the EngineBuild is in use; otherwise seconds until it may be deleted (0: deleted now).

@@ -167,11 +167,8 @@ def engine_build_status(
     status: dict[str, Any] = {"phase": phase}
     if name:
         status["jobName"] = name
-    attempts = sum(int(job_status.get(k) or 0) for k in ("active", "failed", "succeeded"))
     if job is not None:
-        status["attempts"] = max(
-            attempts, int(previous.get("attempts") or 0) if phase != "Pending" else attempts
-        )
+        status["attempts"] = sum(int(job_status.get(k) or 0) for k in ("active", "failed", "succeeded"))
     if job_status.get("startTime"):
         status["startTime"] = job_status["startTime"]
     if phase == "Succeeded" and job_status.get("completionTime"):
