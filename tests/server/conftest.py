@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -42,3 +44,20 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
         shape=TinyLlama(hidden_size=32, layers=1, heads=2, kv_heads=1),
     )
     return TinyModels(tokenizer, target, same, unrelated)
+
+
+def hf_greedy_outputs(model_dir: Path, prompts: Sequence[str], max_tokens: int) -> list[list[int]]:
+    """What transformers' own generate() produces greedily for `model_dir`, prompt by prompt: the reference
+    the greedy-equivalence tests compare every backend with."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok: Any = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
+    model.eval()
+    out = []
+    with torch.inference_mode():
+        for prompt in prompts:
+            ids = tok(prompt, return_tensors="pt").input_ids
+            gen = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
+            out.append(gen[0, ids.shape[1] :].tolist())
+    return out

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from specdeploy_server import testing
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.backends.reference import ReferenceDraftExecutor, ReferenceTargetExecutor
@@ -16,9 +15,8 @@ from specdeploy_server.core.drafters import DraftModelDrafter
 from specdeploy_server.core.scheduler import GlobalStats
 from specdeploy_server.core.types import SamplingParams
 from specdeploy_server.engine import Engine
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.server.conftest import TinyModels
+from tests.server.conftest import TinyModels, hf_greedy_outputs
 
 MAX_TOKENS = 24
 PROMPTS = testing.prompts(50, seed=7)
@@ -27,16 +25,7 @@ PROMPTS = testing.prompts(50, seed=7)
 @pytest.fixture(scope="module")
 def hf_greedy(tiny_models: TinyModels) -> list[list[int]]:
     """What transformers' own generate() produces for the target, prompt by prompt."""
-    tok: Any = AutoTokenizer.from_pretrained(str(tiny_models.target), local_files_only=True)
-    model: Any = AutoModelForCausalLM.from_pretrained(str(tiny_models.target), local_files_only=True)
-    model.eval()
-    out = []
-    with torch.inference_mode():
-        for prompt in PROMPTS:
-            ids = tok(prompt, return_tensors="pt").input_ids
-            gen = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)
-            out.append(gen[0, ids.shape[1] :].tolist())
-    return out
+    return hf_greedy_outputs(tiny_models.target, PROMPTS, MAX_TOKENS)
 
 
 def _run(config: dict[str, Any]) -> tuple[list[list[int]], GlobalStats]:

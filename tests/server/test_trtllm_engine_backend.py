@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx
 import pytest
-import torch
 from specdeploy_server import testing
 from specdeploy_server.api.app import create_app
 from specdeploy_server.backends.errors import BackendUnavailableError
@@ -23,9 +22,8 @@ from specdeploy_server.core.executors import VerifyRequest
 from specdeploy_server.core.scheduler import GlobalStats
 from specdeploy_server.core.types import Proposal, SamplingParams, SequenceState
 from specdeploy_server.engine import Engine
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tests.server.conftest import TinyModels, run_live
+from tests.server.conftest import TinyModels, hf_greedy_outputs, run_live
 from tests.server.trtllm_double import DoubleState, trtllm_double, write_engine
 
 __all__ = ["trtllm_double"]
@@ -36,16 +34,7 @@ PROMPTS = testing.prompts(12, seed=11)
 
 @pytest.fixture(scope="module")
 def hf_greedy(tiny_models: TinyModels) -> list[list[int]]:
-    tok: Any = AutoTokenizer.from_pretrained(str(tiny_models.target), local_files_only=True)
-    model: Any = AutoModelForCausalLM.from_pretrained(str(tiny_models.target), local_files_only=True)
-    model.eval()
-    out = []
-    with torch.inference_mode():
-        for prompt in PROMPTS:
-            ids = tok(prompt, return_tensors="pt").input_ids
-            gen = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)
-            out.append(gen[0, ids.shape[1] :].tolist())
-    return out
+    return hf_greedy_outputs(tiny_models.target, PROMPTS, MAX_TOKENS)
 
 
 def _engines(
