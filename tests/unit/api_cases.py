@@ -378,6 +378,36 @@ SCHEMA_CASES = [
         "spec.autoscaling.metric",
     ),
     Case(
+        "autoscaling-engine-unknown",
+        "none",
+        _spec(autoscaling={"maxReplicas": 4, "engine": "vpa"}),
+        "spec.autoscaling.engine",
+    ),
+    Case(
+        "autoscaling-scale-down-window-too-long",
+        "none",
+        _spec(autoscaling={"maxReplicas": 4, "scaleDown": {"stabilizationWindowSeconds": 7200}}),
+        "spec.autoscaling.scaleDown.stabilizationWindowSeconds",
+    ),
+    Case(
+        "autoscaling-target-not-positive",
+        "none",
+        _spec(autoscaling={"maxReplicas": 4, "target": 0}),
+        "spec.autoscaling.target",
+    ),
+    Case(
+        "autoscaling-keda-address-not-url",
+        "none",
+        _spec(autoscaling={"maxReplicas": 4, "engine": "keda", "keda": {"serverAddress": "prometheus:9090"}}),
+        "spec.autoscaling.keda.serverAddress",
+    ),
+    Case(
+        "serving-grace-too-short",
+        "none",
+        _spec(serving={"terminationGracePeriodSeconds": 1}),
+        "spec.serving.terminationGracePeriodSeconds",
+    ),
+    Case(
         "autoscaling-max-missing",
         "none",
         _spec(autoscaling={"minReplicas": 1}),
@@ -693,6 +723,20 @@ RULE_CASES = [
         _spec(autoscaling={"minReplicas": 5, "maxReplicas": 2}),
         "spec.autoscaling.minReplicas",
         "autoscaling-min-within-max",
+    ),
+    Case(
+        "autoscaling-zero-with-hpa",
+        "none",
+        _spec(autoscaling={"minReplicas": 0, "maxReplicas": 2}),
+        "spec.autoscaling.minReplicas",
+        "autoscaling-zero-needs-keda",
+    ),
+    Case(
+        "autoscaling-keda-settings-with-hpa",
+        "none",
+        _spec(autoscaling={"maxReplicas": 2, "keda": {"pollingIntervalSeconds": 5}}),
+        "spec.autoscaling.keda",
+        "autoscaling-keda-settings-need-keda",
     ),
 ]
 

@@ -67,7 +67,12 @@ def test_nested_defaults() -> None:
     assert spec.speculative.prompt_lookup is not None
     assert spec.speculative.prompt_lookup.max_matching_ngram_size == 2
     assert spec.autoscaling is not None
-    assert (spec.autoscaling.min_replicas, spec.autoscaling.metric) == (1, "queueDepth")
+    auto = spec.autoscaling
+    assert (auto.engine, auto.min_replicas, auto.metric, auto.target_value) == ("hpa", 1, "queueSeconds", 10)
+    assert (auto.scale_up.stabilization_window_seconds, auto.scale_down.stabilization_window_seconds) == (
+        0,
+        600,
+    )
     assert spec.serving.chat_template_config_map is not None
     assert spec.serving.chat_template_config_map.key == "chat_template.j2"
 

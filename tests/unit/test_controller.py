@@ -16,6 +16,7 @@ from specdeploy_operator.controller.status import (
     ServingObservation,
     deployment_status,
     engine_build_status,
+    hpa_report,
     merge_conditions,
     previous_engines,
 )
@@ -199,7 +200,7 @@ def test_rollout_in_progress_until_old_pods_are_gone() -> None:
     assert reasons(status)["Progressing"] == ("True", "RolloutInProgress")
 
 
-def test_unschedulable_replica_degrades_the_deployment_with_the_schedulers_message() -> None:
+def test_a_replica_short_of_gpus_is_capacity_pending_with_the_schedulers_message() -> None:
     pods = [
         pod("Running"),
         pod("Pending", scheduled="0/4 nodes are available: 1 Insufficient nvidia.com/gpu."),
@@ -208,10 +209,57 @@ def test_unschedulable_replica_degrades_the_deployment_with_the_schedulers_messa
         [engine("Succeeded")], ServingObservation(deployment(1, 2, 2, available=False), True, pods)
     )
     assert status["phase"] == "Degraded"
-    assert reasons(status)["Degraded"] == ("True", "Unschedulable")
+    assert reasons(status)["Degraded"] == ("True", "CapacityPending")
+    assert reasons(status)["Progressing"] == ("True", "CapacityPending")
     assert reasons(status)["Available"] == ("False", "MinimumReplicasUnavailable")
+    assert status["capacityPendingReplicas"] == 1
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert "Insufficient nvidia.com/gpu" in degraded["message"]
+    assert degraded["message"].startswith("1 of 2 replicas wait for GPU capacity")
+
+    nodes_arrived = status_of(
+        [engine("Succeeded")],
+        ServingObservation(deployment(2, 2, 2), True, [pod("Running"), pod("Running")]),
+        previous=status,
+    )
+    assert nodes_arrived["phase"] == "Ready"
+    assert "capacityPendingReplicas" not in nodes_arrived
+
+
+def test_a_replica_that_no_node_admits_for_another_reason_is_unschedulable() -> None:
+    pods = [
+        pod("Running"),
+        pod("Pending", scheduled="0/4 nodes are available: 4 node(s) had untolerated taint {a: b}."),
+        pod("Pending", scheduled="0/4 nodes are available: 1 Insufficient nvidia.com/gpu."),
+    ]
+    status = status_of(
+        [engine("Succeeded")], ServingObservation(deployment(1, 3, 3, available=False), True, pods)
+    )
+    assert reasons(status)["Degraded"] == ("True", "Unschedulable")
+    assert "untolerated taint" in next(c for c in status["conditions"] if c["type"] == "Degraded")["message"]
+    assert status["capacityPendingReplicas"] == 1
+
+
+def test_the_autoscaler_report_repeats_what_the_hpa_says() -> None:
+    hpa = {
+        "status": {
+            "desiredReplicas": 3,
+            "conditions": [
+                {"type": "AbleToScale", "status": "True", "reason": "ReadyForNewScale"},
+                {
+                    "type": "ScalingActive",
+                    "status": "False",
+                    "reason": "FailedGetPodsMetric",
+                    "message": "unable to get metric specdeploy_queue_seconds",
+                },
+            ],
+        }
+    }
+    assert hpa_report(hpa) == {
+        "desiredReplicas": 3,
+        "message": "FailedGetPodsMetric: unable to get metric specdeploy_queue_seconds",
+    }
+    assert hpa_report(None) == {}
 
 
 def test_failed_build_fails_the_deployment_but_only_degrades_one_that_still_serves() -> None:

@@ -110,6 +110,10 @@ one Role per watched namespace. Writes are server-side apply (PATCH; creating th
 - apiGroups: [autoscaling]
   resources: [horizontalpodautoscalers]
   verbs: [get, list, watch, create, patch, delete]
+# KEDA ScaledObjects (spec.autoscaling.engine: keda); harmless where KEDA is not installed.
+- apiGroups: [keda.sh]
+  resources: [scaledobjects]
+  verbs: [get, create, patch, delete]
 # Events about the objects it handles.
 - apiGroups: [""]
   resources: [events]

@@ -24,7 +24,9 @@ from .flags import (
 from .meta import Condition, ObjectMeta
 from .parse import KINDS, FieldError, InvalidObjectError, parse_object, validate_object
 from .speculative import (
+    DEFAULT_TARGETS,
     SPECULATIVE_DEPLOYMENT,
+    AutoscalerRef,
     AutoscalingSpec,
     Backend,
     BuildSpec,
@@ -34,12 +36,15 @@ from .speculative import (
     EngineRef,
     EngineRefs,
     ImagesSpec,
+    KedaSpec,
     ModelSpec,
     Phase,
     PlacementSpec,
     PromptLookupSpec,
     RolloutSpec,
     RuntimeSpec,
+    ScaleDownSpec,
+    ScaleUpSpec,
     ServingSpec,
     SpeculativeDeployment,
     SpeculativeDeploymentSpec,
@@ -50,6 +55,7 @@ from .speculative import (
 
 __all__ = [
     "API_VERSION",
+    "DEFAULT_TARGETS",
     "DRAFT_TOKEN_METHODS",
     "ENGINE_BUILD",
     "GROUP",
@@ -61,6 +67,7 @@ __all__ = [
     "SPECULATIVE_DEPLOYMENT",
     "VERSION",
     "ApiModel",
+    "AutoscalerRef",
     "AutoscalingSpec",
     "Backend",
     "BuildSpec",
@@ -79,6 +86,7 @@ __all__ = [
     "FieldError",
     "ImagesSpec",
     "InvalidObjectError",
+    "KedaSpec",
     "ModelSource",
     "ModelSpec",
     "ObjectMeta",
@@ -92,6 +100,8 @@ __all__ = [
     "RolloutSpec",
     "Rule",
     "RuntimeSpec",
+    "ScaleDownSpec",
+    "ScaleUpSpec",
     "ServingSpec",
     "SpeculativeDeployment",
     "SpeculativeDeploymentSpec",

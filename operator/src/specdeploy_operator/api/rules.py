@@ -374,6 +374,14 @@ def _min_within_max(s: AutoscalingSpec) -> bool:
     return s.min_replicas <= s.max_replicas
 
 
+def _zero_needs_keda(s: AutoscalingSpec) -> bool:
+    return s.min_replicas > 0 or s.engine == "keda"
+
+
+def _keda_settings_need_keda(s: AutoscalingSpec) -> bool:
+    return s.keda is None or s.engine == "keda"
+
+
 AUTOSCALING_RULES: Rules = (
     Rule["AutoscalingSpec"](
         name="autoscaling-min-within-max",
@@ -381,5 +389,20 @@ AUTOSCALING_RULES: Rules = (
         message="spec.autoscaling.minReplicas must not exceed spec.autoscaling.maxReplicas",
         field_path=".minReplicas",
         check=_min_within_max,
+    ),
+    Rule["AutoscalingSpec"](
+        name="autoscaling-zero-needs-keda",
+        cel="self.minReplicas > 0 || self.engine == 'keda'",
+        message="spec.autoscaling.minReplicas 0 needs spec.autoscaling.engine keda "
+        "(a HorizontalPodAutoscaler cannot scale to zero)",
+        field_path=".minReplicas",
+        check=_zero_needs_keda,
+    ),
+    Rule["AutoscalingSpec"](
+        name="autoscaling-keda-settings-need-keda",
+        cel="!has(self.keda) || self.engine == 'keda'",
+        message="spec.autoscaling.keda is only used with spec.autoscaling.engine keda",
+        field_path=".keda",
+        check=_keda_settings_need_keda,
     ),
 )

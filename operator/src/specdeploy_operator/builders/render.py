@@ -9,6 +9,7 @@ import yaml
 
 from specdeploy_operator.api import SpeculativeDeployment
 
+from .autoscaling import build_autoscaler
 from .engines import build_engine_builds
 from .job import build_job
 from .serving import build_cache_pvc, build_configmap, build_deployment, build_pdb, build_service
@@ -21,7 +22,8 @@ def render_children(
     sdep: SpeculativeDeployment, settings: OperatorSettings | None = None
 ) -> list[dict[str, Any]]:
     """The engine-cache claim when the operator creates one, EngineBuilds, their Jobs, then ConfigMap,
-    Deployment, Service and PodDisruptionBudget."""
+    Deployment, Service, PodDisruptionBudget and the autoscaler (HorizontalPodAutoscaler or ScaledObject)
+    when `spec.autoscaling` is set."""
     settings = settings or OperatorSettings()
     engines = build_engine_builds(sdep, settings)
     objects: list[dict[str, Any]] = []
@@ -35,6 +37,9 @@ def render_children(
     objects.append(build_deployment(sdep, engines, settings))
     objects.append(build_service(sdep))
     objects.append(build_pdb(sdep))
+    autoscaler = build_autoscaler(sdep, settings)
+    if autoscaler is not None:
+        objects.append(autoscaler)
     return objects
 
 

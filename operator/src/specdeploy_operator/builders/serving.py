@@ -52,6 +52,16 @@ _BACKENDS: Final = {"tensorrt": "trtllm-engine", "pytorch": "trtllm-llmapi"}
 _SERVER_METHODS: Final = ("draftTarget", "promptLookup", "eagle3", "mtp", "none")
 
 
+SHUTDOWN_MARGIN_SECONDS: Final = 5
+"""The server finishes draining this long before the kubelet's SIGKILL."""
+
+
+def grace_period(sdep: SpeculativeDeployment, settings: OperatorSettings) -> int:
+    """`terminationGracePeriodSeconds` of the serving pods: the spec's, else the operator's."""
+    grace = sdep.spec.serving.termination_grace_period_seconds
+    return grace if grace is not None else settings.termination_grace_period_seconds
+
+
 def _name(sdep: SpeculativeDeployment) -> str:
     name = sdep.metadata.name
     if not name:
@@ -189,7 +199,7 @@ def build_server_config(
     serving: dict[str, Any] = {
         "host": "0.0.0.0",
         "port": spec.serving.port,
-        "shutdownTimeoutSeconds": max(settings.termination_grace_period_seconds - 5, 0),
+        "shutdownTimeoutSeconds": max(grace_period(sdep, settings) - SHUTDOWN_MARGIN_SECONDS, 0),
     }
     if spec.serving.api_key_secret:
         serving["apiKeyFile"] = f"{API_KEY_MOUNT}/api-key"
@@ -373,7 +383,7 @@ def build_deployment(
         if item not in tolerations:
             tolerations.append(item)
     pod_spec: dict[str, Any] = {
-        "terminationGracePeriodSeconds": settings.termination_grace_period_seconds,
+        "terminationGracePeriodSeconds": grace_period(sdep, settings),
         "nodeSelector": node_selector,
         "tolerations": tolerations,
     }
@@ -487,7 +497,10 @@ def build_service(sdep: SpeculativeDeployment) -> dict[str, Any]:
 
 
 def build_pdb(sdep: SpeculativeDeployment) -> dict[str, Any]:
-    """PodDisruptionBudget: at most one serving pod evicted at a time."""
+    """PodDisruptionBudget: voluntary evictions (node drains, a cluster autoscaler emptying a node) leave at
+    least `replicas - 1` serving pods, so they take at most one at a time. A single replica is not protected:
+    `minAvailable: 1` would block every drain of its node forever. It follows `spec.replicas`, so it stays
+    right while an autoscaler changes the count."""
     name = _name(sdep)
     return {
         "apiVersion": "policy/v1",
@@ -495,5 +508,8 @@ def build_pdb(sdep: SpeculativeDeployment) -> dict[str, Any]:
         "metadata": metadata(
             name, sdep.metadata.namespace, labels(name, COMPONENT), [deployment_owner(sdep)]
         ),
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": pod_selector(sdep)}},
+        "spec": {
+            "minAvailable": max(sdep.spec.replicas - 1, 0),
+            "selector": {"matchLabels": pod_selector(sdep)},
+        },
     }

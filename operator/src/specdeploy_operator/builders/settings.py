@@ -63,6 +63,9 @@ class OperatorSettings(BaseModel):
     (`SPECDEPLOY_RESYNC_SECONDS`); costs no API request when nothing changed."""
     workers: Annotated[int, Field(ge=1, le=256)] = 8
     """Objects reconciled concurrently (`SPECDEPLOY_WORKERS`)."""
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    """Prometheus that KEDA ScaledObjects query when `spec.autoscaling.keda.serverAddress` is unset
+    (`SPECDEPLOY_PROMETHEUS_URL`); the default is the Service the Prometheus Operator creates."""
     shm_size: str = "16Gi"
     """Size limit of the memory-backed `/dev/shm` of serving pods (`SPECDEPLOY_SHM_SIZE`)."""
 

@@ -68,11 +68,15 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     by_name("sdeps", *sdep, "metadata", "spec", "status", managed=False)
     by_name("enginebuilds", *engine, "metadata", "spec", "status", managed=False)
-    by_name("jobs", "batch", "v1", "jobs", "metadata", "status")
-    by_name("deployments", "apps", "v1", "deployments", "metadata", "spec", "status")
-    by_name("configmaps", "", "v1", "configmaps", "metadata")
-    by_name("services", "", "v1", "services", "metadata")
-    by_name("pdbs", "policy", "v1", "poddisruptionbudgets", "metadata")
+    for id_, resource, parts in (
+        ("jobs", ("batch", "v1", "jobs"), ("metadata", "status")),
+        ("deployments", ("apps", "v1", "deployments"), ("metadata", "spec", "status")),
+        ("configmaps", ("", "v1", "configmaps"), ("metadata",)),
+        ("services", ("", "v1", "services"), ("metadata",)),
+        ("pdbs", ("policy", "v1", "poddisruptionbudgets"), ("metadata",)),
+        ("hpas", ("autoscaling", "v2", "horizontalpodautoscalers"), ("metadata", "status")),
+    ):
+        by_name(id_, *resource, *parts)
     # Every claim, not only ours: a user's claim named like the default one must not be overwritten.
     by_name("pvcs", "", "v1", "persistentvolumeclaims", "metadata", managed=False)
 
@@ -121,21 +125,22 @@ def register(registry: kopf.OperatorRegistry) -> None:
         elif INSTANCE_LABEL in labels:
             reconciler.deployment_changed(namespace, labels[INSTANCE_LABEL])
 
-    def owned_child(group: str, plural: str) -> None:
-        @kopf.on.event(group, "v1", plural, labels=MANAGED, id=f"on_{plural}", registry=registry)
+    def owned_child(group: str, version: str, plural: str) -> None:
+        @kopf.on.event(group, version, plural, labels=MANAGED, id=f"on_{plural}", registry=registry)
         async def on_child(**kw: Any) -> None:
             reconciler = _reconciler(kw["memo"], kw)
             for owner in owner_names(kw["body"], "SpeculativeDeployment"):
                 reconciler.deployment_changed(str(kw["namespace"]), owner)
 
-    for group, plural in (
-        ("apps", "deployments"),
-        ("", "configmaps"),
-        ("", "services"),
-        ("policy", "poddisruptionbudgets"),
-        ("", "persistentvolumeclaims"),
+    for group, version, plural in (
+        ("apps", "v1", "deployments"),
+        ("", "v1", "configmaps"),
+        ("", "v1", "services"),
+        ("policy", "v1", "poddisruptionbudgets"),
+        ("", "v1", "persistentvolumeclaims"),
+        ("autoscaling", "v2", "horizontalpodautoscalers"),
     ):
-        owned_child(group, plural)
+        owned_child(group, version, plural)
 
     @kopf.on.cleanup(registry=registry)
     async def stop(**kw: Any) -> None:

@@ -39,6 +39,7 @@ PLURALS: Final[Mapping[tuple[str, str], str]] = {
     ("v1", "Event"): "events",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
+    ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
 }
 
 

@@ -22,7 +22,9 @@ from pydantic import ValidationError
 
 from specdeploy_operator.api import API_VERSION, SpeculativeDeployment
 from specdeploy_operator.builders import (
+    METRIC_NAMES,
     OperatorSettings,
+    build_autoscaler,
     build_cache_pvc,
     build_configmap,
     build_default_cache_pvc,
@@ -34,8 +36,10 @@ from specdeploy_operator.builders import (
     cache_pvc_name,
     endpoint,
     job_name,
+    quantity,
     status_selector,
 )
+from specdeploy_operator.builders.autoscaling import KEDA_API_VERSION
 
 from . import metrics
 from .kube import ApiError, Kube, ObjectRef, ref_of
@@ -46,6 +50,7 @@ from .status import (
     ServingObservation,
     deployment_status,
     engine_build_status,
+    hpa_report,
     merge_conditions,
     rfc3339,
 )
@@ -59,6 +64,8 @@ APPLIED_HASH_ANNOTATION: Final = "specdeploy.dev/applied-hash"
 UNREFERENCED_ANNOTATION: Final = "specdeploy.dev/unreferenced-since"
 """When an EngineBuild stopped being used by any deployment (garbage collection after the grace period)."""
 RECENT_WRITE_TTL: Final = 30.0
+AUTOSCALER_RETRY_SECONDS: Final = 60.0
+"""How soon a ScaledObject that could not be created (KEDA not installed) is tried again."""
 
 Key = tuple[Literal["sdep", "engine"], str, str]
 Obj = Mapping[str, Any]
@@ -73,6 +80,7 @@ INDEX_IDS: Final = (
     "services",
     "pdbs",
     "pvcs",
+    "hpas",
 )
 """The kopf indexes the reconciler reads (registered in `handlers`)."""
 
@@ -149,6 +157,10 @@ class Reconciler:
         # written, when). kopf's index lags behind our own writes by one watch event; while it still shows
         # the version we wrote against, we trust the memo instead of writing the same thing again.
         self._recent: dict[tuple[str, str, str, str], tuple[str | None, Any, float]] = {}
+        # ScaledObjects have no index (KEDA may not be installed, and kopf cannot watch a resource that does
+        # not exist): (namespace, name) -> hash applied by this process; cleared by the periodic resync, so
+        # a hand-edited or deleted ScaledObject is repaired within `resync_seconds`.
+        self._scaled_objects: dict[tuple[str, str], str] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def bind(self, kwargs: Mapping[str, Any]) -> None:
@@ -170,7 +182,9 @@ class Reconciler:
         self._resync = loop.call_later(self.settings.resync_seconds, self._resync_all)
 
     def _resync_all(self) -> None:
-        """Periodic safety net: look at everything again (costs no request when nothing changed)."""
+        """Periodic safety net: look at everything again (costs no request when nothing changed, but one
+        apply per ScaledObject, which has no index to compare with)."""
+        self._scaled_objects.clear()
         for namespace, name in list(self.indices["sdeps"]):
             self.queue.add(("sdep", namespace, name))
         for namespace, name in list(self.indices["enginebuilds"]):
@@ -353,6 +367,7 @@ class Reconciler:
             # Engines are being rebuilt: the old pods keep serving, but a scale change applies now.
             await self.kube.patch(ref_of(deployment), {"spec": {"replicas": sdep.spec.replicas}})
 
+        autoscaler, retry = await self._reconcile_autoscaler(body, sdep)
         pods = _all(self.indices["pods"], (namespace, "serving", name))
         status = deployment_status(
             generation=meta.get("generation"),
@@ -362,12 +377,72 @@ class Reconciler:
             selector=status_selector(sdep),
             endpoint=endpoint(sdep),
             gpus_per_replica=sdep.spec.gpus_per_replica,
+            gpu_resource=sdep.spec.placement.gpu_resource,
+            autoscaler=autoscaler,
             previous=previous_status,
             keep_previous=settings.keep_previous_engines,
             now=now,
         )
         await self._write_status(body, previous_status, status)
-        return None
+        return retry
+
+    async def _reconcile_autoscaler(
+        self, body: Obj, sdep: SpeculativeDeployment
+    ) -> tuple[dict[str, Any] | None, float | None]:
+        """Create or update the autoscaler `spec.autoscaling` asks for and delete one it no longer asks for.
+        Returns `status.autoscaler` and, when creating it failed, when to try again."""
+        meta = body["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        desired = build_autoscaler(sdep, self.settings)
+        kind = desired["kind"] if desired is not None else None
+        hpa = _one(self.indices["hpas"], (namespace, name))
+        if hpa is not None and kind != "HorizontalPodAutoscaler":
+            await self._delete(ref_of(hpa), (hpa.get("metadata") or {}).get("uid"))
+        previous = (body.get("status") or {}).get("autoscaler") or {}
+        if previous.get("kind") == "ScaledObject" and kind != "ScaledObject":
+            self._scaled_objects.pop((namespace, name), None)
+            await self._delete(ObjectRef(KEDA_API_VERSION, "ScaledObject", namespace, str(previous["name"])))
+        auto = sdep.spec.autoscaling
+        if desired is None or auto is None:
+            return None, None
+        report: dict[str, Any] = {
+            "kind": kind,
+            "name": name,
+            "metric": METRIC_NAMES[auto.metric],
+            "target": quantity(auto.target_value),
+        }
+        if kind == "HorizontalPodAutoscaler":
+            result, applied = await self._ensure(desired, hpa)
+            report.update(hpa_report(hpa if not applied else result))
+            return report, None
+        digest = applied_hash(desired)
+        if self._scaled_objects.get((namespace, name)) == digest:
+            return report, None
+        try:
+            await self.kube.apply(with_applied_hash(desired))
+        except ApiError as error:
+            if error.status not in (403, 404):
+                raise
+            why = "not served by the cluster (is KEDA installed?)" if error.status == 404 else "forbidden"
+            report["message"] = (
+                f"ScaledObject {name} cannot be created: {KEDA_API_VERSION} ScaledObject is {why}"
+            )
+            if previous.get("message") != report["message"]:
+                await self.kube.event(body, "Warning", "AutoscalerFailed", report["message"])
+            return report, AUTOSCALER_RETRY_SECONDS
+        metrics.APPLIES.labels("ScaledObject").inc()
+        self._scaled_objects[(namespace, name)] = digest
+        return report, None
+
+    async def _delete(self, ref: ObjectRef, uid: str | None = None) -> None:
+        """Delete `ref`; one that is already gone is fine."""
+        try:
+            await self.kube.delete(ref, uid=uid)
+        except ApiError as error:
+            if error.status not in (404, 409):
+                raise
+            return
+        log.info("deleted", extra={"object": str(ref)})
 
     @staticmethod
     def _template_changed(observed: Obj | None, desired: Obj) -> bool:
@@ -444,11 +519,15 @@ class Reconciler:
         await self._events_for(body, last, status)
 
     async def _events_for(self, body: Obj, previous: Obj, status: Obj) -> None:
-        """Milestone events, posted when the phase changes."""
+        """Milestone events, posted when the phase changes, or when a Degraded deployment is degraded for
+        another reason (e.g. Unschedulable -> CapacityPending)."""
         old, new = previous.get("phase"), status.get("phase")
-        if old == new:
-            return
         conditions = {c["type"]: c for c in status.get("conditions") or ()}
+        old_reason = next(
+            (c.get("reason") for c in previous.get("conditions") or () if c.get("type") == "Degraded"), None
+        )
+        if old == new and (new != "Degraded" or old_reason == conditions.get("Degraded", {}).get("reason")):
+            return
         if body["kind"] == "EngineBuild":
             message = str(status.get("message") or "")
             if new == "Running":

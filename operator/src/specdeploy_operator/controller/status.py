@@ -19,6 +19,7 @@ __all__ = [
     "ServingObservation",
     "deployment_status",
     "engine_build_status",
+    "hpa_report",
     "merge_conditions",
     "previous_engines",
     "rfc3339",
@@ -270,6 +271,54 @@ def _available(serving: ServingObservation, ready: int, desired: int) -> Conditi
     return ConditionSpec("Available", "False", "MinimumReplicasUnavailable", text)
 
 
+def _serving_verdict(
+    problems: Sequence[str],
+    capacity: Sequence[str],
+    crashed: Sequence[str],
+    *,
+    rollout_done: bool,
+    counts: tuple[int, int, int],
+    gpus: str,
+) -> tuple[str, ConditionSpec, ConditionSpec]:
+    """Phase, Progressing and Degraded once the engines are built. `problems`: scheduler messages of pods
+    that cannot be scheduled, `capacity`: those of them that only lack GPUs; `counts`: desired, updated and
+    ready replicas; `gpus`: what one replica requests."""
+    desired, updated, ready = counts
+    blocked = [m for m in problems if m not in capacity]
+    if blocked:
+        text = f"{len(problems)} serving pod(s) cannot be scheduled: {blocked[0]}"
+        return (
+            "Degraded",
+            ConditionSpec("Progressing", "True", "RolloutInProgress", text),
+            ConditionSpec("Degraded", "True", "Unschedulable", text),
+        )
+    if capacity:
+        text = (
+            f"{len(capacity)} of {desired} replicas wait for GPU capacity ({gpus} each); "
+            f"the scheduler says: {capacity[0]}"
+        )
+        return (
+            "Degraded",
+            ConditionSpec("Progressing", "True", "CapacityPending", text),
+            ConditionSpec("Degraded", "True", "CapacityPending", text),
+        )
+    if rollout_done:
+        text = f"{ready} of {desired} replicas ready"
+        return (
+            "Ready",
+            ConditionSpec("Progressing", "False", "RolloutComplete", text),
+            ConditionSpec("Degraded", "False", "AsExpected", ""),
+        )
+    text = f"{updated} of {desired} updated replicas, {ready} ready"
+    if crashed:
+        text = f"{text}; {crashed[0]}"
+    return (
+        "Deploying",
+        ConditionSpec("Progressing", "True", "RolloutInProgress", text),
+        ConditionSpec("Degraded", "False", "AsExpected", ""),
+    )
+
+
 def deployment_status(
     *,
     generation: int | None,
@@ -279,11 +328,13 @@ def deployment_status(
     selector: str,
     endpoint: str,
     gpus_per_replica: int,
+    gpu_resource: str = "nvidia.com/gpu",
+    autoscaler: Obj | None = None,
     previous: Obj | None,
     keep_previous: int,
     now: datetime,
 ) -> dict[str, Any]:
-    """The SpeculativeDeployment status for what is observed."""
+    """The SpeculativeDeployment status for what is observed; `autoscaler` is `status.autoscaler`."""
     previous = previous or {}
     engines_cond, engine_phase = _engines_condition(engines)
     dep_status: Obj = (serving.deployment or {}).get("status") or {}
@@ -291,17 +342,12 @@ def deployment_status(
     ready = int(dep_status.get("readyReplicas") or 0)
     updated = int(dep_status.get("updatedReplicas") or 0) if serving.current else 0
     pods = [p for p in serving.pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
+    # Pending for lack of GPUs (the scheduler's "Insufficient nvidia.com/gpu"): a cluster autoscaler adds
+    # nodes for these; anything else (taints, selectors, other resources) needs a person.
     problems = [m for m in (scheduling_problem(p) for p in _by_creation(pods)) if m]
-    crashed = [m for m in (termination_message(p) for p in _by_creation(pods)) if m]
-
+    capacity = [m for m in problems if f"Insufficient {gpu_resource}" in m]
     available = _available(serving, ready, desired_replicas)
 
-    rollout_done = (
-        serving.current
-        and updated == desired_replicas
-        and ready >= desired_replicas
-        and total == desired_replicas
-    )
     if engine_phase == "Failed":
         phase = "Degraded" if ready > 0 else "Failed"
         progressing = ConditionSpec("Progressing", "False", "BuildFailed", engines_cond.message)
@@ -310,23 +356,21 @@ def deployment_status(
         phase = engine_phase if engine_phase == "Pending" and serving.deployment is None else "Building"
         progressing = ConditionSpec("Progressing", "True", "Building", engines_cond.message)
         degraded = ConditionSpec("Degraded", "False", "AsExpected", "")
-    elif problems:
-        phase = "Degraded"
-        text = f"{len(problems)} serving pod(s) cannot be scheduled: {problems[0]}"
-        progressing = ConditionSpec("Progressing", "True", "RolloutInProgress", text)
-        degraded = ConditionSpec("Degraded", "True", "Unschedulable", text)
-    elif rollout_done:
-        phase = "Ready"
-        text = f"{ready} of {desired_replicas} replicas ready"
-        progressing = ConditionSpec("Progressing", "False", "RolloutComplete", text)
-        degraded = ConditionSpec("Degraded", "False", "AsExpected", "")
     else:
-        phase = "Deploying"
-        text = f"{updated} of {desired_replicas} updated replicas, {ready} ready"
-        if crashed:
-            text = f"{text}; {crashed[0]}"
-        progressing = ConditionSpec("Progressing", "True", "RolloutInProgress", text)
-        degraded = ConditionSpec("Degraded", "False", "AsExpected", "")
+        rollout_done = bool(
+            serving.current
+            and updated == desired_replicas
+            and ready >= desired_replicas
+            and total == desired_replicas
+        )
+        phase, progressing, degraded = _serving_verdict(
+            problems,
+            capacity,
+            [m for m in (termination_message(p) for p in _by_creation(pods)) if m],
+            rollout_done=rollout_done,
+            counts=(desired_replicas, updated, ready),
+            gpus=f"{gpus_per_replica} {gpu_resource}",
+        )
 
     status: dict[str, Any] = {"phase": phase}
     if generation is not None:
@@ -353,4 +397,22 @@ def deployment_status(
             "gpusPerReplica": gpus_per_replica,
         }
     )
+    if capacity:
+        status["capacityPendingReplicas"] = len(capacity)
+    if autoscaler is not None:
+        status["autoscaler"] = dict(autoscaler)
     return status
+
+
+def hpa_report(hpa: Obj | None) -> dict[str, Any]:
+    """What `status.autoscaler` repeats of a HorizontalPodAutoscaler's status: the replicas it asks for, and
+    why it cannot scale when it cannot (its AbleToScale or ScalingActive condition is False)."""
+    hpa_status: Obj = (hpa or {}).get("status") or {}
+    report: dict[str, Any] = {}
+    if "desiredReplicas" in hpa_status:
+        report["desiredReplicas"] = int(hpa_status["desiredReplicas"])
+    for cond in hpa_status.get("conditions") or ():
+        if cond.get("type") in ("AbleToScale", "ScalingActive") and cond.get("status") == "False":
+            report["message"] = f"{cond.get('reason')}: {cond.get('message') or ''}".strip()[:1024]
+            break
+    return report
