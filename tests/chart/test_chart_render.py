@@ -11,6 +11,8 @@ from typing import Any
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
+from specdeploy_operator.api import SpeculativeDeployment, parse_object
+from specdeploy_operator.builders import METRIC_NAMES, build_deployment, build_engine_builds
 from specdeploy_operator.builders.settings import ENV_PREFIX, OperatorSettings
 from specdeploy_operator.crdgen import render_crds
 
@@ -19,7 +21,7 @@ from tests.chart.conftest import CHART, KUBE_VERSION, REPO, Helm, render
 VALUES_FILES = sorted((CHART / "ci").glob("*-values.yaml"))
 # Kinds that are not part of Kubernetes itself: validated by the apiserver in the integration tests (kopf
 # peering) or only by shape here (ServiceMonitor, whose CRD the local cluster does not have).
-NON_CORE_KINDS = {"ClusterKopfPeering", "KopfPeering", "ServiceMonitor"}
+NON_CORE_KINDS = {"ClusterKopfPeering", "KopfPeering", "ServiceMonitor", "PodMonitor"}
 
 
 def by_kind(objs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -274,6 +276,47 @@ def test_service_monitor(helm: Helm) -> None:
     assert "metrics.serviceMonitor.enabled needs metrics.service.enabled" in failed.stderr
 
 
+def test_server_metrics_wiring_matches_the_servers_and_the_operators_names(helm: Helm) -> None:
+    """The PodMonitor selects the serving pods the operator renders, on the port that serves /metrics, and
+    the prometheus-adapter rules publish the metrics under the names the operator's HPAs ask for."""
+    defaults = render(helm)
+    assert not by_kind(defaults, "PodMonitor")
+    assert not [o for o in by_kind(defaults, "ConfigMap") if "adapter" in o["metadata"]["name"]]
+    objs = render(helm, values=[CHART / "ci" / "production-values.yaml"])
+    monitor = one(objs, "PodMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+
+    sdep = parse_object(
+        yaml.safe_load((REPO / "examples" / "02-draft-target-llama8b-1b-h100.yaml").read_text())
+    )
+    assert isinstance(sdep, SpeculativeDeployment)
+    template = build_deployment(sdep, build_engine_builds(sdep, OperatorSettings()))["spec"]["template"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+    ports = {p["name"]: p["containerPort"] for p in template["spec"]["containers"][0]["ports"]}
+    assert endpoint["port"] in ports
+    assert endpoint["path"] == "/metrics"
+
+    adapter = one([o for o in by_kind(objs, "ConfigMap") if "adapter" in o["metadata"]["name"]], "ConfigMap")
+    assert adapter["metadata"]["namespace"] == "monitoring"
+    rules = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
+    assert {r["name"]["as"] for r in rules} == set(METRIC_NAMES.values())
+    for rule in rules:
+        assert rule["seriesQuery"].startswith(rule["name"]["as"] + "{")
+        assert rule["resources"]["overrides"] == {
+            "namespace": {"resource": "namespace"},
+            "pod": {"resource": "pod"},
+        }
+        assert "<<.LabelMatchers>>" in rule["metricsQuery"]
+        assert "by (<<.GroupBy>>)" in rule["metricsQuery"]
+
+    namespaced = one(render(helm, values=[CHART / "ci" / "namespaced-values.yaml"], sets=[
+        "serverMetrics.podMonitor.enabled=true"
+    ]), "PodMonitor")  # fmt: skip
+    assert namespaced["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+
+
 BAD_VALUES = [
     (["replicaCount=0"], "/replicaCount"),
     (["replicaCount=two"], "/replicaCount"),
@@ -294,6 +337,9 @@ BAD_VALUES = [
     (["podSecurityContext.runAsUser=0"], "/podSecurityContext/runAsUser"),
     (["resources=null"], "resources"),
     (["metrics.serviceMonitor.interval=often"], "/metrics/serviceMonitor/interval"),
+    (["serverMetrics.podMonitor.interval=often"], "/serverMetrics/podMonitor/interval"),
+    (["serverMetrics.prometheusAdapterRules.namespace=Monitoring"], "/serverMetrics/prometheusAdapterRules"),
+    (["settings.prometheusUrl=prometheus:9090"], "/settings/prometheusUrl"),
     (["settings.severImage.repository=x"], "severImage"),
     (["watchNamespace={a}"], "watchNamespace"),
 ]

@@ -344,28 +344,32 @@ def test_failed_build_reports_the_pod_message_and_a_fixed_spec_recovers(cluster:
     assert condition(status, "EnginesReady")["status"] == "True"
 
 
-def test_a_replica_that_does_not_fit_reports_unschedulable_with_the_scheduler_message(
+def test_a_replica_no_node_can_hold_reports_capacity_pending_with_the_scheduler_message(
     cluster: Cluster,
 ) -> None:
-    doc = example("04b")  # H200: one simulated node with 8 GPUs
-    doc["spec"]["replicas"] = 2
+    # 8 target GPUs plus a dedicated draft GPU: 9 on one node, more than any node (or node pool) has, so
+    # not even the Cluster Autoscaler can help.
+    doc = example("04b")
     doc["spec"]["target"]["tensorParallel"] = 8
-    doc["spec"]["placement"]["draft"] = "colocated"
+    doc["spec"]["placement"]["draft"] = "dedicated"
     name = cluster.apply(doc)
 
-    def unschedulable() -> dict[str, Any] | None:
+    def pending() -> dict[str, Any] | None:
         status = cluster.status(name)
         degraded = next((c for c in status.get("conditions") or () if c["type"] == "Degraded"), None)
-        stuck = degraded is not None and degraded["reason"] == "Unschedulable"
-        return status if stuck and status.get("readyReplicas") == 1 else None
+        stuck = degraded is not None and degraded["reason"] == "CapacityPending"
+        return status if stuck else None
 
-    status = wait_for(unschedulable, timeout=120, what="one replica Ready, the other Unschedulable")
+    status = wait_for(pending, timeout=120, what="the replica CapacityPending")
     assert status["phase"] == "Degraded"
+    assert status["gpusPerReplica"] == 9
+    assert status["capacityPendingReplicas"] == 1
     assert "Insufficient nvidia.com/gpu" in condition(status, "Degraded")["message"]
-    assert status["readyReplicas"] == 1
+    assert status["readyReplicas"] == 0
 
-    cluster.patch(name, {"replicas": 1})
-    cluster.wait_phase(name, "Ready")
+    cluster.patch(name, {"placement": {"draft": "colocated"}})
+    status = cluster.wait_phase(name, "Ready")
+    assert "capacityPendingReplicas" not in status
 
 
 # -- scale, delete ---------------------------------------------------------------------------------------

@@ -156,13 +156,14 @@ class Kube:
 
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply of `obj` with field manager `specdeploy`, forcing conflicts (the operator owns
-        the fields it renders)."""
+        the fields it renders). Strict field validation: a field the served schema does not know (say, of a
+        newer KEDA) is refused, not silently dropped."""
         ref = ref_of(obj)
         return await self.request(
             "PATCH",
             ref.path(),
             body=obj,
-            query={"fieldManager": FIELD_MANAGER, "force": "true"},
+            query={"fieldManager": FIELD_MANAGER, "force": "true", "fieldValidation": "Strict"},
             content_type="application/apply-patch+yaml",
             resource=PLURALS[(ref.api_version, ref.kind)],
         )

@@ -1,0 +1,394 @@
+"""Autoscaling against the real control plane: the operator's HorizontalPodAutoscaler (or KEDA
+ScaledObject) on the SpeculativeDeployment's scale subresource, the HPA controller of kube-controller-manager
+reading per-pod metrics from the custom metrics API (the custom-metrics-apiserver test adapter; tests write
+the values a server's `/metrics` would report), and the Cluster Autoscaler's kwok provider adding and
+removing GPU nodes."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from localcluster import LocalCluster
+
+from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
+from tests.integration.test_operator import Cluster, condition, example
+
+pytestmark = pytest.mark.usefixtures("operator")
+
+REPO = Path(__file__).resolve().parents[2]
+QUEUE_SECONDS = "specdeploy_queue_seconds"
+QUEUE_DEPTH = "specdeploy_queue_depth"
+H200 = "NVIDIA-H200"
+
+
+@pytest.fixture
+def cluster(kubectl: Kubectl, api_client: client.ApiClient) -> Iterator[Cluster]:
+    with fresh_namespace(client.CoreV1Api(api_client), OPERATOR_NAMESPACE_PREFIX) as namespace:
+        yield Cluster(kubectl, api_client, namespace)
+
+
+def hpa(cluster: Cluster, name: str) -> Any | None:
+    api = client.AutoscalingV2Api(cluster.core.api_client)
+    try:
+        return api.read_namespaced_horizontal_pod_autoscaler(name, cluster.namespace)
+    except client.ApiException as error:
+        if error.status == 404:
+            return None
+        raise
+
+
+def replicas(cluster: Cluster, name: str) -> int:
+    return int(cluster.sdep(name)["spec"]["replicas"])
+
+
+def reasons(cluster: Cluster) -> set[str]:
+    events = cluster.core.list_namespaced_event(cluster.namespace).items
+    return {e.reason for e in events if e.source and e.source.component == "specdeploy-operator"}
+
+
+def status_when(
+    cluster: Cluster, name: str, predicate: Callable[[dict[str, Any]], Any]
+) -> Callable[[], dict[str, Any] | None]:
+    """For `wait_for`: the deployment's status once `predicate(status)` holds."""
+
+    def check() -> dict[str, Any] | None:
+        status = cluster.status(name)
+        return status if predicate(status) else None
+
+    return check
+
+
+def autoscaled(prefix: str, autoscaling: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(example(prefix))
+    doc["spec"].pop("replicas", None)
+    doc["spec"]["autoscaling"] = autoscaling
+    for key, value in spec.items():
+        doc["spec"][key] = {**doc["spec"].get(key, {}), **value}
+    return doc
+
+
+# -- the autoscaler object ------------------------------------------------------------------------------
+
+
+def test_autoscaling_creates_an_hpa_on_the_scale_subresource_and_removing_it_deletes_the_hpa(
+    cluster: Cluster,
+) -> None:
+    name = cluster.apply(example("08"))
+    status = cluster.wait_phase(name, "Ready", timeout=120)
+    found = wait_for(lambda: hpa(cluster, name), timeout=30, what="the HorizontalPodAutoscaler")
+    assert found.spec.scale_target_ref.to_dict() == {
+        "api_version": "specdeploy.dev/v1alpha1",
+        "kind": "SpeculativeDeployment",
+        "name": name,
+    }
+    assert (found.spec.min_replicas, found.spec.max_replicas) == (1, 8)
+    metric = found.spec.metrics[0]
+    assert (metric.type, metric.pods.metric.name) == ("Pods", QUEUE_SECONDS)
+    assert (metric.pods.target.type, metric.pods.target.average_value) == ("AverageValue", "10")
+    assert found.spec.behavior.scale_down.stabilization_window_seconds == 600
+    owner = found.metadata.owner_references[0]
+    assert (owner.kind, owner.name, owner.controller) == ("SpeculativeDeployment", name, True)
+    auto = status["autoscaler"]
+    assert (auto["kind"], auto["name"], auto["metric"], auto["target"]) == (
+        "HorizontalPodAutoscaler",
+        name,
+        QUEUE_SECONDS,
+        "10",
+    )
+    # The HPA controller found the pods through `status.selector` of the scale subresource.
+    scale = json.loads(
+        cluster.kubectl(
+            "get",
+            "--raw",
+            f"/apis/specdeploy.dev/v1alpha1/namespaces/{cluster.namespace}/"
+            f"speculativedeployments/{name}/scale",
+        ).stdout
+    )
+    assert scale["status"]["selector"] == status["selector"]
+    # The serving pods drain for the deployment's grace period.
+    pod = cluster.pods(status["selector"])[0]
+    assert pod.spec.termination_grace_period_seconds == 120
+
+    cluster.kubectl(
+        "patch",
+        "sdep",
+        name,
+        "-n",
+        cluster.namespace,
+        "--type=json",
+        "-p",
+        '[{"op": "remove", "path": "/spec/autoscaling"}]',
+    )
+    wait_for(lambda: hpa(cluster, name) is None, timeout=30, what="the HPA to be deleted")
+    status = wait_for(
+        status_when(cluster, name, lambda s: "autoscaler" not in s),
+        timeout=30,
+        what="status.autoscaler to go",
+    )
+    assert status["phase"] == "Ready"
+
+
+def test_the_keda_engine_says_when_keda_is_missing_then_creates_a_scaled_object_its_crd_accepts(
+    cluster: Cluster, kubectl: Kubectl
+) -> None:
+    doc = autoscaled(
+        "02",
+        {
+            "engine": "keda",
+            "minReplicas": 0,
+            "maxReplicas": 3,
+            "keda": {"serverAddress": "http://prometheus.monitoring.svc:9090"},
+        },
+    )
+    crds = subprocess.run(
+        ["bash", str(REPO / "hack" / "keda-crds.sh")], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    scaled_object_crd = Path(crds) / "keda.sh_scaledobjects.yaml"
+    # KEDA is not installed (yet): the status says so, an event too, and nothing else suffers.
+    kubectl("delete", "-f", str(scaled_object_crd), "--ignore-not-found", "--wait=true")
+    name = cluster.apply(doc)
+    status = wait_for(
+        status_when(cluster, name, lambda s: (s.get("autoscaler") or {}).get("message")),
+        timeout=60,
+        what="status.autoscaler.message",
+    )
+    assert "is KEDA installed?" in status["autoscaler"]["message"]
+    assert status["autoscaler"]["kind"] == "ScaledObject"
+    wait_for(lambda: "AutoscalerFailed" in reasons(cluster), timeout=30, what="the AutoscalerFailed event")
+    cluster.wait_phase(name, "Ready", timeout=120)
+
+    kubectl("apply", "--server-side", "-f", str(scaled_object_crd))
+    try:
+        kubectl("wait", "--for=condition=Established", "crd/scaledobjects.keda.sh", "--timeout=30s")
+        # A change of the spec is picked up at once (otherwise the retry comes within a minute).
+        cluster.patch(name, {"autoscaling": {"keda": {"pollingIntervalSeconds": 5}}})
+
+        def scaled_object() -> dict[str, Any] | None:
+            try:
+                obj: dict[str, Any] = cluster.custom.get_namespaced_custom_object(
+                    "keda.sh", "v1alpha1", cluster.namespace, "scaledobjects", name
+                )
+            except client.ApiException as error:
+                if error.status == 404:
+                    return None
+                raise
+            return obj
+
+        obj = wait_for(scaled_object, timeout=30, what="the ScaledObject")
+        # Applied with strict field validation against KEDA's CRD: every field the operator rendered is kept.
+        spec = obj["spec"]
+        assert spec["scaleTargetRef"] == {
+            "apiVersion": "specdeploy.dev/v1alpha1",
+            "kind": "SpeculativeDeployment",
+            "name": name,
+        }
+        assert (spec["minReplicaCount"], spec["maxReplicaCount"], spec["pollingInterval"]) == (0, 3, 5)
+        trigger = spec["triggers"][0]
+        assert trigger["type"] == "prometheus"
+        assert trigger["metadata"]["query"] == (
+            f'sum({QUEUE_SECONDS}{{namespace="{cluster.namespace}",pod=~"{name}-[a-z0-9]+-[a-z0-9]+"}})'
+        )
+        assert (
+            spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"][
+                "stabilizationWindowSeconds"
+            ]
+            == 600
+        )
+        wait_for(
+            lambda: "message" not in (cluster.status(name).get("autoscaler") or {"message": 1}),
+            timeout=30,
+            what="the autoscaler message to clear",
+        )
+        assert hpa(cluster, name) is None  # KEDA makes its own HPA; the operator makes none
+
+        cluster.kubectl(
+            "patch",
+            "sdep",
+            name,
+            "-n",
+            cluster.namespace,
+            "--type=json",
+            "-p",
+            '[{"op": "remove", "path": "/spec/autoscaling"}]',
+        )
+        wait_for(lambda: scaled_object() is None, timeout=30, what="the ScaledObject to be deleted")
+    finally:
+        kubectl("delete", "-f", str(scaled_object_crd), "--ignore-not-found", "--wait=false")
+
+
+# -- the HPA at work: metrics from the custom metrics API ----------------------------------------------
+
+
+@contextmanager
+def pod_metric(
+    local_cluster: LocalCluster, cluster: Cluster, selector: str, metric: str, value: Callable[[], str]
+) -> Iterator[None]:
+    """Report `value()` as `metric` of every serving pod, as each pod's server would, until the block ends
+    (new pods get it within a second)."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                for pod in cluster.pods(selector):
+                    local_cluster.set_pod_metric(cluster.namespace, pod.metadata.name, metric, value())
+            except BaseException as error:  # reported when the block ends
+                errors.append(error)
+                return
+            stop.wait(1.0)
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+    if errors:
+        raise errors[0]
+
+
+def test_the_hpa_follows_load_within_min_and_max_and_overrides_kubectl_scale(
+    cluster: Cluster, local_cluster: LocalCluster
+) -> None:
+    fast = {"stabilizationWindowSeconds": 5, "maxPods": 4, "periodSeconds": 15}
+    doc = autoscaled(
+        "02",
+        {
+            "minReplicas": 1,
+            "maxReplicas": 3,
+            "metric": "queueDepth",
+            "target": 4,
+            "scaleDown": fast,
+        },
+    )
+    name = cluster.apply(doc)
+    status = cluster.wait_phase(name, "Ready", timeout=120)
+    selector = status["selector"]
+    load = {"value": "40"}  # ten times the target on every replica: more than maxReplicas would serve
+    seen: list[int] = []
+
+    def ready_with(count: int) -> Callable[[], dict[str, Any] | None]:
+        def check() -> dict[str, Any] | None:
+            seen.append(replicas(cluster, name))
+            current = cluster.status(name)
+            done = current.get("phase") == "Ready" and current.get("readyReplicas") == count
+            return current if done and seen[-1] == count else None
+
+        return check
+
+    with pod_metric(local_cluster, cluster, selector, QUEUE_DEPTH, lambda: load["value"]):
+        wait_for(ready_with(3), timeout=90, what="3 Ready replicas under load")
+        # `maxReplicas` holds however high the load: watch a few HPA syncs.
+        deadline = time.monotonic() + 12
+        while time.monotonic() < deadline:
+            seen.append(replicas(cluster, name))
+            time.sleep(0.5)
+        assert max(seen) == 3, seen
+        status = cluster.status(name)
+        assert status["autoscaler"]["desiredReplicas"] == 3
+        # A manual scale while an HPA exists is overridden at its next sync.
+        cluster.kubectl("scale", f"sdep/{name}", "-n", cluster.namespace, "--replicas=1")
+        wait_for(ready_with(3), timeout=60, what="the HPA to restore 3 replicas")
+        assert max(seen) == 3, seen
+
+        load["value"] = "0"
+        seen.clear()
+        wait_for(ready_with(1), timeout=90, what="scale-down to minReplicas")
+        deadline = time.monotonic() + 12
+        while time.monotonic() < deadline:
+            seen.append(replicas(cluster, name))
+            time.sleep(0.5)
+        assert min(seen) == 1, seen
+    found = hpa(cluster, name)
+    assert found is not None
+    assert found.status.current_replicas == 1
+
+
+# -- the Cluster Autoscaler: GPU nodes on demand -----------------------------------------------------------
+
+
+def gpu_node_groups(core: client.CoreV1Api) -> dict[str, str]:
+    """Node name -> node group, for the nodes the Cluster Autoscaler made."""
+    out: dict[str, str] = {}
+    for node in core.list_node().items:
+        group = (node.metadata.labels or {}).get(LocalCluster.NODE_GROUP_LABEL)
+        if group:
+            out[node.metadata.name] = group
+    return out
+
+
+def test_load_adds_a_gpu_node_of_the_right_pool_and_its_removal_takes_the_node_away(
+    cluster: Cluster, local_cluster: LocalCluster
+) -> None:
+    # One replica takes a whole 8-GPU H200 node: the only static H200 node holds the first, the second
+    # needs a node from the H200 pool.
+    doc = autoscaled(
+        "04b",
+        {
+            "minReplicas": 1,
+            "maxReplicas": 2,
+            "metric": "queueSeconds",
+            "target": 10,
+            "scaleDown": {"stabilizationWindowSeconds": 10, "maxPods": 1, "periodSeconds": 15},
+        },
+        placement={"draft": "colocated"},
+    )
+    doc["spec"]["target"]["tensorParallel"] = 8
+    name = cluster.apply(doc)
+    status = cluster.wait_phase(name, "Ready", timeout=120)
+    assert status["gpusPerReplica"] == 8
+    selector = status["selector"]
+    before = gpu_node_groups(cluster.core)
+    load = {"value": "30"}  # three times the target
+
+    with pod_metric(local_cluster, cluster, selector, QUEUE_SECONDS, lambda: load["value"]):
+        pending = wait_for(
+            status_when(cluster, name, lambda s: s.get("capacityPendingReplicas")),
+            timeout=60,
+            what="CapacityPending",
+        )
+        assert replicas(cluster, name) == 2
+        degraded = condition(pending, "Degraded")
+        assert degraded["reason"] == "CapacityPending"
+        assert "Insufficient nvidia.com/gpu" in degraded["message"]
+        assert degraded["message"].startswith("1 of 2 replicas wait for GPU capacity")
+        assert pending["capacityPendingReplicas"] == 1
+        wait_for(lambda: "CapacityPending" in reasons(cluster), timeout=30, what="the CapacityPending event")
+
+        status = cluster.wait_phase(name, "Ready", timeout=120, since_generation=False)
+        assert status["readyReplicas"] == 2
+        assert "capacityPendingReplicas" not in status
+        added = {n: g for n, g in gpu_node_groups(cluster.core).items() if n not in before}
+        assert len(added) == 1, added
+        node_name, group = next(iter(added.items()))
+        node = cluster.core.read_node(node_name)
+        assert node.metadata.labels["nvidia.com/gpu.product"] == H200
+        assert group == local_cluster.node_group_of_product(H200)
+        pods = {p.spec.node_name for p in cluster.pods(selector)}
+        assert node_name in pods
+
+        load["value"] = "1"
+        wait_for(
+            lambda: replicas(cluster, name) == 1 and len(cluster.pods(selector)) == 1,
+            timeout=90,
+            what="scale-down to one replica",
+        )
+        wait_for(
+            lambda: node_name not in gpu_node_groups(cluster.core),
+            timeout=120,
+            what=f"the Cluster Autoscaler to remove {node_name}",
+        )
+    assert cluster.wait_phase(name, "Ready", timeout=60, since_generation=False)["readyReplicas"] == 1
+    assert all(g == group for g in gpu_node_groups(cluster.core).values() if g)
