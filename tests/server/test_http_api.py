@@ -214,7 +214,8 @@ def test_a_full_queue_answers_503_with_retry_after() -> None:
     )
     with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=10) as http:
         with http.stream("POST", "/v1/completions", json=_completion(stream=True, max_tokens=1000)) as first:
-            next(first.iter_lines())
+            lines = first.iter_lines()  # kept: dropping the iterator would close the stream
+            next(lines)
             busy = http.post("/v1/completions", json=_completion())
             _assert_error(busy, 503, "queue is full")
             assert busy.headers["retry-after"] == "1"

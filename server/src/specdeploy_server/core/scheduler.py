@@ -12,13 +12,14 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from specdeploy_server.core.adaptive import DraftLenController
 from specdeploy_server.core.drafters import Drafter
 from specdeploy_server.core.executors import AcceptanceRule, RequestErrors, TargetExecutor, VerifyRequest
+from specdeploy_server.core.load import ThroughputMeter
 from specdeploy_server.core.types import FinishReason, Proposal, SequenceState, StepOutput
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ class SchedulerSettings:
     acceptance: str = AcceptanceRule.TOKEN_MATCH
     draft_len: int | None = 4  # None = adaptive
     max_draft_len: int = 10
+    #: busy seconds the measured generation rate averages over (see ThroughputMeter)
+    rate_window_seconds: float = 10.0
 
 
 class SchedulerObserver(Protocol):
@@ -91,6 +94,7 @@ class SpeculativeScheduler:
         drafter: Drafter,
         settings: SchedulerSettings,
         observer: SchedulerObserver | None = None,
+        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.target = target
         self.drafter = drafter
@@ -106,7 +110,9 @@ class SpeculativeScheduler:
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._accepting = True
-        self._rate_tokens_per_s: float | None = None
+        #: times the steps (their durations feed the generation rate, the adaptive draft length and metrics)
+        self._clock = clock
+        self._throughput = ThroughputMeter(settings.rate_window_seconds)
         # Outputs of the last step not yet handed to their consumers (see _step); whether a flush is queued.
         self._undelivered: list[tuple[SequenceState, list[int], int, int]] = []
         self._flush_queued = False
@@ -143,7 +149,9 @@ class SpeculativeScheduler:
         if not self._accepting:
             raise EngineStoppedError("the server is shutting down")
         limit = self.settings.max_queue_size
-        free_slots = self.settings.max_batch_size - len(self.running)
+        # a cancelled sequence leaves `running` at the next admission, before any waiting one is admitted
+        live_running = sum(1 for s in self.running if s.finished is None and not s.cancelled)
+        free_slots = self.settings.max_batch_size - live_running
         if limit is not None and len(self.waiting) - max(free_slots, 0) >= limit:
             raise QueueFullError(f"the request queue is full ({limit} waiting)")
         self.waiting.append(seq)
@@ -164,26 +172,43 @@ class SpeculativeScheduler:
         self._wakeup.set()
 
     # ----------------------------------------------------------------- load figures (autoscaling signals)
+    def _live(self) -> Iterator[SequenceState]:
+        """Requests still owed tokens. A running sequence that finished or was cancelled stays in ``running``
+        until the next admission, but it is no longer work."""
+        for seq in self.waiting:
+            if seq.finished is None and not seq.cancelled:
+                yield seq
+        for seq in self.running:
+            if seq.finished is None and not seq.cancelled:
+                yield seq
+
     @property
     def queue_depth(self) -> int:
-        return len(self.waiting) + len(self.running)
+        """Requests waiting plus running (not finished, not cancelled)."""
+        return sum(1 for _ in self._live())
 
     @property
     def pending_tokens(self) -> int:
-        return sum(s.remaining_tokens for s in self.waiting) + sum(
-            s.remaining_tokens for s in self.running if s.finished is None
+        """Tokens the live requests may still generate: each up to its ``max_tokens`` and the context length
+        (an upper bound: a request can stop earlier)."""
+        max_model_len = self.settings.max_model_len
+        return sum(
+            max(min(seq.remaining_tokens, max_model_len - len(seq.token_ids)), 0) for seq in self._live()
         )
 
     @property
     def generation_rate(self) -> float | None:
-        """Measured tokens per second of this replica while busy (EMA over steps)."""
-        return self._rate_tokens_per_s
+        """Tokens emitted per second of busy time (all sequences of a step together, accepted draft tokens
+        included), over about the last ``rate_window_seconds`` of busy time; None before the first step."""
+        return self._throughput.rate
 
     @property
     def queue_seconds(self) -> float:
+        """``pending_tokens / generation_rate``: seconds of generation queued here; 0 when nothing is pending
+        or no rate has been measured yet."""
         pending = self.pending_tokens
-        rate = self._rate_tokens_per_s
-        if pending == 0 or not rate:
+        rate = self._throughput.rate
+        if pending == 0 or rate is None:
             return 0.0
         return pending / rate
 
@@ -224,7 +249,8 @@ class SpeculativeScheduler:
                 self.running.append(seq)
 
     async def _step(self, batch: list[SequenceState]) -> None:
-        t0 = time.perf_counter()
+        clock = self._clock
+        t0 = clock()
         k = self.draft_len.next_k()
         # Each sequence drafts at most k, clamped so the step cannot overshoot max_tokens or the context.
         max_model_len = self.settings.max_model_len
@@ -242,7 +268,7 @@ class SpeculativeScheduler:
         proposals: list[Proposal] = (
             await self.drafter.propose(plan, want_probs) if drafting else [Proposal([]) for _ in batch]
         )
-        t1 = time.perf_counter()
+        t1 = clock()
         if any(seq.cancelled for seq in batch):  # cancelled while drafting: not worth verifying
             kept = [(seq, prop) for seq, prop in zip(batch, proposals, strict=True) if not seq.cancelled]
             batch, proposals = [seq for seq, _ in kept], [prop for _, prop in kept]
@@ -251,7 +277,7 @@ class SpeculativeScheduler:
             for seq, prop in zip(batch, proposals, strict=True)
         ]
         emitted = await self.target.verify(requests) if requests else []
-        t2 = time.perf_counter()
+        t2 = clock()
         if self.drafter.has_cost and drafting:
             self.draft_len.observe_costs(t1 - t0, max(n for _, n in plan), t2 - t1)
         elif not self.drafter.has_cost:
@@ -260,7 +286,13 @@ class SpeculativeScheduler:
             self._flush()
         finished: list[tuple[SequenceState, StepOutput]] = []
         total = self._apply(batch, proposals, emitted, finished)
-        seconds = time.perf_counter() - t0
+        seconds = clock() - t0
+        # The step is accounted before any consumer hears of it: whoever reads the load figures after a
+        # request's last output sees the step that produced it.
+        self.stats.steps += 1
+        if total > 0:  # emitted tokens, not steps or draft tokens: the speculative speedup is in the rate
+            self._throughput.observe(total, seconds)
+        self.observer.on_step(len(batch), seconds, total)
         if finished:
             # Sequences that ended get their last output now, and their consumers one turn of the event loop
             # before the next step is planned: a consumer that follows up at once (a closed-loop client, the
@@ -273,12 +305,6 @@ class SpeculativeScheduler:
             # consumers' work overlaps the executors' instead of delaying the next step.
             self._flush_queued = True
             asyncio.get_running_loop().call_soon(self._flush)
-        self.stats.steps += 1
-        if seconds > 0 and total > 0:
-            rate = total / seconds
-            old = self._rate_tokens_per_s
-            self._rate_tokens_per_s = rate if old is None else old + 0.1 * (rate - old)
-        self.observer.on_step(len(batch), seconds, total)
 
     def _apply(
         self,
