@@ -14,7 +14,7 @@ from specdeploy_server.api.app import create_app
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.backends.trtllm_llmapi import LlmApiEngine
 from specdeploy_server.config import ServerConfig
-from specdeploy_server.core.types import SamplingParams
+from specdeploy_server.core.types import FinishReason, SamplingParams
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.server.conftest import TinyModels, run_live
@@ -160,3 +160,33 @@ def test_logits_acceptance_is_refused(tiny_models: TinyModels, trtllm_double: Do
     config["model"]["draft"] = str(tiny_models.draft_same)
     with pytest.raises(RuntimeError, match="acceptance logits is not available"):
         build_engine(ServerConfig.model_validate(config))
+
+
+def test_load_figures_and_stop_aborting_what_is_left(
+    tiny_models: TinyModels, trtllm_double: DoubleState
+) -> None:
+    """The LLM API engine's queueSeconds is pending tokens over its measured rate; at the shutdown timeout its
+    stop aborts the LLM requests still running (their streams end with abort) before shutting the LLM down."""
+    trtllm_double.request_delay = 0.01
+    engine = build_engine(ServerConfig.model_validate(_config(tiny_models, method="none")))
+
+    async def main() -> None:
+        await engine.start()
+        assert (engine.queue_depth, engine.queue_seconds, engine.generation_rate) == (0, 0.0, 0.0)
+        gen = engine.generate([5, 6, 7], 200, SamplingParams(temperature=0.0))
+        first = await anext(gen.outputs)
+        assert len(first.token_ids) == 1
+        rate = engine.generation_rate
+        assert rate > 0
+        assert engine.queue_depth == 1
+        assert engine.queue_seconds == pytest.approx(199 / rate, rel=1e-12)
+        stopping = asyncio.ensure_future(engine.stop(0.1))
+        rest = [out async for out in gen.outputs]
+        await stopping
+        assert rest[-1].finish_reason == FinishReason.ABORT
+        assert (engine.queue_depth, engine.queue_seconds) == (0, 0.0)
+
+    asyncio.run(main())
+    (llm,) = trtllm_double.llms
+    assert llm.requests[0].aborted
+    assert llm.shut

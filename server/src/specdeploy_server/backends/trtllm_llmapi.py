@@ -10,6 +10,7 @@ nothing is built.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 from specdeploy_server.backends.errors import BackendUnavailableError, import_tensorrt_llm
 from specdeploy_server.config import Acceptance, Method, ServerConfig
 from specdeploy_server.core.executors import ExecutorError
+from specdeploy_server.core.load import ThroughputMeter
 from specdeploy_server.core.scheduler import (
     EngineStoppedError,
     GlobalStats,
@@ -37,6 +39,7 @@ log = logging.getLogger(__name__)
 
 BACKEND = "trtllm-llmapi"
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
+_ABORT_WAIT_SECONDS = 1.0  # how long aborted streams get to end before the LLM shuts down
 
 
 @runtime_checkable
@@ -139,10 +142,16 @@ class LlmApiEngine:
         self._sampling_params = sampling_params
         self._capacity = None if max_queue_size is None else max_batch_size + max_queue_size
         self._remaining: dict[str, int] = {}  # tokens each active request may still generate
+        self._outputs: dict[str, Any] = {}  # the LLM's stream of each active request
+        self._idle = asyncio.Event()  # set while no request is active
+        self._idle.set()
         self._stats = GlobalStats()
         self._observer: RequestObserver | None = None
         self._running = False
-        self._rate: float | None = None
+        # Tokens emitted (all requests together) per second while any request is active; _busy_since: the
+        # last output (or the start of the busy period), None while idle, so idle time is not counted.
+        self._throughput = ThroughputMeter()
+        self._busy_since: float | None = None
 
     # EngineClient ----------------------------------------------------------------------------
     @property
@@ -156,7 +165,8 @@ class LlmApiEngine:
     @property
     def queue_seconds(self) -> float:
         pending = sum(self._remaining.values())
-        return pending / self._rate if pending and self._rate else 0.0
+        rate = self._throughput.rate
+        return pending / rate if pending and rate else 0.0
 
     @property
     def stats(self) -> GlobalStats:
@@ -164,7 +174,7 @@ class LlmApiEngine:
 
     @property
     def generation_rate(self) -> float:
-        return self._rate or 0.0
+        return self._throughput.rate or 0.0
 
     def attach_observer(self, observer: SchedulerObserver) -> None:
         self._observer = observer if isinstance(observer, RequestObserver) else None
@@ -176,6 +186,9 @@ class LlmApiEngine:
             raise QueueFullError(f"the request queue is full ({self._capacity} requests)")
         request_id = uuid.uuid4().hex
         self._remaining[request_id] = max_tokens
+        self._idle.clear()
+        if self._busy_since is None:
+            self._busy_since = time.perf_counter()
         stats = SeqStats()
         return Generation(self._run(request_id, prompt_ids, max_tokens, params, stats), stats)
 
@@ -183,11 +196,16 @@ class LlmApiEngine:
         self._running = True
 
     async def stop(self, timeout: float) -> None:
-        """Stop admitting; in-flight streams get ``timeout`` seconds (the HTTP server waits for them)."""
+        """Stop admitting; in-flight streams get ``timeout`` seconds, then are aborted (their streams end with
+        ``finish_reason: abort``) before the LLM shuts down."""
         self._running = False
-        deadline = time.monotonic() + timeout
-        while self._remaining and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            for output in list(self._outputs.values()):
+                output.abort()
+            with contextlib.suppress(TimeoutError):  # the aborted streams end; don't hang on one that won't
+                await asyncio.wait_for(self._idle.wait(), _ABORT_WAIT_SECONDS)
         self._llm.shutdown()
 
     # ------------------------------------------------------------------------------------------
@@ -212,15 +230,13 @@ class LlmApiEngine:
             output = self._llm.generate_async(
                 list(prompt_ids), sampling_params=self._sampling(max_tokens, params), streaming=True
             )
+            self._outputs[request_id] = output
             sent = 0
-            last = time.perf_counter()
             async for out in output:
                 completion = out.outputs[0]
                 token_ids = list(completion.token_ids)
                 new, sent = token_ids[sent:], len(token_ids)
-                now = time.perf_counter()
-                self._account(request_id, len(new), now - last, stats)
-                last = now
+                self._account(request_id, len(new), stats)
                 finish = None
                 if out.finished:
                     finish = _FINISH.get(str(completion.finish_reason), FinishReason.ABORT)
@@ -237,21 +253,28 @@ class LlmApiEngine:
             raise ExecutorError(BACKEND, str(exc)) from exc
         finally:
             self._remaining.pop(request_id, None)
+            self._outputs.pop(request_id, None)
+            if not self._remaining:
+                self._busy_since = None
+                self._idle.set()
             if finished:
                 self._stats.requests_finished += 1
             elif output is not None:
                 output.abort()  # the client went away: stop generating for it
 
-    def _account(self, request_id: str, n: int, seconds: float, stats: SeqStats) -> None:
+    def _account(self, request_id: str, n: int, stats: SeqStats) -> None:
         stats.steps += 1
         stats.emitted += n
         self._stats.steps += 1
         self._stats.emitted += n
         if request_id in self._remaining:
             self._remaining[request_id] = max(self._remaining[request_id] - n, 0)
-        if n and seconds > 0:
-            rate = n * max(len(self._remaining), 1) / seconds
-            self._rate = rate if self._rate is None else self._rate + 0.1 * (rate - self._rate)
+        # Emitted tokens (TensorRT-LLM's accepted draft tokens included) over the busy time since the last
+        # output of any request: the replica's aggregate rate, as the scheduler measures it.
+        now = time.perf_counter()
+        if self._busy_since is not None:
+            self._throughput.observe(n, now - self._busy_since)
+        self._busy_since = now
 
     def _speculation(self, completion: Any, stats: SeqStats) -> None:
         """Per-request draft/accept totals, where TensorRT-LLM reports them (``request_perf_metrics``)."""
