@@ -11,10 +11,15 @@ Flags override the file. ``--print-config`` prints the effective configuration (
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import math
 import os
+import signal
 import sys
+import threading
+from collections.abc import Generator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -25,6 +30,12 @@ from specdeploy_server import __version__
 from specdeploy_server.config import ServerConfig, merge, read_config_file
 
 log = logging.getLogger("specdeploy_server")
+
+_EXIT_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+HTTP_BACKSTOP_SECONDS = 2
+"""After SIGTERM the process exits right after its last in-flight request ends, which is at most
+shutdownTimeoutSeconds later; only a connection that will not close (a client that stopped reading) holds it
+until ``ceil(shutdownTimeoutSeconds) + HTTP_BACKSTOP_SECONDS``. Releasing the models comes on top."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -198,12 +209,28 @@ def serve(config: ServerConfig) -> None:
         shutdown_timeout=config.serving.shutdown_timeout_seconds,
     )
     state = app_state(app)
+    shutdown_timeout = config.serving.shutdown_timeout_seconds
 
     class _Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-            # readiness goes false at once, so the Service stops routing here while in-flight requests finish
-            state.draining = True
+            # Readiness goes false at once, so the Service stops routing here, and the engine's grace period
+            # starts now: in-flight requests get shutdownTimeoutSeconds from the signal, then are aborted.
+            state.begin_drain()
             super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Generator[None, None, None]:
+            # uvicorn's own re-raises the signal after shutting down, so the process would die of SIGTERM
+            # (status 143) even after a clean drain; a drained server exits normally (status 0).
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {sig: signal.signal(sig, self.handle_exit) for sig in _EXIT_SIGNALS}
+            try:
+                yield
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
 
     server = _Server(
         uvicorn.Config(
@@ -212,7 +239,9 @@ def serve(config: ServerConfig) -> None:
             port=config.serving.port,
             log_level=config.logging.level.lower(),
             access_log=config.logging.access_log,
-            timeout_graceful_shutdown=max(1, round(config.serving.shutdown_timeout_seconds)),
+            # A backstop only: the engine ends every request by shutdown_timeout, which ends its response;
+            # uvicorn cuts connections still open this much later (a client that stopped reading).
+            timeout_graceful_shutdown=math.ceil(shutdown_timeout) + HTTP_BACKSTOP_SECONDS,
         )
     )
     log.info("serving %s on %s:%d", config.model.name, config.serving.host, config.serving.port)

@@ -181,7 +181,10 @@ class ServingConfig(_Model):
         default=None, description="Jinja chat template; default: the tokenizer's."
     )
     shutdown_timeout_seconds: float = Field(
-        default=30.0, ge=0, description="Grace period for in-flight requests."
+        default=30.0,
+        ge=0,
+        description="Seconds in-flight requests get after SIGTERM before they are aborted; the pod's "
+        "terminationGracePeriodSeconds should be at least preStop + ceil(this) + 5 (docs/server.md).",
     )
     default_max_tokens: int = Field(
         default=16, ge=1, description="max_tokens of /v1/completions when omitted."

@@ -44,6 +44,26 @@ class AppState:
     api_key: str | None
     shutdown_timeout: float
     draining: bool = False
+    loop: asyncio.AbstractEventLoop | None = None  # the server's, once started
+    drain_task: asyncio.Task[None] | None = None
+
+    def begin_drain(self) -> None:
+        """Start draining (SIGTERM): readiness and new requests answer 503 from now on, and the engine gives
+        in-flight requests ``shutdown_timeout`` seconds from now, then aborts the rest (``finish_reason:
+        abort``, so their responses still end properly). Safe to call from a signal handler."""
+        self.draining = True
+        if self.loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed: nothing left to drain
+                self.loop.call_soon_threadsafe(self.drain)
+
+    def drain(self) -> asyncio.Task[None]:
+        """The engine's drain, begun once (on the server's loop)."""
+        self.draining = True
+        if self.drain_task is None:
+            self.drain_task = asyncio.get_running_loop().create_task(
+                self.engine.stop(self.shutdown_timeout), name="drain"
+            )
+        return self.drain_task
 
 
 def create_app(
@@ -73,11 +93,11 @@ def create_app(
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await engine.start()
+        state.loop = asyncio.get_running_loop()
         try:
             yield
         finally:
-            state.draining = True
-            await engine.stop(state.shutdown_timeout)
+            await state.drain()  # begun at SIGTERM (begin_drain), or now
 
     app = FastAPI(title="specdeploy-server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.specdeploy = state
