@@ -211,7 +211,9 @@ def test_the_grace_period_covers_the_servers_drain() -> None:
         pod = build_deployment(sdep, engines, settings)["spec"]["template"]["spec"]
         config = build_server_config(sdep, engines, settings)
         assert pod["terminationGracePeriodSeconds"] == grace
-        assert config["serving"]["shutdownTimeoutSeconds"] == grace - 5
+        assert pod["containers"][0]["lifecycle"] == {"preStop": {"sleep": {"seconds": 5}}}
+        # grace = preStop sleep + drain + margin for the process to exit
+        assert config["serving"]["shutdownTimeoutSeconds"] == grace - 10
 
 
 def test_the_scale_selector_selects_exactly_the_serving_pods() -> None:

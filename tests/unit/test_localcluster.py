@@ -6,12 +6,21 @@ from pathlib import Path
 
 import pytest
 from localcluster import (
+    CA_MAX_ANNOTATION,
+    CA_MIN_ANNOTATION,
     DEFAULT_NODEPOOLS,
     GPU_TAINT,
+    KWOK_ANNOTATION,
+    NODE_GROUP_LABEL,
+    AutoscaledPool,
     ClusterError,
     NodePool,
+    autoscaling_from_env,
+    kwok_provider_config,
+    load_autoscaled_pools,
     load_nodepools,
     node_manifests,
+    node_templates,
 )
 
 
@@ -70,3 +79,77 @@ def test_duplicate_pool_names_are_refused(tmp_path: Path) -> None:
     f.write_text("pools:\n- {name: a, nodes: 1, instanceType: x}\n- {name: a, nodes: 2, instanceType: y}\n")
     with pytest.raises(ClusterError, match="unique"):
         load_nodepools(f)
+
+
+def test_default_autoscaled_pools_are_h100_up_to_four_and_h200_up_to_two() -> None:
+    pools = {p.name: p for p in load_autoscaled_pools(DEFAULT_NODEPOOLS)}
+    assert sorted(pools) == ["h100-autoscaled", "h200-autoscaled"]
+    assert (pools["h100-autoscaled"].min_nodes, pools["h100-autoscaled"].max_nodes) == (0, 4)
+    assert (pools["h200-autoscaled"].min_nodes, pools["h200-autoscaled"].max_nodes) == (0, 2)
+    # The static pools are what they were: autoscaled pools add no node at start.
+    assert [p.name for p in load_nodepools(DEFAULT_NODEPOOLS)] == ["h100", "h200", "cpu"]
+
+
+def test_node_templates_look_like_static_nodes_of_the_same_product_plus_group_label_and_bounds() -> None:
+    static = {n["metadata"]["name"]: n for n in node_manifests(load_nodepools(DEFAULT_NODEPOOLS))}
+    templates = {t["metadata"]["name"]: t for t in node_templates(load_autoscaled_pools(DEFAULT_NODEPOOLS))}
+    for group, twin in (("h100-autoscaled", "h100-0"), ("h200-autoscaled", "h200-0")):
+        template, node = templates[group], static[twin]
+        labels = dict(template["metadata"]["labels"])
+        assert labels.pop(NODE_GROUP_LABEL) == group
+        assert labels.pop("specdeploy.dev/node-pool") == group
+        expected = {k: v for k, v in node["metadata"]["labels"].items() if k != "kubernetes.io/hostname"}
+        expected.pop("specdeploy.dev/node-pool")
+        assert labels == expected  # product, count, memory, instance type, ...; no shared hostname label
+        assert template["spec"] == node["spec"] == {"taints": [GPU_TAINT]}
+        assert template["status"] == node["status"]
+        annotations = template["metadata"]["annotations"]
+        assert annotations[KWOK_ANNOTATION[0]] == KWOK_ANNOTATION[1]
+    assert templates["h100-autoscaled"]["metadata"]["annotations"][CA_MAX_ANNOTATION] == "4"
+    assert templates["h200-autoscaled"]["metadata"]["annotations"][CA_MIN_ANNOTATION] == "0"
+
+
+def test_kwok_provider_config_groups_by_label_keeps_our_taint_and_knows_the_gpu_products() -> None:
+    config = kwok_provider_config(load_autoscaled_pools(DEFAULT_NODEPOOLS))
+    assert config["readNodesFrom"] == "configmap"
+    assert config["nodegroups"] == {"fromNodeLabelKey": NODE_GROUP_LABEL}
+    assert config["nodes"]["skipTaint"] is True
+    assert config["nodes"]["gpuConfig"] == {
+        "gpuLabelKey": "nvidia.com/gpu.product",
+        "availableGPUTypes": {"NVIDIA-H100-80GB-HBM3": {}, "NVIDIA-H200": {}},
+    }
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"name": "a", "instanceType": "x", "maxNodes": 2}, "'minNodes' is required"),
+        ({"name": "a", "instanceType": "x", "minNodes": 3, "maxNodes": 2}, "minNodes <= maxNodes"),
+        ({"name": "a", "instanceType": "x", "minNodes": 0, "maxNodes": 2, "nodes": 1}, "not nodes"),
+        ({"name": "a", "instanceType": "x", "minNodes": 0, "maxNodes": 2, "gpus": 8}, "unknown field"),
+    ],
+)
+def test_bad_autoscaled_pool_is_refused_with_the_field_named(raw: dict[str, object], message: str) -> None:
+    with pytest.raises(ClusterError, match=message):
+        AutoscaledPool.from_dict(raw)
+
+
+def test_pool_names_are_unique_across_static_and_autoscaled_pools(tmp_path: Path) -> None:
+    f = tmp_path / "pools.yaml"
+    f.write_text(
+        "pools:\n- {name: a, nodes: 1, instanceType: x}\n"
+        "autoscaledPools:\n- {name: a, minNodes: 0, maxNodes: 1, instanceType: y}\n"
+    )
+    with pytest.raises(ClusterError, match="unique"):
+        load_autoscaled_pools(f)
+
+
+@pytest.mark.parametrize(("value", "on"), [(None, True), ("1", True), ("0", False), ("off", False)])
+def test_autoscaling_is_on_unless_the_environment_turns_it_off(
+    monkeypatch: pytest.MonkeyPatch, value: str | None, on: bool
+) -> None:
+    if value is None:
+        monkeypatch.delenv("SPECDEPLOY_AUTOSCALING", raising=False)
+    else:
+        monkeypatch.setenv("SPECDEPLOY_AUTOSCALING", value)
+    assert autoscaling_from_env() is on

@@ -282,10 +282,11 @@ class ServingSpec(ApiModel):
     """ConfigMap key holding the chat template. Exclusive with `chatTemplate`."""
     resources: ResourceRequirements | None = None
     """CPU and memory of the server container; GPUs follow from the models' parallelism."""
-    termination_grace_period_seconds: Annotated[int, Field(ge=10, le=86400)] | None = None
-    """Seconds a stopping pod (scale-down, rollout, node drain) gets to finish its in-flight requests: the
-    server stops taking new ones on SIGTERM and exits when they are done, or 5 s before this limit. Unset:
-    the operator's `SPECDEPLOY_TERMINATION_GRACE_PERIOD_SECONDS` (60)."""
+    termination_grace_period_seconds: Annotated[int, Field(ge=15, le=86400)] | None = None
+    """Seconds a stopping pod (scale-down, rollout, node drain) gets: 5 s still serving while endpoints are
+    updated (a preStop sleep), then the server stops taking requests (SIGTERM) and drains the in-flight ones
+    for up to this minus 10 s, ending the rest with `finish_reason: abort`. Unset: the operator's
+    `SPECDEPLOY_TERMINATION_GRACE_PERIOD_SECONDS` (60)."""
 
 
 class EngineCacheSpec(ApiModel):

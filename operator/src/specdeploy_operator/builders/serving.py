@@ -52,8 +52,17 @@ _BACKENDS: Final = {"tensorrt": "trtllm-engine", "pytorch": "trtllm-llmapi"}
 _SERVER_METHODS: Final = ("draftTarget", "promptLookup", "eagle3", "mtp", "none")
 
 
+PRESTOP_SECONDS: Final = 5
+"""The pod keeps taking requests this long after it is marked for deletion (a preStop sleep), while Services
+and load balancers stop routing to it; only then does the server get SIGTERM and start draining."""
 SHUTDOWN_MARGIN_SECONDS: Final = 5
-"""The server finishes draining this long before the kubelet's SIGKILL."""
+"""The server finishes draining this long before the kubelet's SIGKILL (uvicorn's backstop, model unload)."""
+
+
+def shutdown_timeout(sdep: SpeculativeDeployment, settings: OperatorSettings) -> int:
+    """The server's `shutdownTimeoutSeconds`: what is left of the grace period after the preStop sleep and the
+    margin (grace = preStop + drain + margin, docs/server.md)."""
+    return max(grace_period(sdep, settings) - PRESTOP_SECONDS - SHUTDOWN_MARGIN_SECONDS, 1)
 
 
 def grace_period(sdep: SpeculativeDeployment, settings: OperatorSettings) -> int:
@@ -199,7 +208,7 @@ def build_server_config(
     serving: dict[str, Any] = {
         "host": "0.0.0.0",
         "port": spec.serving.port,
-        "shutdownTimeoutSeconds": max(grace_period(sdep, settings) - SHUTDOWN_MARGIN_SECONDS, 0),
+        "shutdownTimeoutSeconds": shutdown_timeout(sdep, settings),
     }
     if spec.serving.api_key_secret:
         serving["apiKeyFile"] = f"{API_KEY_MOUNT}/api-key"
@@ -374,6 +383,7 @@ def build_deployment(
         "startupProbe": _probe("/health/ready", port, 10, max(settings.startup_timeout_seconds // 10, 1)),
         "readinessProbe": _probe("/health/ready", port, 5, 3),
         "livenessProbe": _probe("/health/live", port, 10, 6),
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
     }
     node_selector = dict(sorted((spec.placement.node_selector or {}).items()))
     node_selector[GPU_PRODUCT_LABEL] = gpu_product(sdep, settings)

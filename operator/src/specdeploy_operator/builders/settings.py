@@ -53,7 +53,7 @@ class OperatorSettings(BaseModel):
     """`convert_checkpoint.py` used for `format: none` (`SPECDEPLOY_CONVERT_SCRIPT`)."""
     python: str = "python"
     """Interpreter that runs the scripts in the builder image (`SPECDEPLOY_PYTHON`)."""
-    termination_grace_period_seconds: Annotated[int, Field(ge=0)] = 60
+    termination_grace_period_seconds: Annotated[int, Field(ge=15)] = 60
     """Grace period of serving pods (`SPECDEPLOY_TERMINATION_GRACE_PERIOD_SECONDS`)."""
     startup_timeout_seconds: Annotated[int, Field(ge=10)] = 1800
     """How long a serving pod may take to load its engines before it is restarted
