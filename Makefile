@@ -8,6 +8,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CLUSTER_DIR ?= .cluster
 NODEPOOLS ?= hack/cluster/nodepools.yaml
+# AUTOSCALING=0: no custom metrics adapter and no Cluster Autoscaler (default: on; same as SPECDEPLOY_AUTOSCALING)
+AUTOSCALING ?=
 PYTEST_ARGS ?=
 
 .PHONY: help
@@ -24,7 +26,7 @@ $(VENV)/.installed: operator/pyproject.toml server/pyproject.toml
 venv: $(VENV)/.installed ## create/refresh the virtualenv in .venv with both packages and their test extras
 
 .PHONY: bins
-bins: ## build (or find cached) kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok, helm
+bins: ## build (or find cached) kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok, helm, test-adapter, cluster-autoscaler
 	@hack/cluster/build.sh >/dev/null
 
 .PHONY: lint
@@ -60,7 +62,7 @@ bench-operator: venv bins ## operator at scale on its own simulated cluster (100
 
 .PHONY: cluster-up
 cluster-up: venv bins ## start the local control plane + kwok GPU node pools; kubeconfig in .cluster/kubeconfig
-	$(PY) hack/cluster/localcluster.py up --dir $(CLUSTER_DIR) --nodepools $(NODEPOOLS)
+	$(if $(AUTOSCALING),SPECDEPLOY_AUTOSCALING=$(AUTOSCALING)) $(PY) hack/cluster/localcluster.py up --dir $(CLUSTER_DIR) --nodepools $(NODEPOOLS)
 
 .PHONY: cluster-down
 cluster-down: ## stop every process of the local cluster and remove its state

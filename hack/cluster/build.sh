@@ -2,6 +2,7 @@
 # Build (or find in the cache) every binary the local cluster needs, from published Go modules:
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  (one multi-call binary, k8s.io/kubernetes)
 #   etcd (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok), helm (helm.sh/helm/v3)
+#   test-adapter (sigs.k8s.io/custom-metrics-apiserver), cluster-autoscaler (k8s.io/autoscaler, -tags kwok)
 # Binaries land in ${SPECDEPLOY_CACHE:-~/.cache/specdeploy}/bin/<key>/, key = hash of the pinned versions,
 # the wrapper modules and the Go toolchain. A warm start builds nothing. Prints the bin directory on stdout.
 set -euo pipefail
@@ -48,6 +49,24 @@ if [[ ! -x "$bin/helm" ]]; then
   log "helm $HELM_VERSION"
   GOBIN="$bin" go install -trimpath \
     -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+fi
+if [[ ! -x "$bin/test-adapter" ]]; then
+  log "custom-metrics-apiserver test adapter $CUSTOM_METRICS_APISERVER_VERSION"
+  grep -Eq "sigs.k8s.io/custom-metrics-apiserver $CUSTOM_METRICS_APISERVER_VERSION( // indirect)?\$" "$here/gomod/test-adapter/go.mod" \
+    || { log "gomod/test-adapter/go.mod does not require custom-metrics-apiserver $CUSTOM_METRICS_APISERVER_VERSION"; exit 1; }
+  (cd "$here/gomod/test-adapter" && go build -trimpath -ldflags "-s -w" -o "$bin/test-adapter.tmp" . \
+    && mv "$bin/test-adapter.tmp" "$bin/test-adapter")
+fi
+if [[ ! -x "$bin/cluster-autoscaler" ]]; then
+  log "cluster-autoscaler $CLUSTER_AUTOSCALER_VERSION with the kwok cloud provider (slow on a cold cache)"
+  for pin in "cluster-autoscaler $CLUSTER_AUTOSCALER_VERSION" "cluster-autoscaler/apis $CLUSTER_AUTOSCALER_APIS_VERSION"; do
+    grep -Eq "k8s.io/autoscaler/$pin( // indirect)?\$" "$here/gomod/cluster-autoscaler/go.mod" \
+      || { log "gomod/cluster-autoscaler/go.mod does not require k8s.io/autoscaler/$pin"; exit 1; }
+  done
+  # The module's main package is built as a tool of the wrapper module (a main package cannot be imported).
+  (cd "$here/gomod/cluster-autoscaler" \
+    && go build -trimpath -tags kwok -ldflags "-s -w" -o "$bin/cluster-autoscaler.tmp" k8s.io/autoscaler/cluster-autoscaler \
+    && mv "$bin/cluster-autoscaler.tmp" "$bin/cluster-autoscaler")
 fi
 log "built in $((SECONDS - start))s into $bin"
 touch "$bin/.complete"

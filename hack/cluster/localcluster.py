@@ -17,6 +17,7 @@ Only the standard library is needed for ``down`` and ``status``; ``up`` also nee
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import datetime as dt
 import ipaddress
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,6 +47,26 @@ KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 POOL_LABEL = "specdeploy.dev/node-pool"
 # Start order; stopped in reverse.
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# Started after the control plane unless autoscaling is switched off (`SPECDEPLOY_AUTOSCALING=0`).
+AUTOSCALING_COMPONENTS = ("metrics-adapter", "cluster-autoscaler")
+AUTOSCALING_ENV = "SPECDEPLOY_AUTOSCALING"
+
+# Nodes of an autoscaled pool carry this label (value: the pool's name); the Cluster Autoscaler's kwok
+# provider groups its node templates by it (`nodegroups.fromNodeLabelKey`).
+NODE_GROUP_LABEL = "specdeploy.dev/node-group"
+# The kwok provider marks every node it creates with its node group's name under this annotation.
+CA_NODE_GROUP_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/name"
+CA_MIN_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/min-count"
+CA_MAX_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/max-count"
+# Where the Cluster Autoscaler's ConfigMaps (provider config, node templates, its status) and the custom
+# metrics APIService's Service live.
+AUTOSCALING_NAMESPACE = "kube-system"
+CA_CONFIGMAP = "kwok-provider-config"
+CA_TEMPLATES_CONFIGMAP = "kwok-provider-templates"
+METRICS_ADAPTER_USER = "specdeploy-metrics-adapter"
+METRICS_ADAPTER_SERVICE = "specdeploy-metrics-adapter"
+CUSTOM_METRICS_APISERVICES = ("v1beta1.custom.metrics.k8s.io", "v1beta2.custom.metrics.k8s.io")
+CLUSTER_AUTOSCALER_USER = "specdeploy-cluster-autoscaler"
 
 log = logging.getLogger("localcluster")
 
@@ -114,58 +136,133 @@ class NodePool:
         )
 
 
-def load_nodepools(path: Path) -> list[NodePool]:
+@dataclass(frozen=True)
+class AutoscaledPool:
+    """A node pool that starts with `min_nodes` nodes and that the Cluster Autoscaler grows up to `max_nodes`
+    (and shrinks back) with nodes made from its template."""
+
+    pool: NodePool
+    min_nodes: int
+    max_nodes: int
+
+    @property
+    def name(self) -> str:
+        return self.pool.name
+
+    @staticmethod
+    def from_dict(raw: Mapping[str, Any]) -> AutoscaledPool:
+        name = raw.get("name", "?")
+        for key in ("minNodes", "maxNodes"):
+            if key not in raw:
+                raise ClusterError(f"autoscaled pool {name!r}: field {key!r} is required")
+            if not isinstance(raw[key], int) or raw[key] < 0:
+                raise ClusterError(f"autoscaled pool {name!r}: {key} must be a non-negative integer")
+        if "nodes" in raw:
+            raise ClusterError(f"autoscaled pool {name!r}: use minNodes/maxNodes, not nodes")
+        if raw["maxNodes"] < raw["minNodes"] or raw["maxNodes"] == 0:
+            raise ClusterError(f"autoscaled pool {name!r}: need 0 <= minNodes <= maxNodes and maxNodes > 0")
+        rest = {k: v for k, v in raw.items() if k not in ("minNodes", "maxNodes")}
+        pool = NodePool.from_dict({**rest, "nodes": 0})
+        return AutoscaledPool(pool=pool, min_nodes=int(raw["minNodes"]), max_nodes=int(raw["maxNodes"]))
+
+
+def _load_pools_doc(path: Path) -> dict[str, Any]:
     import yaml  # noqa: PLC0415 - only `up` needs PyYAML
 
     doc = yaml.safe_load(path.read_text()) or {}
-    pools = [NodePool.from_dict(p) for p in doc.get("pools", [])]
-    names = [p.name for p in pools]
+    names = [p.get("name") for p in doc.get("pools") or []]
+    names += [p.get("name") for p in doc.get("autoscaledPools") or []]
     if len(set(names)) != len(names):
-        raise ClusterError(f"{path}: node pool names must be unique, got {names}")
-    return pools
+        raise ClusterError(f"{path}: node pool names must be unique (pools and autoscaledPools), got {names}")
+    return dict(doc)
+
+
+def load_nodepools(path: Path) -> list[NodePool]:
+    """The static pools (`pools:`): their nodes exist from the start and are never removed."""
+    return [NodePool.from_dict(p) for p in _load_pools_doc(path).get("pools") or []]
+
+
+def load_autoscaled_pools(path: Path) -> list[AutoscaledPool]:
+    """The pools the Cluster Autoscaler manages (`autoscaledPools:`)."""
+    return [AutoscaledPool.from_dict(p) for p in _load_pools_doc(path).get("autoscaledPools") or []]
+
+
+def _node_manifest(pool: NodePool, name: str) -> dict[str, Any]:
+    labels = {
+        "kubernetes.io/hostname": name,
+        "kubernetes.io/os": "linux",
+        "kubernetes.io/arch": "amd64",
+        "node.kubernetes.io/instance-type": pool.instance_type,
+        POOL_LABEL: pool.name,
+        "type": "kwok",
+    }
+    capacity = {"cpu": pool.cpu, "memory": pool.memory, "pods": str(pool.pods)}
+    taints: list[Mapping[str, str]] = []
+    if pool.gpu is not None:
+        labels["nvidia.com/gpu.product"] = pool.gpu.product
+        labels["nvidia.com/gpu.count"] = str(pool.gpu.count)
+        labels["nvidia.com/gpu.present"] = "true"
+        if pool.gpu.memory_mib is not None:
+            labels["nvidia.com/gpu.memory"] = str(pool.gpu.memory_mib)
+        capacity[pool.gpu.resource] = str(pool.gpu.count)
+        taints = [GPU_TAINT]
+    if pool.taints is not None:
+        taints = list(pool.taints)
+    labels.update(pool.labels)
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1]},
+        },
+        "spec": {"taints": [dict(t) for t in taints]} if taints else {},
+        "status": {"capacity": dict(capacity), "allocatable": dict(capacity)},
+    }
 
 
 def node_manifests(pools: Iterable[NodePool]) -> list[dict[str, Any]]:
     """The Node objects for the pools: capacity, GPU labels and taints as real GPU nodes carry them."""
-    nodes: list[dict[str, Any]] = []
-    for pool in pools:
-        for index in range(pool.nodes):
-            name = f"{pool.name}-{index}"
-            labels = {
-                "kubernetes.io/hostname": name,
-                "kubernetes.io/os": "linux",
-                "kubernetes.io/arch": "amd64",
-                "node.kubernetes.io/instance-type": pool.instance_type,
-                POOL_LABEL: pool.name,
-                "type": "kwok",
-            }
-            capacity = {"cpu": pool.cpu, "memory": pool.memory, "pods": str(pool.pods)}
-            taints: list[Mapping[str, str]] = []
-            if pool.gpu is not None:
-                labels["nvidia.com/gpu.product"] = pool.gpu.product
-                labels["nvidia.com/gpu.count"] = str(pool.gpu.count)
-                labels["nvidia.com/gpu.present"] = "true"
-                if pool.gpu.memory_mib is not None:
-                    labels["nvidia.com/gpu.memory"] = str(pool.gpu.memory_mib)
-                capacity[pool.gpu.resource] = str(pool.gpu.count)
-                taints = [GPU_TAINT]
-            if pool.taints is not None:
-                taints = list(pool.taints)
-            labels.update(pool.labels)
-            nodes.append(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Node",
-                    "metadata": {
-                        "name": name,
-                        "labels": labels,
-                        "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1]},
-                    },
-                    "spec": {"taints": [dict(t) for t in taints]} if taints else {},
-                    "status": {"capacity": dict(capacity), "allocatable": dict(capacity)},
-                }
-            )
-    return nodes
+    return [_node_manifest(pool, f"{pool.name}-{index}") for pool in pools for index in range(pool.nodes)]
+
+
+def node_templates(pools: Iterable[AutoscaledPool]) -> list[dict[str, Any]]:
+    """The Cluster Autoscaler's node templates (kwok provider), one per autoscaled pool: the same labels,
+    capacity and taints as a static node of the same shape, plus the node-group label and the group's
+    min/max annotations. The kwok provider copies a template's labels verbatim onto every node it makes,
+    so the template has no `kubernetes.io/hostname`: a kwok Stage (stages/nodes.yaml) sets it to the node's
+    name, as a kubelet would."""
+    templates = []
+    for autoscaled in pools:
+        node = _node_manifest(autoscaled.pool, autoscaled.name)
+        del node["metadata"]["labels"]["kubernetes.io/hostname"]
+        node["metadata"]["labels"][NODE_GROUP_LABEL] = autoscaled.name
+        node["metadata"]["annotations"].update(
+            {CA_MIN_ANNOTATION: str(autoscaled.min_nodes), CA_MAX_ANNOTATION: str(autoscaled.max_nodes)}
+        )
+        templates.append(node)
+    return templates
+
+
+def kwok_provider_config(pools: Iterable[AutoscaledPool]) -> dict[str, Any]:
+    """The kwok cloud provider's configuration (ConfigMap `kwok-provider-config`, key `config`): node groups
+    from the templates ConfigMap, grouped by NODE_GROUP_LABEL, without the provider's own taint (our GPU
+    taint stays), GPU types known by their product label."""
+    products = sorted({p.pool.gpu.product for p in pools if p.pool.gpu is not None})
+    nodes: dict[str, Any] = {"skipTaint": True}
+    if products:
+        nodes["gpuConfig"] = {
+            "gpuLabelKey": "nvidia.com/gpu.product",
+            "availableGPUTypes": {product: {} for product in products},
+        }
+    return {
+        "apiVersion": "v1alpha1",
+        "readNodesFrom": "configmap",
+        "nodegroups": {"fromNodeLabelKey": NODE_GROUP_LABEL},
+        "nodes": nodes,
+        "configmap": {"name": CA_TEMPLATES_CONFIGMAP},
+    }
 
 
 # --------------------------------------------------------------------------------------------------------
@@ -243,8 +340,17 @@ def _write_pki(pki: Path) -> None:
         name: str,
         ca: tuple[ec.EllipticCurvePrivateKey, x509.Certificate],
         cn: str,
+        *,
         org: str | None = None,
         server: bool = False,
+        dns_names: tuple[str, ...] = (
+            "localhost",
+            "kubernetes",
+            "kubernetes.default",
+            "kubernetes.default.svc",
+            "kubernetes.default.svc.cluster.local",
+        ),
+        ips: tuple[str, ...] = ("127.0.0.1", "10.96.0.1", "::1"),
     ) -> None:
         key = new_key()
         builder = (
@@ -264,17 +370,8 @@ def _write_pki(pki: Path) -> None:
             )
         )
         if server:
-            sans: list[x509.GeneralName] = [
-                x509.DNSName(d)
-                for d in (
-                    "localhost",
-                    "kubernetes",
-                    "kubernetes.default",
-                    "kubernetes.default.svc",
-                    "kubernetes.default.svc.cluster.local",
-                )
-            ]
-            sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", "10.96.0.1", "::1")]
+            sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns_names]
+            sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
             builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=False)
         save_key(name, key)
         save_cert(name, builder.sign(ca[0], hashes.SHA256()))
@@ -288,6 +385,22 @@ def _write_pki(pki: Path) -> None:
     # The operator's own identity when it runs with admin rights (tests, demo): its requests are the only
     # ones the audit log records, which is how the benchmark counts them.
     issue("operator", ca, OPERATOR_USER, org="system:masters")
+    # The custom metrics adapter: a client identity with only the RBAC it needs (see _autoscaling_objects),
+    # and a serving certificate for the name the aggregator dials (<service>.<namespace>.svc).
+    issue("metrics-adapter", ca, METRICS_ADAPTER_USER)
+    service_host = f"{METRICS_ADAPTER_SERVICE}.{AUTOSCALING_NAMESPACE}.svc"
+    issue(
+        "metrics-adapter-serving",
+        ca,
+        service_host,
+        server=True,
+        dns_names=(service_host, f"{service_host}.cluster.local", "localhost"),
+        ips=("127.0.0.1",),
+    )
+    # The Cluster Autoscaler reads almost everything and writes nodes, pods (evictions), its status ConfigMap
+    # and events: a faithful ClusterRole would copy most of the upstream chart's. A test harness can accept
+    # system:masters for it; its own user name still tells its requests apart.
+    issue("cluster-autoscaler", ca, CLUSTER_AUTOSCALER_USER, org="system:masters")
     front = make_ca("front-proxy-ca", "specdeploy-front-proxy-ca")
     issue("front-proxy-client", front, "front-proxy-client")
     sa = new_key()
@@ -354,6 +467,12 @@ def _kubeconfig(server: str, ca: Path, cert: Path, key: Path, user: str) -> str:
     return json.dumps(doc, indent=2) + "\n"  # JSON is YAML: every client reads it
 
 
+def autoscaling_from_env() -> bool:
+    """Whether local clusters run the metrics adapter and the Cluster Autoscaler: yes unless
+    ``SPECDEPLOY_AUTOSCALING`` is ``0``, ``false``, ``no`` or ``off``."""
+    return os.environ.get(AUTOSCALING_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -413,12 +532,23 @@ def _pid_start_time(pid: int) -> str:
 
 
 class LocalCluster:
-    """One local control plane whose state (PKI, etcd data, logs, pids, kubeconfig) lives in ``directory``."""
+    """One local control plane whose state (PKI, etcd data, logs, pids, kubeconfig) lives in ``directory``.
 
-    def __init__(self, directory: Path, nodepools: Path | None = None, bin_dir: Path | None = None) -> None:
+    ``autoscaling`` (default: on unless the environment says ``SPECDEPLOY_AUTOSCALING=0``) adds the custom
+    metrics test adapter (APIServices ``v1beta1``/``v1beta2.custom.metrics.k8s.io``) and the Cluster
+    Autoscaler (kwok cloud provider, node groups from the ``autoscaledPools`` of the node-pools file)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        nodepools: Path | None = None,
+        bin_dir: Path | None = None,
+        autoscaling: bool | None = None,
+    ) -> None:
         self.dir = directory.resolve()
         self.nodepools_file = nodepools or DEFAULT_NODEPOOLS
         self._bin_dir = bin_dir
+        self.autoscaling = autoscaling_from_env() if autoscaling is None else autoscaling
         self.pki = self.dir / "pki"
         self.logs = self.dir / "logs"
         self.pids = self.dir / "pids"
@@ -438,6 +568,20 @@ class LocalCluster:
     def audit_log(self) -> Path:
         """JSON-lines audit log of every request the operator's identity makes (metadata level)."""
         return self.dir / "logs" / "audit.log"
+
+    @property
+    def autoscaler_log(self) -> Path:
+        """The Cluster Autoscaler's log (klog --v=1: scale-up decisions, unneeded nodes, node deletions)."""
+        return self.logs / "cluster-autoscaler.log"
+
+    @property
+    def metrics_adapter_log(self) -> Path:
+        return self.logs / "metrics-adapter.log"
+
+    @property
+    def components(self) -> tuple[str, ...]:
+        """The processes this cluster runs, in start order."""
+        return COMPONENTS + (AUTOSCALING_COMPONENTS if self.autoscaling else ())
 
     @property
     def bin_dir(self) -> Path:
@@ -463,10 +607,17 @@ class LocalCluster:
     def server(self) -> str:
         return f"https://127.0.0.1:{self.state()['ports']['apiserver']}"
 
+    @property
+    def metrics_write_url(self) -> str:
+        """Base URL of the custom metrics test adapter's write endpoint (plain HTTP on 127.0.0.1)."""
+        if not self.autoscaling:
+            raise ClusterError("this cluster runs without autoscaling (no custom metrics adapter)")
+        return f"http://127.0.0.1:{self.state()['ports']['metrics_write']}/write-metrics"
+
     # -- processes --------------------------------------------------------------------------------------
     def _running(self) -> dict[str, int]:
         running: dict[str, int] = {}
-        for name in COMPONENTS:
+        for name in COMPONENTS + AUTOSCALING_COMPONENTS:
             pid_file = self.pids / f"{name}.pid"
             try:
                 pid_text, started = pid_file.read_text().split(":", 1)
@@ -525,7 +676,7 @@ class LocalCluster:
 
     def healthy(self) -> bool:
         running = self._running()
-        if set(running) != set(COMPONENTS):
+        if set(running) != set(self.components):
             return False
         try:
             return bool(self.api("GET", "/readyz", timeout=3) == "ok")
@@ -553,11 +704,25 @@ class LocalCluster:
             "apiserver": free_port(),
             "kwok": free_port(),
         }
-        self.state_file.write_text(json.dumps({"ports": ports, "bin_dir": str(bins)}, indent=2))
+        if self.autoscaling:
+            ports.update(
+                metrics_adapter=free_port(), metrics_write=free_port(), cluster_autoscaler=free_port()
+            )
+        self.state_file.write_text(
+            json.dumps({"ports": ports, "bin_dir": str(bins), "autoscaling": self.autoscaling}, indent=2)
+        )
         server = f"https://127.0.0.1:{ports['apiserver']}"
         kubeconfigs = self.dir / "kubeconfigs"
         kubeconfigs.mkdir(exist_ok=True)
-        for user in ("admin", "kube-controller-manager", "kube-scheduler", "kwok", "operator"):
+        for user in (
+            "admin",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kwok",
+            "operator",
+            "metrics-adapter",
+            "cluster-autoscaler",
+        ):
             text = _kubeconfig(
                 server, self.pki / "ca.crt", self.pki / f"{user}.crt", self.pki / f"{user}.key", user
             )
@@ -684,7 +849,242 @@ class LocalCluster:
             "the default ServiceAccount (controller-manager)",
         )
         self.wait_nodes_ready(timeout=max(5.0, deadline - time.monotonic()))
+        if self.autoscaling:
+            self._start_autoscaling(ports, deadline)
         log.info("cluster up: kubeconfig %s", self.kubeconfig)
+
+    # -- autoscaling: custom metrics adapter and Cluster Autoscaler ---------------------------------------
+    def _autoscaling_objects(self, ports: Mapping[str, int]) -> list[dict[str, Any]]:
+        """What the adapter and the autoscaler need in the API before they start (RBAC, the ExternalName
+        Service, the kwok provider's ConfigMaps), and the APIServices that route to the adapter."""
+        pools = load_autoscaled_pools(self.nodepools_file)
+        user = {"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": METRICS_ADAPTER_USER}
+        ca_bundle = base64.b64encode((self.pki / "ca.crt").read_bytes()).decode()
+        objects: list[dict[str, Any]] = [
+            # The test adapter lists whatever objects a metric is asked for (pods, deployments, custom
+            # resources), so it reads every resource; it writes nothing.
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": "specdeploy:metrics-adapter"},
+                "rules": [{"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]}],
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": "specdeploy:metrics-adapter"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "specdeploy:metrics-adapter",
+                },
+                "subjects": [user],
+            },
+            # Delegated authentication and authorization of the requests the aggregator proxies to it.
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRoleBinding",
+                "metadata": {"name": "specdeploy:metrics-adapter:auth-delegator"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "ClusterRole",
+                    "name": "system:auth-delegator",
+                },
+                "subjects": [user],
+            },
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "RoleBinding",
+                "metadata": {"name": "specdeploy:metrics-adapter:auth-reader", "namespace": "kube-system"},
+                "roleRef": {
+                    "apiGroup": "rbac.authorization.k8s.io",
+                    "kind": "Role",
+                    "name": "extension-apiserver-authentication-reader",
+                },
+                "subjects": [user],
+            },
+            # No kube-proxy here: the aggregator resolves an ExternalName Service to its name and dials it.
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": METRICS_ADAPTER_SERVICE, "namespace": AUTOSCALING_NAMESPACE},
+                "spec": {
+                    "type": "ExternalName",
+                    "externalName": "127.0.0.1",
+                    "ports": [{"name": "https", "port": ports["metrics_adapter"], "protocol": "TCP"}],
+                },
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": CA_CONFIGMAP, "namespace": AUTOSCALING_NAMESPACE},
+                "data": {"config": json.dumps(kwok_provider_config(pools), indent=2)},
+            },
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": CA_TEMPLATES_CONFIGMAP, "namespace": AUTOSCALING_NAMESPACE},
+                "data": {
+                    "templates": json.dumps(
+                        {"apiVersion": "v1", "kind": "List", "items": node_templates(pools)}, indent=2
+                    )
+                },
+            },
+        ]
+        for apiservice, priority in zip(CUSTOM_METRICS_APISERVICES, (100, 200), strict=True):
+            version = apiservice.split(".", 1)[0]
+            objects.append(
+                {
+                    "apiVersion": "apiregistration.k8s.io/v1",
+                    "kind": "APIService",
+                    "metadata": {"name": apiservice},
+                    "spec": {
+                        "group": "custom.metrics.k8s.io",
+                        "version": version,
+                        "groupPriorityMinimum": 100,
+                        "versionPriority": priority,
+                        "service": {
+                            "namespace": AUTOSCALING_NAMESPACE,
+                            "name": METRICS_ADAPTER_SERVICE,
+                            "port": ports["metrics_adapter"],
+                        },
+                        # The adapter serves a certificate from the cluster CA for <service>.<namespace>.svc.
+                        "caBundle": ca_bundle,
+                    },
+                }
+            )
+        return objects
+
+    def _apply(self, obj: Mapping[str, Any]) -> None:
+        """Server-side apply of one object (field manager specdeploy-localcluster)."""
+        api_version, kind, meta = obj["apiVersion"], obj["kind"], obj["metadata"]
+        prefix = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+        plural = {"ConfigMap": "configmaps", "Service": "services", "APIService": "apiservices"}.get(
+            kind, kind.lower() + "s"
+        )
+        namespace = f"/namespaces/{meta['namespace']}" if "namespace" in meta else ""
+        path = f"{prefix}{namespace}/{plural}/{meta['name']}?fieldManager=specdeploy-localcluster&force=true"
+        self.api("PATCH", path, obj)
+
+    def _start_autoscaling(self, ports: Mapping[str, int], deadline: float) -> None:
+        bins, pki, kubeconfigs = self.bin_dir, self.pki, self.dir / "kubeconfigs"
+        objects = self._autoscaling_objects(ports)
+        apiservices = [o for o in objects if o["kind"] == "APIService"]
+        for obj in objects:
+            if obj["kind"] != "APIService":
+                self._apply(obj)
+        adapter_kubeconfig = kubeconfigs / "metrics-adapter.kubeconfig"
+        self._start(
+            "metrics-adapter",
+            [
+                str(bins / "test-adapter"),
+                f"--lister-kubeconfig={adapter_kubeconfig}",
+                f"--authentication-kubeconfig={adapter_kubeconfig}",
+                f"--authorization-kubeconfig={adapter_kubeconfig}",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={ports['metrics_adapter']}",
+                f"--tls-cert-file={pki / 'metrics-adapter-serving.crt'}",
+                f"--tls-private-key-file={pki / 'metrics-adapter-serving.key'}",
+                f"--write-metrics-address=127.0.0.1:{ports['metrics_write']}",
+                # Custom resources installed after start become known within this interval.
+                "--discovery-interval=10s",
+                "--v=1",
+            ],
+        )
+        ca_kubeconfig = kubeconfigs / "cluster-autoscaler.kubeconfig"
+        self._start(
+            "cluster-autoscaler",
+            [
+                str(bins / "cluster-autoscaler"),
+                "--cloud-provider=kwok",
+                f"--kubeconfig={ca_kubeconfig}",
+                f"--namespace={AUTOSCALING_NAMESPACE}",
+                f"--address=127.0.0.1:{ports['cluster_autoscaler']}",
+                "--leader-elect=false",
+                # Test timers: a pending pod gets a node within seconds, an emptied node goes after ~15 s.
+                "--scan-interval=2s",
+                "--max-node-provision-time=1m",
+                "--scale-down-delay-after-add=10s",
+                "--scale-down-delay-after-delete=2s",
+                "--scale-down-delay-after-failure=10s",
+                "--scale-down-unneeded-time=10s",
+                "--unremovable-node-recheck-timeout=5s",
+                "--node-delete-delay-after-taint=1s",
+                "--max-graceful-termination-sec=5",
+                "--initial-node-group-backoff-duration=10s",
+                "--enforce-node-group-min-size=true",
+                # The autoscaler waits until pending pods are 2 s old (30 s for GPU pods) in case more come;
+                # naming a bypassed scheduler (one no pod uses) turns that wait off, nothing else.
+                "--bypassed-scheduler-names=specdeploy-no-such-scheduler",
+                "--expander=least-waste",
+                "--skip-nodes-with-local-storage=false",
+                "--v=1",
+            ],
+            # The kwok provider reads KUBECONFIG in local mode and its ConfigMaps from POD_NAMESPACE.
+            env={
+                "KWOK_PROVIDER_MODE": "local",
+                "KUBECONFIG": str(ca_kubeconfig),
+                "POD_NAMESPACE": AUTOSCALING_NAMESPACE,
+            },
+        )
+        self._wait(
+            lambda: _port_open(ports["metrics_write"]),
+            deadline,
+            "metrics-adapter",
+            "the metric write endpoint",
+        )
+        for obj in apiservices:
+            self._apply(obj)
+        for name in CUSTOM_METRICS_APISERVICES:
+            self._wait(
+                lambda name=name: self._apiservice_available(name),
+                deadline,
+                "metrics-adapter",
+                f"APIService {name} to be Available",
+            )
+        # The autoscaler's status ConfigMap says Running once its first loop is through (it is written as
+        # Initializing at start): the kwok provider has loaded its node groups and it watches the cluster.
+        self._wait(
+            self._autoscaler_running, deadline, "cluster-autoscaler", "the Cluster Autoscaler's first loop"
+        )
+
+    def _apiservice_available(self, name: str) -> bool:
+        try:
+            obj = self.api("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/{name}")
+        except urllib.error.HTTPError:
+            return False
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
+
+    def _autoscaler_running(self) -> bool:
+        path = f"/api/v1/namespaces/{AUTOSCALING_NAMESPACE}/configmaps/cluster-autoscaler-status"
+        try:
+            status = str((self.api("GET", path).get("data") or {}).get("status", ""))
+        except urllib.error.HTTPError:
+            return False
+        return "autoscalerStatus: Running" in status
+
+    def set_pod_metric(self, namespace: str, pod: str, metric: str, value: str) -> None:
+        """Set custom metric `metric` of pod `namespace/pod` to `value` (a quantity: "5", "300m", "1.5") in
+        the test adapter, which then serves it under custom.metrics.k8s.io. Values stay until overwritten;
+        each pod needs its own."""
+        url = f"{self.metrics_write_url}/namespaces/{namespace}/pods/{pod}/{metric}"
+        req = urllib.request.Request(url, data=json.dumps(str(value)).encode(), method="POST")
+        req.add_header("Content-Type", "application/json")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                resp.read()
+        except urllib.error.HTTPError as err:
+            raise ClusterError(
+                f"metric write {url} = {value!r} refused: {err.code} {err.read().decode()}"
+            ) from err
+
+    def autoscaled_nodes(self, pool: str | None = None) -> list[dict[str, Any]]:
+        """Nodes the Cluster Autoscaler made (of one autoscaled pool, or of any)."""
+        selector = NODE_GROUP_LABEL if pool is None else f"{NODE_GROUP_LABEL}={pool}"
+        query = urllib.parse.urlencode({"labelSelector": selector})
+        items: list[dict[str, Any]] = self.api("GET", f"/api/v1/nodes?{query}")["items"]
+        return items
 
     def _apiserver_ready(self) -> bool:
         try:
@@ -774,8 +1174,9 @@ class LocalCluster:
         """Stop every process of this cluster (process groups), wait for them, remove its state."""
         running = self._running()
         self._stop_client("operator")  # `make demo` leaves the operator running against this cluster
-        # Everything that talks to etcd first, then etcd: an apiserver that loses etcd mid-shutdown hangs.
-        waves = [[n for n in COMPONENTS if n != "etcd"], ["etcd"]]
+        # The autoscaler first, while the API is up (on exit it deletes the nodes it made), then everything
+        # that talks to etcd, then etcd: an apiserver that loses etcd mid-shutdown hangs.
+        waves = [list(AUTOSCALING_COMPONENTS), [n for n in COMPONENTS if n != "etcd"], ["etcd"]]
         for wave in waves:
             pids = [running[n] for n in wave if n in running]
             for pid in pids:
@@ -806,9 +1207,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=Path(".cluster"), help="state directory")
     parser.add_argument("--nodepools", type=Path, default=DEFAULT_NODEPOOLS, help="node pools YAML")
     parser.add_argument("--timeout", type=float, default=180.0)
+    parser.add_argument(
+        "--autoscaling",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="run the custom metrics adapter and the Cluster Autoscaler "
+        f"(default: on unless {AUTOSCALING_ENV}=0)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cluster = LocalCluster(args.dir, nodepools=args.nodepools)
+    cluster = LocalCluster(args.dir, nodepools=args.nodepools, autoscaling=args.autoscaling)
     try:
         if args.command == "up":
             started = time.monotonic()
@@ -819,7 +1227,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.down()
         elif args.command == "status":
             running = cluster._running()
-            for name in COMPONENTS:
+            for name in cluster.components:
                 print(f"{name:<24} {'running pid ' + str(running[name]) if name in running else 'stopped'}")
             return 0 if cluster.healthy() else 1
         elif args.command == "manifests":

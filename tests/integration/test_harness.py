@@ -26,11 +26,20 @@ def test_up_twice_is_harmless_and_down_leaves_no_process_or_port() -> None:
         cluster.up(timeout=180)
         pids = cluster._running()
         ports = cluster.state()["ports"]
-        assert sorted(pids) == sorted(
-            ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"]
-        )
+        assert sorted(pids) == sorted(cluster.components)
+        assert set(cluster.components) >= {
+            "etcd",
+            "kube-apiserver",
+            "kube-controller-manager",
+            "kube-scheduler",
+            "kwok",
+        }
         assert _listening(ports["apiserver"])
         assert _listening(ports["etcd"])
+        if cluster.autoscaling:  # a second cluster beside the session's: its adapter has ports of its own
+            assert {"metrics-adapter", "cluster-autoscaler"} <= set(pids)
+            for port in ("metrics_adapter", "metrics_write", "cluster_autoscaler"):
+                assert _listening(ports[port]), port
 
         cluster.up(timeout=60)  # already healthy: nothing restarts
         assert cluster._running() == pids
@@ -38,7 +47,7 @@ def test_up_twice_is_harmless_and_down_leaves_no_process_or_port() -> None:
 
         cluster.down()
         assert not any(_pid_alive(pid) for pid in pids.values())
-        assert not any(_listening(port) for port in (ports["apiserver"], ports["etcd"], ports["etcd_peer"]))
+        assert not any(_listening(port) for port in ports.values())
         assert not cluster.kubeconfig.exists()
         assert (state / "logs" / "kube-apiserver.log").exists()  # logs are kept for post-mortems
     finally:
