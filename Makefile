@@ -60,6 +60,10 @@ bench-server: venv ## server benchmarks (orchestration, reference backend, HTTP 
 bench-operator: venv bins ## operator at scale on its own simulated cluster (100 deployments, 2 min steady state) -> docs/benchmarks.md
 	$(PY) -m benchmarks.operator
 
+.PHONY: bench-autoscaling
+bench-autoscaling: venv bins ## load to a new Ready replica on a new GPU node and back, vs a Deployment+HPA -> docs/benchmarks.md
+	$(PY) -m benchmarks.autoscaling
+
 .PHONY: cluster-up
 cluster-up: venv bins ## start the local control plane + kwok GPU node pools; kubeconfig in .cluster/kubeconfig
 	$(if $(AUTOSCALING),SPECDEPLOY_AUTOSCALING=$(AUTOSCALING)) $(PY) hack/cluster/localcluster.py up --dir $(CLUSTER_DIR) --nodepools $(NODEPOOLS)

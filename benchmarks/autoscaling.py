@@ -323,7 +323,9 @@ def write(section: str, path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m benchmarks.autoscaling",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds per path (default 3)")
     parser.add_argument("--timeout", type=float, default=240, help="seconds allowed per step")

@@ -214,6 +214,7 @@ COMMANDS: dict[str, Row] = {
     # Benchmarks
     "make bench-server": NotHere("test_benchmark_commands", BENCH_WHY),
     "make bench-operator": NotHere("test_benchmark_commands", BENCH_WHY),
+    "make bench-autoscaling": NotHere("test_benchmark_commands", BENCH_WHY),
     # Developing
     "make venv": Demo(),
     "make lint": MakeTest(),
@@ -688,6 +689,7 @@ def test_benchmark_commands(shell: Shell) -> None:
     for command, module in (
         ("make bench-server", "benchmarks.server"),
         ("make bench-operator", "benchmarks.operator"),
+        ("make bench-autoscaling", "benchmarks.autoscaling"),
     ):
         recipe = make_dry_run(shell, *make_target(readme_command(command)))
         assert f".venv/bin/python -m {module}" in recipe, recipe

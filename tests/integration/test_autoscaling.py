@@ -37,6 +37,18 @@ def cluster(kubectl: Kubectl, api_client: client.ApiClient) -> Iterator[Cluster]
         yield Cluster(kubectl, api_client, namespace)
 
 
+@pytest.fixture
+def harness(local_cluster: LocalCluster | None) -> LocalCluster:
+    """The local cluster with its metrics adapter and Cluster Autoscaler."""
+    if local_cluster is None:
+        pytest.skip(
+            "needs the local cluster's metrics adapter and Cluster Autoscaler (USE_EXISTING_CLUSTER=1)"
+        )
+    if not local_cluster.autoscaling:
+        pytest.skip("the local cluster runs without autoscaling (SPECDEPLOY_AUTOSCALING=0)")
+    return local_cluster
+
+
 def hpa(cluster: Cluster, name: str) -> Any | None:
     api = client.AutoscalingV2Api(cluster.core.api_client)
     try:
@@ -260,7 +272,7 @@ def pod_metric(
 
 
 def test_the_hpa_follows_load_within_min_and_max_and_overrides_kubectl_scale(
-    cluster: Cluster, local_cluster: LocalCluster
+    cluster: Cluster, harness: LocalCluster
 ) -> None:
     fast = {"stabilizationWindowSeconds": 5, "maxPods": 4, "periodSeconds": 15}
     doc = autoscaled(
@@ -288,7 +300,7 @@ def test_the_hpa_follows_load_within_min_and_max_and_overrides_kubectl_scale(
 
         return check
 
-    with pod_metric(local_cluster, cluster, selector, QUEUE_DEPTH, lambda: load["value"]):
+    with pod_metric(harness, cluster, selector, QUEUE_DEPTH, lambda: load["value"]):
         wait_for(ready_with(3), timeout=90, what="3 Ready replicas under load")
         # `maxReplicas` holds however high the load: watch a few HPA syncs.
         deadline = time.monotonic() + 12
@@ -330,7 +342,7 @@ def gpu_node_groups(core: client.CoreV1Api) -> dict[str, str]:
 
 
 def test_load_adds_a_gpu_node_of_the_right_pool_and_its_removal_takes_the_node_away(
-    cluster: Cluster, local_cluster: LocalCluster
+    cluster: Cluster, harness: LocalCluster
 ) -> None:
     # One replica takes a whole 8-GPU H200 node: the only static H200 node holds the first, the second
     # needs a node from the H200 pool.
@@ -353,7 +365,7 @@ def test_load_adds_a_gpu_node_of_the_right_pool_and_its_removal_takes_the_node_a
     before = gpu_node_groups(cluster.core)
     load = {"value": "30"}  # three times the target
 
-    with pod_metric(local_cluster, cluster, selector, QUEUE_SECONDS, lambda: load["value"]):
+    with pod_metric(harness, cluster, selector, QUEUE_SECONDS, lambda: load["value"]):
         pending = wait_for(
             status_when(cluster, name, lambda s: s.get("capacityPendingReplicas")),
             timeout=60,
