@@ -1066,18 +1066,26 @@ class LocalCluster:
 
     def set_pod_metric(self, namespace: str, pod: str, metric: str, value: str) -> None:
         """Set custom metric `metric` of pod `namespace/pod` to `value` (a quantity: "5", "300m", "1.5") in
-        the test adapter, which then serves it under custom.metrics.k8s.io. Values stay until overwritten;
-        each pod needs its own."""
-        url = f"{self.metrics_write_url}/namespaces/{namespace}/pods/{pod}/{metric}"
+        the test adapter, which then serves it under custom.metrics.k8s.io (what an HPA `type: Pods` metric
+        reads). Values stay until overwritten; each pod needs its own."""
+        self.set_metric("pods", pod, metric, value, namespace=namespace)
+
+    def set_metric(
+        self, resource: str, name: str, metric: str, value: str, namespace: str | None = None
+    ) -> None:
+        """Set custom metric `metric` of any object (`resource`: plural, with its group unless core, e.g.
+        `speculativedeployments.specdeploy.dev`), namespaced or not: what an HPA `type: Object` metric reads.
+        Resources installed after the adapter started are known to it within 10 s (its discovery refresh)."""
+        where = f"namespaces/{namespace}/" if namespace else ""
+        url = f"{self.metrics_write_url}/{where}{resource}/{name}/{metric}"
         req = urllib.request.Request(url, data=json.dumps(str(value)).encode(), method="POST")
         req.add_header("Content-Type", "application/json")
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
                 resp.read()
         except urllib.error.HTTPError as err:
-            raise ClusterError(
-                f"metric write {url} = {value!r} refused: {err.code} {err.read().decode()}"
-            ) from err
+            detail = err.read().decode(errors="replace")
+            raise ClusterError(f"metric write {url} = {value!r} refused: {err.code} {detail}") from err
 
     def autoscaled_nodes(self, pool: str | None = None) -> list[dict[str, Any]]:
         """Nodes the Cluster Autoscaler made (of one autoscaled pool, or of any)."""

@@ -106,6 +106,84 @@ def test_a_written_pod_metric_is_served_by_the_custom_metrics_api(
     assert custom_metric_items(cluster, "v1beta2", ns, "never_written") == []
 
 
+def test_an_object_metric_of_a_custom_resource_installed_after_the_adapter_started_is_served(
+    cluster: LocalCluster, api_client: client.ApiClient, ns: str
+) -> None:
+    group, plural = "harness.specdeploy.dev", f"widgets{ns.replace('-', '')}"
+    crd_name = f"{plural}.{group}"
+    extensions = client.ApiextensionsV1Api(api_client)
+    extensions.create_custom_resource_definition(
+        {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": crd_name},
+            "spec": {
+                "group": group,
+                "scope": "Namespaced",
+                "names": {"plural": plural, "singular": plural[:-1], "kind": "HarnessWidget"},
+                "versions": [
+                    {
+                        "name": "v1",
+                        "served": True,
+                        "storage": True,
+                        "schema": {
+                            "openAPIV3Schema": {
+                                "type": "object",
+                                "x-kubernetes-preserve-unknown-fields": True,
+                            }
+                        },
+                    }
+                ],
+            },
+        }
+    )
+    try:
+        objects = client.CustomObjectsApi(api_client)
+        wait_for(
+            lambda: _created(objects, group, ns, plural),
+            timeout=30,
+            what="the custom resource to be served",
+        )
+
+        def served() -> Any:
+            cluster.set_metric(crd_name, "w1", "queue_seconds", "42", namespace=ns)
+            try:
+                out = cluster.api(
+                    "GET", f"/apis/custom.metrics.k8s.io/v1beta2/namespaces/{ns}/{crd_name}/w1/queue_seconds"
+                )
+            except OSError:  # not known to the adapter's REST mapping yet: an error answer
+                return None
+            return out
+
+        result = wait_for(
+            served, timeout=45, interval=1, what="the adapter to serve the custom resource's metric"
+        )
+        (item,) = result["items"]
+        assert item["describedObject"]["name"] == "w1"
+        assert item["describedObject"]["apiVersion"] == f"{group}/v1"
+        assert item["value"] == "42"
+    finally:
+        extensions.delete_custom_resource_definition(crd_name)
+
+
+def _created(objects: client.CustomObjectsApi, group: str, ns: str, plural: str) -> bool:
+    try:
+        objects.create_namespaced_custom_object(
+            group,
+            "v1",
+            ns,
+            plural,
+            {"apiVersion": f"{group}/v1", "kind": "HarnessWidget", "metadata": {"name": "w1"}},
+        )
+    except ApiException as err:
+        if err.status == 409:
+            return True
+        if err.status == 404:  # the CRD is not served yet
+            return False
+        raise
+    return True
+
+
 def test_a_real_hpa_scales_a_deployment_on_a_pods_metric_from_the_adapter(
     cluster: LocalCluster, api_client: client.ApiClient, core: client.CoreV1Api, ns: str
 ) -> None:

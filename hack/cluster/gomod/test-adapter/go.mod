@@ -6,6 +6,7 @@ go 1.25.0
 
 require (
 	github.com/emicklei/go-restful/v3 v3.13.0
+	k8s.io/apimachinery v0.35.0
 	k8s.io/component-base v0.35.0
 	k8s.io/klog/v2 v2.130.1
 	sigs.k8s.io/custom-metrics-apiserver v1.35.0
@@ -91,7 +92,6 @@ require (
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 	k8s.io/api v0.35.0 // indirect
-	k8s.io/apimachinery v0.35.0 // indirect
 	k8s.io/apiserver v0.35.0 // indirect
 	k8s.io/client-go v0.35.0 // indirect
 	k8s.io/kms v0.35.0 // indirect

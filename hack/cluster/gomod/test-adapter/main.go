@@ -3,9 +3,11 @@
 // (POST /write-metrics/namespaces/{ns}/{resource}/{name}/{metric}, JSON quantity body).
 //
 // It is built from the published sigs.k8s.io/custom-metrics-apiserver module: the adapter command base
-// (pkg/cmd) and the test adapter's in-memory provider (test-adapter/provider). Upstream's own main listens
-// for writes on ":8080", fixed; this one takes --write-metrics-address (default ":8080", the same), so that
-// several local clusters on one machine do not fight over one port.
+// (pkg/cmd) and the test adapter's in-memory provider (test-adapter/provider). Two differences from
+// upstream's own main: it listens for writes on ":8080", fixed, where this one takes --write-metrics-address
+// (default ":8080", the same), so that several local clusters on one machine do not fight over one port; and
+// this one refreshes its REST mapping every --discovery-interval, so custom resources installed after it
+// started can have metrics.
 package main
 
 import (
@@ -17,12 +19,14 @@ import (
 	"time"
 
 	"github.com/emicklei/go-restful/v3"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/component-base/logs"
 	"k8s.io/component-base/metrics/legacyregistry"
 	"k8s.io/klog/v2"
 
 	"sigs.k8s.io/custom-metrics-apiserver/pkg/apiserver/metrics"
 	basecmd "sigs.k8s.io/custom-metrics-apiserver/pkg/cmd"
+	"sigs.k8s.io/custom-metrics-apiserver/pkg/dynamicmapper"
 	fakeprovider "sigs.k8s.io/custom-metrics-apiserver/test-adapter/provider"
 )
 
@@ -46,6 +50,11 @@ func main() {
 	mapper, err := adapter.RESTMapper()
 	if err != nil {
 		klog.Fatalf("unable to construct discovery REST mapper: %v", err)
+	}
+	// The library builds its REST mapping once and never starts the refresher --discovery-interval is meant
+	// for (upstream's main does not either); start it, so that resources installed later (CRDs) get metrics.
+	if regenerating, ok := mapper.(*dynamicmapper.RegeneratingDiscoveryRESTMapper); ok && adapter.DiscoveryInterval > 0 {
+		regenerating.RunUntil(wait.NeverStop)
 	}
 	provider, writeService := fakeprovider.NewFakeProvider(client, mapper)
 	adapter.WithCustomMetrics(provider)
