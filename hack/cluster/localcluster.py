@@ -1235,6 +1235,9 @@ def main(argv: list[str] | None = None) -> int:
             cluster.down()
         elif args.command == "status":
             running = cluster._running()
+            # A running cluster's own setting (state.json), whatever this environment says.
+            if args.autoscaling is None and "autoscaling" in cluster.state():
+                cluster.autoscaling = bool(cluster.state()["autoscaling"])
             for name in cluster.components:
                 print(f"{name:<24} {'running pid ' + str(running[name]) if name in running else 'stopped'}")
             return 0 if cluster.healthy() else 1
