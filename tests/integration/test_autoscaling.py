@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 from localcluster import NODE_GROUP_LABEL, LocalCluster
+from urllib3.exceptions import ProtocolError
 
 from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
 from tests.integration.test_operator import Cluster, condition, example
@@ -242,6 +243,49 @@ def test_the_keda_engine_says_when_keda_is_missing_then_creates_a_scaled_object_
 
 
 @contextmanager
+def status_history(cluster: Cluster, name: str) -> Iterator[list[dict[str, Any]]]:
+    """Every status the deployment has while the block runs, from a watch: a state the simulated cluster
+    passes through in a second (a GPU node is "provisioned" at once) is seen too, where polling could miss it.
+    """
+    seen: list[dict[str, Any]] = []
+    stop = threading.Event()
+    stream = watch.Watch()
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                events = list_events()
+                for event in events:
+                    seen.append(copy.deepcopy(event["object"].get("status") or {}))
+                    if stop.is_set():
+                        break
+            except (ProtocolError, client.ApiException):
+                if stop.is_set():  # the watch was cut off by stop(): expected
+                    return
+                raise
+
+    def list_events() -> Iterator[dict[str, Any]]:
+        return stream.stream(  # type: ignore[no-any-return]
+            cluster.custom.list_namespaced_custom_object,
+            "specdeploy.dev",
+            "v1alpha1",
+            cluster.namespace,
+            "speculativedeployments",
+            field_selector=f"metadata.name={name}",
+            timeout_seconds=5,
+        )
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        stream.stop()
+        thread.join(timeout=10)
+
+
+@contextmanager
 def pod_metric(
     local_cluster: LocalCluster, cluster: Cluster, selector: str, metric: str, value: Callable[[], str]
 ) -> Iterator[None]:
@@ -362,15 +406,29 @@ def test_load_adds_a_gpu_node_of_the_right_pool_and_its_removal_takes_the_node_a
     status = cluster.wait_phase(name, "Ready", timeout=120)
     assert status["gpusPerReplica"] == 8
     selector = status["selector"]
+    # The engine builds may have needed a node of the pool too (the draft's build pod waits for a GPU while
+    # the target's build holds the static node): wait until the autoscaler has taken it away again.
+    wait_for(lambda: not harness.autoscaled_nodes(), timeout=120, what="no autoscaled node before the load")
     before = gpu_node_groups(cluster.core)
     load = {"value": "30"}  # three times the target
 
-    with pod_metric(harness, cluster, selector, QUEUE_SECONDS, lambda: load["value"]):
-        pending = wait_for(
-            status_when(cluster, name, lambda s: s.get("capacityPendingReplicas")),
-            timeout=60,
-            what="CapacityPending",
-        )
+    with (
+        status_history(cluster, name) as history,
+        pod_metric(harness, cluster, selector, QUEUE_SECONDS, lambda: load["value"]),
+    ):
+        try:
+            pending = wait_for(
+                lambda: next((s for s in history if s.get("capacityPendingReplicas")), None),
+                timeout=60,
+                what="CapacityPending",
+            )
+        except BaseException:
+            out = cluster.kubectl("get", "pods,hpa,sdep", "-n", cluster.namespace, "-o", "wide").stdout
+            nodes = cluster.kubectl("get", "nodes", "-L", "nvidia.com/gpu.product").stdout
+            events = cluster.kubectl("get", "events", "-n", cluster.namespace).stdout
+            phases = [(h.get("phase"), h.get("replicas"), h.get("readyReplicas")) for h in history]
+            print(f"{out}\n{nodes}\n{events}\n{phases}")
+            raise
         assert replicas(cluster, name) == 2
         degraded = condition(pending, "Degraded")
         assert degraded["reason"] == "CapacityPending"

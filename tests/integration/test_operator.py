@@ -347,11 +347,13 @@ def test_failed_build_reports_the_pod_message_and_a_fixed_spec_recovers(cluster:
 def test_a_replica_no_node_can_hold_reports_capacity_pending_with_the_scheduler_message(
     cluster: Cluster,
 ) -> None:
-    # 8 target GPUs plus a dedicated draft GPU: 9 on one node, more than any node (or node pool) has, so
-    # not even the Cluster Autoscaler can help.
+    # 8 target GPUs plus a dedicated draft GPU: 9 on one node, more than any node (or node pool) of the
+    # simulated cluster has, so not even the Cluster Autoscaler can help. (The spec claims 16-GPU nodes, or
+    # admission would refuse it.)
     doc = example("04b")
     doc["spec"]["target"]["tensorParallel"] = 8
     doc["spec"]["placement"]["draft"] = "dedicated"
+    doc["spec"]["placement"]["gpusPerNode"] = 16
     name = cluster.apply(doc)
 
     def pending() -> dict[str, Any] | None:

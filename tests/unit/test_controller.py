@@ -9,7 +9,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from specdeploy_operator.controller.queue import WorkQueue
-from specdeploy_operator.controller.reconciler import APPLIED_HASH_ANNOTATION, applied_hash, with_applied_hash
+from specdeploy_operator.controller.reconciler import (
+    APPLIED_HASH_ANNOTATION,
+    applied_hash,
+    merge_patch,
+    with_applied_hash,
+)
 from specdeploy_operator.controller.status import (
     ConditionSpec,
     EngineObservation,
@@ -357,3 +362,27 @@ def test_queue_retries_failures_with_growing_backoff_and_honours_requested_delay
     assert gaps[0] >= 0.019
     assert gaps[1] >= 0.039, "backoff doubles"
     assert gaps[2] >= 0.049, "a delay asked for by the reconciler"
+
+
+def test_the_status_merge_patch_removes_fields_that_went_away_at_any_depth() -> None:
+    old = {
+        "phase": "Degraded",
+        "capacityPendingReplicas": 1,
+        "autoscaler": {"kind": "ScaledObject", "name": "a", "message": "KEDA missing"},
+        "engines": {"target": {"name": "t"}, "draft": {"name": "d"}},
+        "conditions": [{"type": "Degraded"}],
+    }
+    new = {
+        "phase": "Ready",
+        "autoscaler": {"kind": "ScaledObject", "name": "a"},
+        "engines": {"target": {"name": "t"}},
+        "conditions": [],
+    }
+    patch = merge_patch(old, new)
+    assert patch == {
+        "phase": "Ready",
+        "capacityPendingReplicas": None,
+        "autoscaler": {"kind": "ScaledObject", "name": "a", "message": None},
+        "engines": {"target": {"name": "t"}, "draft": None},
+        "conditions": [],
+    }

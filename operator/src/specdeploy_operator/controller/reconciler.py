@@ -55,7 +55,14 @@ from .status import (
     rfc3339,
 )
 
-__all__ = ["APPLIED_HASH_ANNOTATION", "INDEX_IDS", "UNREFERENCED_ANNOTATION", "Key", "Reconciler"]
+__all__ = [
+    "APPLIED_HASH_ANNOTATION",
+    "INDEX_IDS",
+    "UNREFERENCED_ANNOTATION",
+    "Key",
+    "Reconciler",
+    "merge_patch",
+]
 
 log = logging.getLogger(__name__)
 
@@ -497,9 +504,8 @@ class Reconciler:
         if status == last:
             return
         ref = ObjectRef(body["apiVersion"], body["kind"], meta["namespace"], meta["name"])
-        # Merge patch: fields that disappeared are nulled; conditions and engines are replaced whole.
-        patch: dict[str, Any] = {name: None for name in {**previous, **last} if name not in status}
-        patch.update(status)
+        # Merge patch (RFC 7386): fields that disappeared, at any depth, are nulled; lists are replaced whole.
+        patch = merge_patch({**previous, **last}, status)
         metrics.STATUS_WRITES.labels(body["kind"]).inc()
         try:
             await self.kube.patch(ref, {"status": patch}, subresource="status")
@@ -600,6 +606,20 @@ class Reconciler:
         await self.kube.delete(ref, uid=meta.get("uid"))
         log.info("deleted unused EngineBuild", extra={"object": f"{namespace}/{name}"})
         return 0.0
+
+
+def merge_patch(old: Obj, new: Obj) -> dict[str, Any]:
+    """A JSON merge patch turning `old` into `new` where both are objects: `new` itself, with `None` for every
+    key of `old` missing from `new`, recursively into objects present in both (a nested field that went away,
+    say `status.autoscaler.message`, is removed, not kept by the merge)."""
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            patch[key] = merge_patch(before, value)
+        else:
+            patch[key] = value
+    return patch
 
 
 def owner_names(body: Obj, kind: str) -> Iterable[str]:
