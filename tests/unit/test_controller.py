@@ -83,6 +83,14 @@ def test_engine_build_succeeds_with_its_completion_time() -> None:
     assert status["phase"] == "Succeeded"
     assert status["completionTime"] == "2026-11-21T12:00:00Z"
     assert status["conditions"][0]["status"] == "True"
+    assert status["attempts"] == 1
+
+
+def test_a_build_that_completes_before_its_job_counts_the_pod_still_had_one_attempt() -> None:
+    early = job([{"type": "SuccessCriteriaMet", "status": "True"}], active=0, succeeded=0)
+    assert engine_build_status(early, [pod("Succeeded")], None, NOW)["attempts"] == 1
+    retried = job([{"type": "Complete", "status": "True"}], failed=1, succeeded=1)
+    assert engine_build_status(retried, [pod("Succeeded")], None, NOW)["attempts"] == 2
 
 
 def test_failed_build_carries_the_job_reason_and_the_pods_termination_message() -> None:

@@ -169,7 +169,12 @@ def engine_build_status(
     if name:
         status["jobName"] = name
     if job is not None:
-        status["attempts"] = sum(int(job_status.get(k) or 0) for k in ("active", "failed", "succeeded"))
+        attempts = sum(int(job_status.get(k) or 0) for k in ("active", "failed", "succeeded"))
+        if phase == "Succeeded":
+            # The Job can report SuccessCriteriaMet/Complete before it counts the pod as succeeded, and a
+            # Succeeded EngineBuild is not looked at again: the successful pod is an attempt too.
+            attempts = int(job_status.get("failed") or 0) + max(int(job_status.get("succeeded") or 0), 1)
+        status["attempts"] = attempts
     if job_status.get("startTime"):
         status["startTime"] = job_status["startTime"]
     if phase == "Succeeded" and job_status.get("completionTime"):
