@@ -65,7 +65,7 @@ TARGET = 10
 H200 = "NVIDIA-H200"
 NS_REF, NS_OP = "scale-reference", "scale-operator"
 OPERATOR_ENV = {"SPECDEPLOY_RESYNC_SECONDS": "60"}
-PHASES = ("hpa", "node", "pod", "up", "down", "node_gone")
+SETTLE_SECONDS = 32
 
 
 def deployment_doc(namespace: str) -> dict[str, Any]:
@@ -229,6 +229,10 @@ def run(rounds: int, timeout: float, keep: bool) -> tuple[list[Round], str, floa
                 park(bench, other, cluster)
                 unpark(bench, target)
                 wait(functools.partial(target.ready, 1), timeout, f"{target.path} Ready at one replica")
+                # The Deployment controller removes the pod ready for the shortest time (in logarithmic
+                # buckets of readiness age): with the first replica ready for 32 s or more the new replica
+                # is the one removed on the way down, which empties the new node.
+                time.sleep(SETTLE_SECONDS)
                 print(f"round {i + 1}: {target.path} ...", flush=True)
                 result = one_round(cluster, target, timeout)
                 print("  " + ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items()), flush=True)

@@ -409,6 +409,12 @@ def test_load_adds_a_gpu_node_of_the_right_pool_and_its_removal_takes_the_node_a
     # The engine builds may have needed a node of the pool too (the draft's build pod waits for a GPU while
     # the target's build holds the static node): wait until the autoscaler has taken it away again.
     wait_for(lambda: not harness.autoscaled_nodes(), timeout=120, what="no autoscaled node before the load")
+    # On the way down the Deployment controller removes the pod ready for the shortest time (compared in
+    # logarithmic buckets of readiness age): once the first replica has been ready for 32 s, the new replica
+    # is the one removed, which empties the new node for the autoscaler to take away.
+    first = cluster.pods(selector)[0]
+    ready_at = next(c.last_transition_time for c in first.status.conditions if c.type == "Ready")
+    time.sleep(max(0.0, 32 - (time.time() - ready_at.timestamp())))
     before = gpu_node_groups(cluster.core)
     load = {"value": "30"}  # three times the target
 
