@@ -74,6 +74,20 @@ def local_cluster() -> Iterator[LocalCluster | None]:
         shutil.rmtree(state, ignore_errors=True)
 
 
+@pytest.fixture
+def autoscaling_cluster(local_cluster: LocalCluster | None) -> LocalCluster:
+    """The local cluster with its custom metrics adapter and Cluster Autoscaler. Tests that need them are
+    skipped, saying why, only where a person switched them off: against an existing cluster
+    (USE_EXISTING_CLUSTER=1) or with SPECDEPLOY_AUTOSCALING=0; `make test` runs them."""
+    if local_cluster is None:
+        pytest.skip(
+            "needs the local cluster's metrics adapter and Cluster Autoscaler (USE_EXISTING_CLUSTER=1)"
+        )
+    if not local_cluster.autoscaling:
+        pytest.skip("the local cluster runs without autoscaling (SPECDEPLOY_AUTOSCALING=0)")
+    return local_cluster
+
+
 @pytest.fixture(scope="session")
 def kubeconfig(local_cluster: LocalCluster | None) -> Path:
     if local_cluster is None:

@@ -40,15 +40,8 @@ def cluster(kubectl: Kubectl, api_client: client.ApiClient) -> Iterator[Cluster]
 
 
 @pytest.fixture
-def harness(local_cluster: LocalCluster | None) -> LocalCluster:
-    """The local cluster with its metrics adapter and Cluster Autoscaler."""
-    if local_cluster is None:
-        pytest.skip(
-            "needs the local cluster's metrics adapter and Cluster Autoscaler (USE_EXISTING_CLUSTER=1)"
-        )
-    if not local_cluster.autoscaling:
-        pytest.skip("the local cluster runs without autoscaling (SPECDEPLOY_AUTOSCALING=0)")
-    return local_cluster
+def harness(autoscaling_cluster: LocalCluster) -> LocalCluster:
+    return autoscaling_cluster
 
 
 def hpa(cluster: Cluster, name: str) -> Any | None:

@@ -28,14 +28,8 @@ STATIC_H200_NODE = "h200-0"
 
 
 @pytest.fixture
-def cluster(local_cluster: LocalCluster | None) -> LocalCluster:
-    if local_cluster is None:
-        pytest.skip(
-            "needs the local cluster's metrics adapter and Cluster Autoscaler (USE_EXISTING_CLUSTER=1)"
-        )
-    if not local_cluster.autoscaling:
-        pytest.skip("the local cluster runs without autoscaling (SPECDEPLOY_AUTOSCALING=0)")
-    return local_cluster
+def cluster(autoscaling_cluster: LocalCluster) -> LocalCluster:
+    return autoscaling_cluster
 
 
 @pytest.fixture
