@@ -93,6 +93,12 @@ def test_a_build_that_completes_before_its_job_counts_the_pod_still_had_one_atte
     assert engine_build_status(retried, [pod("Succeeded")], None, NOW)["attempts"] == 2
 
 
+def test_a_failed_build_counts_every_pod_it_ran_even_before_the_job_counts_the_last() -> None:
+    failing = job([{"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded"}], failed=1)
+    pods = [pod("Failed", exit_code=1), pod("Failed", exit_code=1)]
+    assert engine_build_status(failing, pods, None, NOW)["attempts"] == 2
+
+
 def test_failed_build_carries_the_job_reason_and_the_pods_termination_message() -> None:
     failed = job(
         [

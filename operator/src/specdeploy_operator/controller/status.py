@@ -169,11 +169,12 @@ def engine_build_status(
     if name:
         status["jobName"] = name
     if job is not None:
-        attempts = sum(int(job_status.get(k) or 0) for k in ("active", "failed", "succeeded"))
+        # The Job reports Complete/SuccessCriteriaMet or FailureTarget before its counters catch up with the
+        # last pod, and a finished EngineBuild is not looked at again: its pods count as attempts too.
+        counted = sum(int(job_status.get(k) or 0) for k in ("active", "failed", "succeeded"))
+        attempts = max(counted, len(pods))
         if phase == "Succeeded":
-            # The Job can report SuccessCriteriaMet/Complete before it counts the pod as succeeded, and a
-            # Succeeded EngineBuild is not looked at again: the successful pod is an attempt too.
-            attempts = int(job_status.get("failed") or 0) + max(int(job_status.get("succeeded") or 0), 1)
+            attempts = max(attempts, int(job_status.get("failed") or 0) + 1)
         status["attempts"] = attempts
     if job_status.get("startTime"):
         status["startTime"] = job_status["startTime"]
