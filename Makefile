@@ -33,7 +33,8 @@ bins: ## build (or find cached) kube-apiserver, controller-manager, scheduler, k
 lint: venv ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy operator/src server/src tests benchmarks hack/cluster/localcluster.py hack/cluster/operatorproc.py
+	$(VENV)/bin/mypy operator/src server/src tests benchmarks hack/cluster/localcluster.py hack/cluster/operatorproc.py \
+	  hack/cluster/netguard.py hack/cluster/provisioner.py hack/cluster/podrunner hack/demo_client.py hack/demo_pods.py
 
 .PHONY: fmt
 fmt: venv ## format the code with ruff

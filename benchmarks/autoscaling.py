@@ -212,7 +212,6 @@ def run(rounds: int, timeout: float, keep: bool) -> tuple[list[Round], str, floa
         bench = start_cluster(cluster, [])
         for ns in (NS_REF, NS_OP):
             bench.namespace(ns)
-        bench.provide_volume(NS_OP, OperatorSettings().cache_pvc_name)
         operator = OperatorProcess(cluster.operator_kubeconfig, cluster.logs, env=OPERATOR_ENV)
         operator.start()
         doc = deployment_doc(NS_OP)

@@ -45,7 +45,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack" / "cluster"))
 
-from localcluster import LocalCluster, NodePool, load_nodepools, volume_manifest  # noqa: E402
+from localcluster import LocalCluster, NodePool, load_nodepools  # noqa: E402
 from operatorproc import OperatorProcess  # noqa: E402
 from specdeploy_operator.api import SpeculativeDeployment  # noqa: E402
 from specdeploy_operator.builders import (  # noqa: E402
@@ -213,9 +213,6 @@ class Bench:
     def items(self, path: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = self.cluster.api("GET", path, timeout=30)["items"]
         return items
-
-    def provide_volume(self, namespace: str, claim: str) -> None:
-        self.kubectl("apply", "--server-side", "-f", "-", input=json.dumps(volume_manifest(namespace, claim)))
 
 
 def wait(check: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:
@@ -429,7 +426,6 @@ def measure_reference(
     """The same serving objects applied by kubectl, no operator; then the namespace deleted and its pods
     waited out. (rollout, seconds the clean-up took)"""
     bench.namespace(ref_ns)
-    bench.provide_volume(ref_ns, settings.cache_pvc_name)
     bench.apply_list([build_default_cache_pvc(ref_ns, settings)])
     deployments = {o["metadata"]["name"] for o in the_plan.serving if o["kind"] == "Deployment"}
     print(f"reference: {len(the_plan.serving)} objects ({len(deployments)} Deployments) ...", flush=True)
@@ -490,7 +486,6 @@ def run(count: int, steady: float, timeout: float, keep: bool) -> Results:
 
         # 2. The operator.
         bench.namespace(ns)
-        bench.provide_volume(ns, settings.cache_pvc_name)
         operator = OperatorProcess(cluster.operator_kubeconfig, cluster.logs, env=OPERATOR_ENV)
         wall_operator_start = time.time()
         operator.start()

@@ -3,9 +3,12 @@
 #
 # Installs the CRDs, starts the operator (python -m specdeploy_operator, in the background, its own identity),
 # applies examples/01 and follows it: EngineBuilds -> build Jobs -> GPU pods -> Ready, then prints the
-# engines, pods, endpoint and events. What is simulated: the GPU nodes (kwok), the containers (kwok marks build
-# pods Succeeded after 2 s and serving pods Ready), and the storage (a hostPath volume per claim). The control
-# plane (etcd, kube-apiserver, controller-manager, scheduler) and the operator are real.
+# engines, pods, endpoint and events. Then it serves for real: a Job makes the demo's tiny models in the
+# cluster, examples/09 (backend transformers on the CPU pool) goes Ready once its real server is ready, and
+# the official openai client sends a completion and a streamed chat through `kubectl port-forward`.
+# What is simulated: the GPU nodes (kwok) and the GPU pods' containers (kwok marks build pods Succeeded after
+# 2 s and serving pods Ready). Real: the control plane, the operator, storage (dynamic provisioning), and the
+# CPU pods, which the local cluster's pod runner runs as local processes (docs/local-cluster.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-.cluster}"
@@ -41,15 +44,8 @@ curl -sf "http://127.0.0.1:$health_port/healthz" >/dev/null || { tail -20 "$dir/
 echo "   running (pid $(cat "$dir/pids/operator"), metrics http://127.0.0.1:$metrics_port/metrics)"
 
 echo
-echo "== namespace $namespace, its engine-cache volume (simulated storage), and $example"
+echo "== namespace $namespace (its engine-cache claim is provisioned dynamically), and $example"
 k create namespace "$namespace" --dry-run=client -o yaml | k apply -f - >/dev/null
-$py - "$dir" "$namespace" <<'EOF'
-import sys
-from pathlib import Path
-sys.path.insert(0, "hack/cluster")
-from localcluster import LocalCluster
-print("   volume", LocalCluster(Path(sys.argv[1])).provide_volume(sys.argv[2], "specdeploy-engine-cache"))
-EOF
 .venv/bin/specdeploy validate -f "$example"
 name="$(k apply --server-side -n "$namespace" -f "$example" -o jsonpath='{.metadata.name}')"
 echo "   applied speculativedeployment/$name"
@@ -71,13 +67,61 @@ k get sdep -n "$namespace" -o wide
 echo
 k get enginebuilds,jobs -n "$namespace"
 echo
-k get pods -n "$namespace" -o custom-columns='POD:.metadata.name,STATUS:.status.phase,NODE:.spec.nodeName,GPUS:.spec.containers[0].resources.requests.nvidia\.com/gpu'
+pods_table() {
+  # GPUS: the pod's effective request, as the scheduler counts it: max(any init container, sum of containers).
+  k get pods -n "$namespace" -o json | $py hack/demo_pods.py
+}
+pods_table
 echo
 echo "== endpoint: $(k get sdep "$name" -n "$namespace" -o jsonpath='{.status.endpoint}')"
 echo "== events:"
 k get events -n "$namespace" --field-selector source=specdeploy-operator --sort-by=.lastTimestamp \
   -o custom-columns='OBJECT:.involvedObject.name,REASON:.reason,MESSAGE:.message' | cut -c1-150
 echo
-echo "Simulated: GPU nodes and containers (kwok), storage (hostPath volumes); real: the control plane and the operator."
+echo "== served for real: the demo's models, made in the cluster (hack/demo-models.yaml: a claim and a Job)"
+k apply -n "$namespace" -f hack/demo-models.yaml >/dev/null
+if ! k wait -n "$namespace" --for=condition=complete job/demo-models --timeout=600s >/dev/null; then
+  k logs -n "$namespace" job/demo-models --tail=30 || true
+  exit 1
+fi
+k logs -n "$namespace" job/demo-models --tail=1 | cut -c1-300 | sed 's/^/   /'
+cpu_example=examples/09-transformers-cpu-tiny.yaml
+.venv/bin/specdeploy validate -f "$cpu_example"
+cpu="$(k apply --server-side -n "$namespace" -f "$cpu_example" -o jsonpath='{.metadata.name}')"
+echo "   applied speculativedeployment/$cpu ($cpu_example: backend transformers on the CPU pool)"
+last=""
+start=$SECONDS
+while true; do
+  line="$(k get sdep "$cpu" -n "$namespace" -o jsonpath='{.status.phase} {.status.readyText}' 2>/dev/null || true)"
+  if [ "$line" != "$last" ]; then printf '   %3ss  %s\n' "$((SECONDS - start))" "$line"; last="$line"; fi
+  case "$line" in Ready*) break ;; Failed*) echo "FAILED"; k describe sdep "$cpu" -n "$namespace"; exit 1 ;; esac
+  if [ $((SECONDS - start)) -gt 300 ]; then echo "timed out"; k describe sdep "$cpu" -n "$namespace"; exit 1; fi
+  sleep 0.5
+done
+echo
+pods_table
+echo
+port="$($py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+echo "== kubectl port-forward -n $namespace svc/$cpu $port:8000, then the official openai client"
+k port-forward -n "$namespace" "svc/$cpu" "$port:8000" >"$dir/logs/demo-port-forward.log" 2>&1 &
+forward=$!
+trap 'kill $forward 2>/dev/null || true' EXIT
+for _ in $(seq 1 100); do
+  curl -sf "http://127.0.0.1:$port/health/ready" >/dev/null 2>&1 && break
+  sleep 0.2
+done
+$py hack/demo_client.py "http://127.0.0.1:$port"
+echo
+body='{"model": "target", "prompt": "Speculative decoding", "max_tokens": 24, "temperature": 0}'
+echo "== the same completion with curl:"
+echo "   curl -s http://127.0.0.1:$port/v1/completions -H 'Content-Type: application/json' -d '$body'"
+curl -s "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' -d "$body" | cut -c1-400 | sed 's/^/   /'
+echo
+echo "== kubectl logs -n $namespace deploy/$cpu (the server's lines for these requests):"
+k logs -n "$namespace" "deploy/$cpu" --tail=200 | grep -E '/v1/|serving' | tail -n 8 | cut -c1-200 | sed 's/^/   /'
+kill $forward 2>/dev/null || true
+echo
+echo "Simulated: GPU nodes and the GPU pods' containers (kwok). Real: the control plane, the operator, storage,"
+echo "and the CPU pods ($cpu, the model Job), which the pod runner runs as local processes."
 echo "The operator keeps running (pid $(cat "$dir/pids/operator")); try: kubectl --kubeconfig $dir/kubeconfig scale sdep/$name -n $namespace --replicas=3"
 echo "Stop everything with: make cluster-down"

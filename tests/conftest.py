@@ -25,6 +25,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from localcluster import LocalCluster
+from netguard import NetGuard
 from operatorproc import OperatorProcess
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,6 +36,37 @@ class Kubectl(Protocol):
     def __call__(
         self, *args: str, input: str | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]: ...
+
+
+_NET_GUARD = pytest.StashKey[NetGuard]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Loopback only: every socket of this process and of everything it starts (the local cluster, operators,
+    the pod runner's servers, kubectl, helm) is sampled for the whole session (hack/cluster/netguard.py)."""
+    session.stash[_NET_GUARD] = NetGuard(lambda: [os.getpid()]).start()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A connection to an address off this machine fails the session, whatever the tests said."""
+    guard = session.stash.get(_NET_GUARD, None)
+    if guard is None:
+        return
+    violations = guard.stop()
+    if violations:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = ["connections to addresses off this machine (only loopback is allowed):", *violations]
+        if reporter is not None:
+            reporter.write_sep("!", "loopback-only guard", red=True)
+            for line in lines:
+                reporter.write_line(line, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture
+def net_guard(request: pytest.FixtureRequest) -> NetGuard:
+    """The session's loopback-only guard, for tests that check what it saw right after an action."""
+    return request.session.stash[_NET_GUARD]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -215,12 +247,3 @@ def operator(
     proc.start()
     yield proc
     proc.stop()
-
-
-def provide_volume(kubectl: Kubectl, namespace: str, claim: str) -> None:
-    """A PersistentVolume reserved for `namespace/claim` (bound as soon as the claim exists)."""
-    import json
-
-    from localcluster import volume_manifest
-
-    kubectl("apply", "--server-side", "-f", "-", input=json.dumps(volume_manifest(namespace, claim)))

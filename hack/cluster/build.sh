@@ -13,12 +13,20 @@ cache="${SPECDEPLOY_CACHE:-$HOME/.cache/specdeploy}"
 key="$( { cat "$here/versions.env" "$here"/gomod/*/go.mod "$here"/gomod/*/go.sum "$here"/gomod/*/main.go; go version; } \
         | sha256sum | cut -c1-16)"
 bin="$cache/bin/$key"
-if [[ -f "$bin/.complete" ]]; then
+# Caches made before helm got its release ldflags, or before kwok's CRDs were kept, complete those alone.
+if [[ -f "$bin/.complete" && -f "$bin/.helm-release-ldflags" && -f "$bin/kwok-crds/.complete" ]]; then
   echo "$bin"
   exit 0
 fi
 log() { printf '[build] %s\n' "$*" >&2; }
 mkdir -p "$bin"
+# One build per cache key at a time (two checkouts, or a test that calls this while `make` does).
+exec 9>"$bin.lock"
+flock 9
+if [[ -f "$bin/.complete" && -f "$bin/.helm-release-ldflags" && -f "$bin/kwok-crds/.complete" ]]; then
+  echo "$bin"
+  exit 0
+fi
 export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
 start=$SECONDS
 k8s_major="${K8S_VERSION#v}"; k8s_major="${k8s_major%%.*}"
@@ -45,10 +53,31 @@ if [[ ! -x "$bin/kwok" ]]; then
   log "kwok $KWOK_VERSION"
   GOBIN="$bin" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
 fi
-if [[ ! -x "$bin/helm" ]]; then
+# kwok serves logs/exec/port-forward rules from its CRDs (`--enable-crds`) but does not install them: take the
+# CRDs the pod runner uses from the same module version (the module cache, where `go install` put it).
+if [[ ! -f "$bin/kwok-crds/.complete" ]]; then
+  kwok_src="$(go mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  mkdir -p "$bin/kwok-crds"
+  for kind in logs execs portforwards; do
+    cp "$kwok_src/kustomize/crd/bases/kwok.x-k8s.io_$kind.yaml" "$bin/kwok-crds/"
+  done
+  touch "$bin/kwok-crds/.complete"
+fi
+# helm as helm's release build makes it: besides its own version, the Kubernetes version it assumes when no
+# cluster is asked (`helm template`, `helm lint`, the chart's `kubeVersion` check) is that of the client-go it
+# is built with; without these ldflags it would claim v1.20. The marker rebuilds a helm cached without them.
+if [[ ! -x "$bin/helm" || ! -f "$bin/.helm-release-ldflags" ]]; then
   log "helm $HELM_VERSION"
-  GOBIN="$bin" go install -trimpath \
-    -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  helm_gomod="$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",$/\1/p')"
+  client_go="$(awk '$1 == "k8s.io/client-go" { print $2 }' "$helm_gomod")"
+  [[ "$client_go" =~ ^v0\.([0-9]+)\. ]] || { log "no k8s.io/client-go version in $helm_gomod"; exit 1; }
+  helm_k8s_minor="${BASH_REMATCH[1]}"
+  helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  for p in helm.sh/helm/v3/pkg/chartutil helm.sh/helm/v3/pkg/lint/rules; do
+    helm_ldflags+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$helm_k8s_minor"
+  done
+  GOBIN="$bin" go install -trimpath -ldflags "$helm_ldflags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+  echo "1.$helm_k8s_minor" > "$bin/.helm-release-ldflags"
 fi
 if [[ ! -x "$bin/test-adapter" ]]; then
   log "custom-metrics-apiserver test adapter $CUSTOM_METRICS_APISERVER_VERSION"

@@ -39,17 +39,40 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from podrunner.selection import DEFAULT_IMAGES, KWOK_CRDS, kwok_skip_expression
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_NODEPOOLS = HERE / "nodepools.yaml"
 STAGES = (HERE / "stages" / "nodes.yaml", HERE / "stages" / "pods.yaml")
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 POOL_LABEL = "specdeploy.dev/node-pool"
-# Start order; stopped in reverse.
-COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+# Start order; stopped in reverse. The provisioner and the pod runner are ours (provisioner.py, podrunner/).
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "provisioner",
+    "pod-runner",
+)
 # Started after the control plane unless autoscaling is switched off (`SPECDEPLOY_AUTOSCALING=0`).
 AUTOSCALING_COMPONENTS = ("metrics-adapter", "cluster-autoscaler")
 AUTOSCALING_ENV = "SPECDEPLOY_AUTOSCALING"
+
+# The address plan (docs/local-cluster.md): nothing of the local cluster is ever reached at an address off
+# this machine. Every simulated node reports NODE_IP as its InternalIP and kwok's kubelet-API server port as
+# its kubelet port, so the apiserver's `logs`/`exec`/`port-forward`/proxy connections land on kwok. The
+# controller-manager gives each node a /24 of POD_CIDR (a real cluster's node IPAM); kwok hands out pod IPs
+# from the bottom of a node's podCIDR (or from KWOK_FALLBACK_POD_CIDR for a node that has none yet), the pod
+# runner from the top. Service ClusterIPs stay in SERVICE_CIDR, where the apiserver wants them: nothing
+# connects to a ClusterIP here (no kube-proxy; clients follow EndpointSlices).
+NODE_IP = "127.0.0.1"
+POD_CIDR = "127.64.0.0/10"
+NODE_POD_CIDR_MASK = 24
+KWOK_FALLBACK_POD_CIDR = "127.128.0.0/16"
+SERVICE_CIDR = "10.96.0.0/16"
 
 # Nodes of an autoscaled pool carry this label (value: the pool's name); the Cluster Autoscaler's kwok
 # provider groups its node templates by it (`nodegroups.fromNodeLabelKey`).
@@ -384,7 +407,14 @@ def _write_pki(pki: Path) -> None:
     issue("kwok", ca, "kwok", org="system:masters")
     # The operator's own identity when it runs with admin rights (tests, demo): its requests are the only
     # ones the audit log records, which is how the benchmark counts them.
-    issue("operator", ca, OPERATOR_USER, org="system:masters")
+    # The operator, and the local cluster's node agents: the pod runner plays the kubelet of runnable pods,
+    # the provisioner a storage driver; in system:masters like kwok, which plays the kubelet of the rest.
+    for file, user in (
+        ("operator", OPERATOR_USER),
+        ("pod-runner", "specdeploy-pod-runner"),
+        ("provisioner", "specdeploy-provisioner"),
+    ):
+        issue(file, ca, user, org="system:masters")
     # The custom metrics adapter: a client identity with only the RBAC it needs (see _autoscaling_objects),
     # and a serving certificate for the name the aggregator dials (<service>.<namespace>.svc).
     issue("metrics-adapter", ca, METRICS_ADAPTER_USER)
@@ -426,30 +456,19 @@ rules:
 """
 
 
-def volume_manifest(namespace: str, claim: str, size: str = "100Ti") -> dict[str, Any]:
-    """A PersistentVolume reserved for claim `namespace/claim`: the simulated cluster has no storage
-    provisioner, so engine-cache claims get volumes made for them; the PV controller binds the claim as soon
-    as it exists. (Nothing is mounted: kwok runs no containers.)"""
-    return {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {
-            "name": f"sim-{namespace}-{claim}"[:253],
-            "labels": {"sim.specdeploy.dev/volume": "true"},
-        },
-        "spec": {
-            "capacity": {"storage": size},
-            "accessModes": ["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "claimRef": {"namespace": namespace, "name": claim},
-            "hostPath": {"path": f"/var/lib/specdeploy-sim/{namespace}/{claim}"},
-        },
-    }
+def kwok_stages(runnable_images: Iterable[str] = ()) -> str:
+    """kwok's Stages. With `runnable_images`, every pod Stage skips the pods the pod runner runs for real
+    (podrunner/selection.py), so kwok neither readies, completes nor deletes them."""
+    import yaml  # noqa: PLC0415 - only `up` needs PyYAML
 
-
-def kwok_stages() -> str:
-    return "\n---\n".join(p.read_text() for p in STAGES)
+    docs = [doc for path in STAGES for doc in yaml.safe_load_all(path.read_text()) if doc]
+    images = list(runnable_images)
+    if images:
+        skip = kwok_skip_expression(images)
+        for doc in docs:
+            if doc["spec"]["resourceRef"]["kind"] == "Pod":
+                doc["spec"]["selector"]["matchExpressions"].append(skip)
+    return "\n---\n".join(yaml.safe_dump(doc, sort_keys=False) for doc in docs)
 
 
 def _kubeconfig(server: str, ca: Path, cert: Path, key: Path, user: str) -> str:
@@ -719,6 +738,8 @@ class LocalCluster:
             "kube-controller-manager",
             "kube-scheduler",
             "kwok",
+            "pod-runner",
+            "provisioner",
             "operator",
             "metrics-adapter",
             "cluster-autoscaler",
@@ -730,7 +751,7 @@ class LocalCluster:
         self.kubeconfig.write_text((kubeconfigs / "admin.kubeconfig").read_text())
         self.kubeconfig.chmod(0o600)
         kwok_config = self.dir / "kwok-stages.yaml"
-        kwok_config.write_text(kwok_stages())
+        kwok_config.write_text(kwok_stages(DEFAULT_IMAGES))
         audit_policy = self.dir / "audit-policy.yaml"
         audit_policy.write_text(AUDIT_POLICY)
 
@@ -766,7 +787,9 @@ class LocalCluster:
                 f"--tls-private-key-file={pki / 'apiserver.key'}",
                 f"--client-ca-file={pki / 'ca.crt'}",
                 "--authorization-mode=RBAC",
-                "--service-cluster-ip-range=10.96.0.0/16",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                # Simulated nodes are reached at their InternalIP only (kwok, on loopback), never by name.
+                "--kubelet-preferred-address-types=InternalIP",
                 "--allow-privileged=true",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
                 f"--service-account-key-file={pki / 'sa.pub'}",
@@ -809,6 +832,10 @@ class LocalCluster:
                 f"--cluster-signing-cert-file={pki / 'ca.crt'}",
                 f"--cluster-signing-key-file={pki / 'ca.key'}",
                 "--horizontal-pod-autoscaler-sync-period=5s",
+                "--allocate-node-cidrs=true",
+                f"--cluster-cidr={POD_CIDR}",
+                f"--node-cidr-mask-size={NODE_POD_CIDR_MASK}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--v=1",
             ],
         )
@@ -825,6 +852,10 @@ class LocalCluster:
                 "--v=1",
             ],
         )
+        import yaml  # noqa: PLC0415 - only `up` needs PyYAML
+
+        for crd in sorted((bins / "kwok-crds").glob("*.yaml")):  # build.sh keeps them beside kwok
+            self._apply(yaml.safe_load(crd.read_text()))
         self._start(
             "kwok",
             [
@@ -833,10 +864,38 @@ class LocalCluster:
                 f"--config={kwok_config}",
                 f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION[0]}={KWOK_ANNOTATION[1]}",
                 "--node-lease-duration-seconds=40",
-                "--cidr=10.244.0.0/16",
-                "--node-ip=10.250.0.1",
+                f"--cidr={KWOK_FALLBACK_POD_CIDR}",
+                f"--node-ip={NODE_IP}",
+                f"--node-port={ports['kwok']}",
                 f"--server-address=127.0.0.1:{ports['kwok']}",
+                # kubectl logs/exec/port-forward of the pod runner's pods (podrunner/kwokobjects.py).
+                f"--enable-crds={','.join(KWOK_CRDS)}",
             ],
+        )
+        from provisioner import storage_class_manifest  # noqa: PLC0415 (needs the kubernetes client)
+
+        self._apply(storage_class_manifest())
+        runner_env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))}
+        self._start(
+            "provisioner",
+            [
+                sys.executable,
+                str(HERE / "provisioner.py"),
+                f"--kubeconfig={kubeconfigs / 'provisioner.kubeconfig'}",
+                f"--dir={self.dir / 'volumes'}",
+            ],
+        )
+        self._start(
+            "pod-runner",
+            [
+                sys.executable,
+                "-m",
+                "podrunner",
+                f"--kubeconfig={kubeconfigs / 'pod-runner.kubeconfig'}",
+                f"--dir={self.dir / 'pods'}",
+                f"--node-ip={NODE_IP}",
+            ],
+            env=runner_env,
         )
         for name in COMPONENTS:
             self._expect_alive(name)
@@ -959,9 +1018,12 @@ class LocalCluster:
         """Server-side apply of one object (field manager specdeploy-localcluster)."""
         api_version, kind, meta = obj["apiVersion"], obj["kind"], obj["metadata"]
         prefix = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-        plural = {"ConfigMap": "configmaps", "Service": "services", "APIService": "apiservices"}.get(
-            kind, kind.lower() + "s"
-        )
+        plural = {
+            "ConfigMap": "configmaps",
+            "Service": "services",
+            "APIService": "apiservices",
+            "StorageClass": "storageclasses",
+        }.get(kind, kind.lower() + "s")
         namespace = f"/namespaces/{meta['namespace']}" if "namespace" in meta else ""
         path = f"{prefix}{namespace}/{plural}/{meta['name']}?fieldManager=specdeploy-localcluster&force=true"
         self.api("PATCH", path, obj)
@@ -1131,15 +1193,6 @@ class LocalCluster:
                 self.api("POST", "/api/v1/nodes", {**node, "status": status})
             names.append(name)
         return names
-
-    def provide_volume(self, namespace: str, claim: str, size: str = "100Ti") -> str:
-        """A PersistentVolume reserved for claim `namespace/claim` (see `volume_manifest`). Idempotent;
-        returns its name."""
-        pv = volume_manifest(namespace, claim, size)
-        name = str(pv["metadata"]["name"])
-        if not self._exists(f"/api/v1/persistentvolumes/{name}"):
-            self.api("POST", "/api/v1/persistentvolumes", pv)
-        return name
 
     def delete_nodes(self, names: Iterable[str]) -> None:
         for name in names:

@@ -184,28 +184,6 @@ def token_kubeconfig(admin: Path, token: str, path: Path) -> Path:
     return path
 
 
-def provide_volume(kubectl: Kubectl, namespace: str, claim: str) -> str:
-    """The simulated cluster has no storage provisioner: a PersistentVolume reserved for the engine-cache
-    claim, so the PV controller binds it when the operator creates it."""
-    name = f"chart-{namespace}-{claim}"[:253]
-    pv = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": name},
-        "spec": {
-            "capacity": {"storage": "100Ti"},
-            "accessModes": ["ReadWriteMany", "ReadWriteOnce", "ReadOnlyMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "claimRef": {"namespace": namespace, "name": claim},
-            "hostPath": {"path": f"/var/lib/specdeploy-sim/{namespace}/{claim}"},
-        },
-    }
-    kubectl("apply", "--server-side", "-f", "-", input=json.dumps(pv))
-    return name
-
-
-@pytest.mark.parametrize("mode", ["cluster-wide-peering", "namespaced"])
 def test_operator_reconciles_with_only_the_charts_rbac(  # noqa: PLR0917 (pytest fixtures)
     helm: Helm,
     kubectl: Kubectl,
@@ -240,7 +218,6 @@ def test_operator_reconciles_with_only_the_charts_rbac(  # noqa: PLR0917 (pytest
         *sets,
         kubeconfig=kubeconfig,
     )
-    volume = provide_volume(kubectl, workloads, "specdeploy-engine-cache")
     operator: subprocess.Popen[bytes] | None = None
     log_path = tmp_path / "operator.log"
     try:
@@ -327,4 +304,3 @@ def test_operator_reconciles_with_only_the_charts_rbac(  # noqa: PLR0917 (pytest
                 operator.wait()
         helm("uninstall", release, "-n", namespace, "--wait", check=False, kubeconfig=kubeconfig)
         kubectl("delete", "namespace", workloads, "--wait=false", check=False)
-        kubectl("delete", "pv", volume, "--wait=false", check=False)

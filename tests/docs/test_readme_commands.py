@@ -26,8 +26,8 @@ What runs differs from what the README shows only by these substitutions, each a
 - `$PWD/.cluster/kubeconfig` -> a copy of the session cluster's kubeconfig. The `export` line of "The local
   cluster" then runs as written and gives every other command its KUBECONFIG and its PATH (the harness's
   `kubectl` and `helm`); helm keeps its cache and configuration in a temporary directory.
-- `--namespace=demo` -> a fresh `op-readme-*` namespace, which the session's operator watches. Like
-  `make demo`, the test gives it an engine-cache volume (the simulated cluster has no storage provisioner).
+- `--namespace=demo` -> a fresh `op-readme-*` namespace, which the session's operator watches (its
+  engine-cache claim is provisioned dynamically, as in `make demo`).
 - `specdeploy-system` -> a fresh namespace for the Helm release.
 - `NAME`, `ENGINE`, `FILE` -> the deployment, one of its EngineBuilds, a manifest with mistakes.
 - `/models/target`, `/models/draft`, port 8000 -> tiny checkpoints (specdeploy_server.testing), a free port.
@@ -37,8 +37,8 @@ What runs differs from what the README shows only by these substitutions, each a
   Nested make and pytest runs inherit neither the outer make's MAKEFLAGS nor the outer pytest's base
   temporary directory.
 
-Not runnable here: `kubectl logs` (the simulated nodes run no container: the apiserver answers NotFound for
-`pods/log`; the test proves the Job or Deployment, the pod and the container name resolve), `docker build`
+Not runnable here: `kubectl logs` of the README's GPU examples (their pods are simulated: kwok answers that it
+has no log; the test proves the Job or Deployment, the pod and the container name resolve), `docker build`
 and `docker push` (no Docker engine, no registry), the benchmarks (minutes each; they rewrite
 docs/benchmarks*.md), an existing cluster (`USE_EXISTING_CLUSTER=1 ... make test` would run the suite inside
 the suite; the test runs one integration module that way against the session cluster) and `.ci/run` (it is
@@ -69,7 +69,7 @@ import yaml
 from kubernetes import client
 from localcluster import LocalCluster
 
-from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, provide_volume, wait_for
+from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
 from tests.docs.mdshell import SHELL_LANGUAGES, commands, fenced_blocks, inline_code
 
 REPO = Path(__file__).resolve().parents[2]
@@ -120,7 +120,8 @@ class NotHere:
 Row = Here | Demo | Suite | MakeTest | NotHere
 
 LOGS_WHY = (
-    "the simulated nodes run no container, so there is no log (the apiserver answers NotFound for pods/log)"
+    "the GPU pods of these examples are simulated (no container runs), so kwok has no log to give; the pod"
+    " runner's CPU pods do have logs (tests/integration/test_real_pods.py)"
 )
 DOCKER_WHY = "no Docker engine and no registry here (tests/chart/test_dockerfiles.py checks the Dockerfiles)"
 BENCH_WHY = "minutes long, and it rewrites its docs/benchmarks*.md"
@@ -873,7 +874,6 @@ def test_watch_scale_and_troubleshoot_commands(
     goes to Ready under `kubectl get sdep -w`, scales to 3 ready replicas, and reports its endpoint."""
     sh = cluster_shell
     with fresh_namespace(core, f"{OPERATOR_NAMESPACE_PREFIX}-readme") as namespace:
-        provide_volume(kubectl, namespace, "specdeploy-engine-cache")  # what make demo does for its namespace
         sh.run(
             "kubectl config set-context --current --namespace=demo",
             {"--namespace=demo": f"--namespace={namespace}"},
@@ -987,10 +987,10 @@ def pods_of(sh: Shell, selector: str) -> list[str]:
 
 
 def assert_no_log_but_names_resolve(proc: subprocess.CompletedProcess[str], pods: list[str]) -> None:
-    """kubectl found the pod and the container (a wrong name fails before), and the simulated node had no log
-    to give: the apiserver's NotFound for pods/log of one of `pods`."""
+    """kubectl found the pod and the container (a wrong name fails before), the apiserver reached the
+    simulated node's kubelet API (kwok, on loopback), and kwok had no log to give for one of `pods`."""
     assert proc.returncode != 0, f"kwok served a log? {proc.stdout}"
-    message = re.search(r"the server could not find the requested resource \( pods/log (\S+)\)", proc.stderr)
+    message = re.search(r'no logs found for container "[^"]+" in pod "[^/"]+/([^"]+)"', proc.stderr)
     assert message, proc.stderr
     assert message.group(1) in pods, proc.stderr
 

@@ -26,7 +26,6 @@ from tests.conftest import (
     OPERATOR_NAMESPACE_PREFIX,
     Kubectl,
     fresh_namespace,
-    provide_volume,
     wait_for,
 )
 
@@ -59,22 +58,19 @@ class Cluster:
         self.batch = client.BatchV1Api(api)
         self.apps = client.AppsV1Api(api)
         self.phases: dict[str, list[str]] = {}
-        provide_volume(kubectl, namespace, OperatorSettings().cache_pvc_name)
 
     def apply(self, doc: dict[str, Any]) -> str:
         doc = copy.deepcopy(doc)
         doc["metadata"]["namespace"] = self.namespace
         name = str(doc["metadata"]["name"])
-        if (doc["spec"].get("engineCache") or {}).get("size"):
-            provide_volume(self.kubectl, self.namespace, f"{name}-engine-cache")
         for claim in sorted(set(re.findall(r"pvc://([a-z0-9-]+)/", json.dumps(doc)))):
             self.model_store(claim)
         self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(doc))
         return name
 
     def model_store(self, claim: str) -> None:
-        """A user's claim holding checkpoints (`pvc://<claim>/...` sources), bound to a simulated volume."""
-        provide_volume(self.kubectl, self.namespace, claim)
+        """A user's claim holding checkpoints (`pvc://<claim>/...` sources); the default StorageClass
+        provisions it."""
         pvc = {
             "apiVersion": "v1",
             "kind": "PersistentVolumeClaim",

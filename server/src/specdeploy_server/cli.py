@@ -209,6 +209,7 @@ def serve(config: ServerConfig) -> None:
         shutdown_timeout=config.serving.shutdown_timeout_seconds,
     )
     state = app_state(app)
+    state.metrics.set_config(config.dump())
     shutdown_timeout = config.serving.shutdown_timeout_seconds
 
     class _Server(uvicorn.Server):

@@ -8,6 +8,7 @@ names are snake_case); unknown keys are rejected so that a typo fails at start-u
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -231,6 +232,13 @@ class ServerConfig(_Model):
     def dump(self) -> dict[str, Any]:
         """The file form (camelCase, JSON-compatible)."""
         return self.model_dump(mode="json", by_alias=True)
+
+
+def config_digest(dump: dict[str, Any]) -> str:
+    """SHA-256 of a configuration in file form (`ServerConfig.dump()`), keys sorted: the identity of the
+    configuration a server runs (exported as `specdeploy_server_config_info{config_sha256}`)."""
+    canonical = json.dumps(dump, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

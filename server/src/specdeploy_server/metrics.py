@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from specdeploy_server.config import config_digest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
@@ -142,6 +145,25 @@ class ServerMetrics:
             buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
             registry=r,
         )
+
+    def set_config(self, config: dict[str, Any]) -> None:
+        """`specdeploy_server_config_info`: which configuration this process loaded (`config_digest` of its
+        effective configuration, plus the fields a rollout changes most), so a deployment can check that the
+        config it rendered is the one that runs."""
+        speculative = config.get("speculative") or {}
+        labels = {
+            "config_sha256": config_digest(config),
+            "backend": str(config.get("backend")),
+            "method": str(speculative.get("method")),
+            "draft_len": str(speculative.get("draftLen")),
+        }
+        info = Gauge(
+            "specdeploy_server_config_info",
+            "The configuration this server loaded (value 1)",
+            ["model", *labels],
+            registry=self.registry,
+        )
+        info.labels(model=self.model, **labels).set(1)
 
     def bind_load(
         self, depth: Callable[[], float], seconds: Callable[[], float], rate: Callable[[], float]

@@ -1,0 +1,3 @@
+from podrunner.runner import main
+
+raise SystemExit(main())

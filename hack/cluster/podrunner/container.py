@@ -1,0 +1,193 @@
+"""Starting one container of a pod as a local process.
+
+- Environment: the container's `env` (values, downward-API `fieldRef`s, ConfigMap/Secret keys) and
+  `envFrom`, plus what a container runtime adds (`HOSTNAME`, the image's `PATH` = this checkout's
+  virtualenv). Model hubs are unreachable from this machine, so `HF_HUB_OFFLINE=1` is set as the image's
+  environment would be in an air-gapped cluster.
+- Command: `command`/`args` with `$(VAR)` expansion, falling back to the image's ENTRYPOINT/CMD.
+- Files: the process runs in a private mount namespace (`unshare -m`) in which every volume is bind-mounted at
+  its `mountPath` (read-only where asked), so the program sees the paths the pod spec names. Mount points that
+  do not exist yet are created as empty directories on this machine, as a runtime creates them in an image.
+- Network: a pod binds its own IP. A process that binds the wildcard address (`0.0.0.0`, as the server does)
+  in a real pod gets only its own network namespace; here a `sitecustomize` hook (Python programs only: the
+  server image runs nothing else) turns a wildcard bind into a bind of the pod IP, so two pods can both listen
+  on port 8000 and nothing listens on this machine's other interfaces.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import threading
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import IO, Any
+
+from kubernetes import client
+
+from .selection import ImageDefaults
+from .volumes import Mount, PodNotReady, PodSources, UnsupportedPod, field_value
+
+__all__ = ["POD_IP_ENV", "SITECUSTOMIZE_DIR", "command_line", "container_env", "launch"]
+
+SITECUSTOMIZE_DIR = Path(__file__).resolve().parent / "netns"
+POD_IP_ENV = "SPECDEPLOY_POD_RUNNER_POD_IP"
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$\(")
+
+
+def expand(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' `$(VAR)` expansion: known variables are replaced, `$$(` escapes, unknown ones stay."""
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "$$(":
+            return "$("
+        name = match.group(1)
+        return env.get(name, match.group(0))
+
+    return _VAR.sub(replace, text)
+
+
+def _sources(core: client.CoreV1Api, namespace: str) -> PodSources:
+    return PodSources(core, {"metadata": {"namespace": namespace}, "spec": {}})
+
+
+def _key_ref(core: client.CoreV1Api, namespace: str, ref: Mapping[str, Any], secret: bool) -> str | None:
+    reader = _sources(core, namespace)
+    data = reader.secret(ref["name"], True) if secret else reader.config_map(ref["name"], True)
+    if ref["key"] not in data:
+        if ref.get("optional"):
+            return None
+        raise PodNotReady(f"{'secret' if secret else 'configmap'} {ref['name']} has no key {ref['key']!r}")
+    return data[ref["key"]].decode()
+
+
+def container_env(
+    core: client.CoreV1Api, pod: Mapping[str, Any], container: Mapping[str, Any], venv_bin: Path
+) -> dict[str, str]:
+    """The process environment of `container` (pod IP already in the pod's status)."""
+    namespace = pod["metadata"]["namespace"]
+    env: dict[str, str] = {
+        "PATH": f"{venv_bin}:{_SYSTEM_PATH}",
+        "HOSTNAME": pod["metadata"]["name"],
+        "HOME": "/root",
+        "HF_HUB_OFFLINE": "1",
+        "LANG": "C.UTF-8",
+    }
+    for source in container.get("envFrom") or []:
+        prefix = source.get("prefix", "")
+        if "configMapRef" in source:
+            ref = source["configMapRef"]
+            data = {k: v.decode() for k, v in _sources(core, namespace).config_map(ref["name"], True).items()}
+        else:
+            ref = source["secretRef"]
+            data = {k: v.decode() for k, v in _sources(core, namespace).secret(ref["name"], True).items()}
+        env.update({prefix + k: v for k, v in data.items()})
+    for item in container.get("env") or []:
+        if "valueFrom" not in item:
+            env[item["name"]] = expand(item.get("value", ""), env)
+            continue
+        value_from = item["valueFrom"]
+        value: str | None
+        if "fieldRef" in value_from:
+            value = field_value(pod, value_from["fieldRef"]["fieldPath"])
+        elif "configMapKeyRef" in value_from:
+            value = _key_ref(core, namespace, value_from["configMapKeyRef"], secret=False)
+        elif "secretKeyRef" in value_from:
+            value = _key_ref(core, namespace, value_from["secretKeyRef"], secret=True)
+        else:
+            raise UnsupportedPod(
+                f"env {item['name']}: {sorted(value_from)} is not supported by the pod runner"
+            )
+        if value is not None:
+            env[item["name"]] = value
+    pod_ip = (pod.get("status") or {}).get("podIP", "")
+    env[POD_IP_ENV] = pod_ip
+    env["PYTHONPATH"] = ":".join(p for p in (str(SITECUSTOMIZE_DIR), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def command_line(container: Mapping[str, Any], env: Mapping[str, str], image: ImageDefaults) -> list[str]:
+    """argv of the container: `command` (else the image's ENTRYPOINT) + `args` (else, only without
+    `command`, the image's CMD), each item `$(VAR)`-expanded."""
+    command = container.get("command")
+    args = container.get("args")
+    if command is None:
+        argv = [*image.entrypoint, *(args if args is not None else image.cmd)]
+    else:
+        argv = [*command, *(args or [])]
+    if not argv:
+        raise UnsupportedPod(f"container {container['name']!r} has no command and its image no entrypoint")
+    return [expand(part, env) for part in argv]
+
+
+def _mount_script(mounts: list[Mount], workdir: str | None) -> str:
+    lines = ["set -e"]
+    for m in mounts:
+        src, dst = shlex.quote(str(m.source)), shlex.quote(m.target)
+        if m.source.is_dir():
+            lines.append(f"mkdir -p {dst}")
+        else:
+            lines.append(f"mkdir -p {shlex.quote(str(Path(m.target).parent))} && touch {dst}")
+        lines.append(f"mount --bind {src} {dst}")
+        if m.read_only:
+            lines.append(f"mount -o remount,bind,ro {dst}")
+    if workdir:
+        lines.append(f"mkdir -p {shlex.quote(workdir)} && cd {shlex.quote(workdir)}")
+    lines.append('exec "$@"')
+    return "\n".join(lines) + "\n"
+
+
+def _copy_lines(stream: IO[bytes], name: str, log: IO[bytes], lock: threading.Lock) -> None:
+    """CRI log lines (`<RFC3339Nano> <stream> <F|P> <text>`), the format kwok and `kubectl logs` read."""
+    for line in iter(stream.readline, b""):
+        full = line.endswith(b"\n")
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ").encode()
+        with lock:
+            log.write(
+                b"%s %s %s %s"
+                % (stamp, name.encode(), b"F" if full else b"P", line if full else line + b"\n")
+            )
+            log.flush()
+    stream.close()
+
+
+def launch(
+    *,
+    argv: list[str],
+    env: Mapping[str, str],
+    mounts: list[Mount],
+    workdir: str | None,
+    script: Path,
+    log_path: Path,
+) -> subprocess.Popen[bytes]:
+    """Start the process in its own mount namespace and process group; its stdout and stderr go to
+    `log_path` as CRI log lines. A command that cannot be executed ends the process with status 127 or 126,
+    as a shell reports it."""
+    script.write_text(_mount_script(mounts, workdir))
+    proc = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", str(script), *argv],
+        env=dict(env),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    log = log_path.open("ab")
+    lock = threading.Lock()
+    copiers = [
+        threading.Thread(target=_copy_lines, args=(stream, name, log, lock), daemon=True)
+        for stream, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))
+    ]
+    for copier in copiers:
+        copier.start()
+
+    def close_when_done() -> None:
+        for copier in copiers:
+            copier.join()
+        log.close()
+
+    threading.Thread(target=close_when_done, daemon=True).start()
+    return proc

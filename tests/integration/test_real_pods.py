@@ -1,0 +1,237 @@
+"""Pods that really serve: `kubectl apply` → operator → pod (the pod runner's real process) → server → client.
+
+The CPU example (examples/09) is applied in a fresh namespace the session's operator watches; its models are
+made inside the cluster by the same Job `make demo` runs (hack/demo-models.yaml, a short training run here).
+Clients reach the Service as kube-proxy would (tests/integration/endpoints.py) or through `kubectl
+port-forward`; nothing retries.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from openai import OpenAI
+from specdeploy_server.config import ServerConfig, config_digest
+
+from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
+from tests.integration.endpoints import ServiceEndpoints
+from tests.server.conftest import hf_greedy_outputs
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "09-transformers-cpu-tiny.yaml"
+MODELS_MANIFEST = REPO / "hack" / "demo-models.yaml"
+GROUP, VERSION = "specdeploy.dev", "v1alpha1"
+TRAINING_STEPS = "60"  # a short run: these tests check serving, not the models' quality
+PROMPTS = ["Speculative decoding", "The operator", "A pod"]
+
+pytestmark = pytest.mark.usefixtures("operator")
+
+
+class Served:
+    """The CPU example, served for real in its own namespace."""
+
+    def __init__(self, kubectl: Kubectl, api: client.ApiClient, namespace: str) -> None:
+        self.kubectl = kubectl
+        self.api = api
+        self.namespace = namespace
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+        self.name: str = self.doc["metadata"]["name"]
+        self.endpoints = ServiceEndpoints(api, namespace, self.name)
+
+    def make_models(self) -> Path:
+        """Run the demo's model Job; returns the claim's directory on this machine."""
+        docs = list(yaml.safe_load_all(MODELS_MANIFEST.read_text()))
+        job = next(d for d in docs if d["kind"] == "Job")
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        container["command"] = [*container["command"], "--steps", TRAINING_STEPS]
+        self.kubectl("apply", "-n", self.namespace, "-f", "-", input=yaml.safe_dump_all(docs))
+        self.kubectl(
+            "wait", "-n", self.namespace, "--for=condition=complete", "job/demo-models", "--timeout=300s"
+        )
+        pvc = self.core.read_namespaced_persistent_volume_claim("demo-models", self.namespace)
+        pv = self.core.read_persistent_volume(pvc.spec.volume_name)
+        return Path(pv.spec.host_path.path)
+
+    def apply(self, spec_patch: dict[str, Any] | None = None) -> None:
+        doc = json.loads(json.dumps(self.doc))
+        doc["metadata"]["namespace"] = self.namespace
+        doc["spec"].update(spec_patch or {})
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(doc))
+
+    def status(self) -> dict[str, Any]:
+        obj = self.custom.get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "speculativedeployments", self.name
+        )
+        return dict(obj.get("status") or {})
+
+    def wait_ready(self, timeout: float = 240) -> dict[str, Any]:
+        def ready() -> dict[str, Any] | None:
+            status = self.status()
+            return status if status.get("phase") == "Ready" else None
+
+        result: dict[str, Any] = wait_for(ready, timeout=timeout, interval=0.5, what=f"{self.name} Ready")
+        return result
+
+    def pods(self) -> list[client.V1Pod]:
+        selector = self.status()["selector"]
+        return list(self.core.list_namespaced_pod(self.namespace, label_selector=selector).items)
+
+    def openai(self) -> OpenAI:
+        return OpenAI(
+            base_url=f"{self.endpoints.base_url()}/v1", api_key="unused", max_retries=0, timeout=120
+        )
+
+
+@pytest.fixture(scope="module")
+def served(kubectl: Kubectl, api_client: client.ApiClient) -> Iterator[tuple[Served, Path]]:
+    with fresh_namespace(client.CoreV1Api(api_client), OPERATOR_NAMESPACE_PREFIX) as namespace:
+        served = Served(kubectl, api_client, namespace)
+        models = served.make_models()
+        served.apply()
+        served.wait_ready()
+        yield served, models
+
+
+def transformers_greedy(model_dir: Path, prompt: str, max_tokens: int) -> str:
+    """transformers' own greedy continuation of `prompt` (the reference the server tests use), as text."""
+    from transformers import AutoTokenizer
+
+    [ids] = hf_greedy_outputs(model_dir, [prompt], max_tokens)
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
+    return str(tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def test_the_cpu_example_is_ready_only_with_real_servers_behind_its_endpoints(
+    served: tuple[Served, Path],
+) -> None:
+    s, _ = served
+    pods = s.pods()
+    assert len(pods) == 1
+    pod = pods[0]
+    assert pod.status.container_statuses[0].container_id.startswith("podrunner://")
+    ready = s.endpoints.ready()
+    assert ready == [f"{pod.status.pod_ip}:8000"]
+    with urllib.request.urlopen(f"http://{ready[0]}/health/ready", timeout=10) as resp:
+        assert json.loads(resp.read())["status"] == "ready"
+
+
+def test_greedy_completions_through_the_service_equal_transformers_greedy_output(
+    served: tuple[Served, Path],
+) -> None:
+    s, models = served
+    api = s.openai()
+    model = api.models.list().data[0].id
+    for prompt in PROMPTS:
+        got = api.completions.create(model=model, prompt=prompt, max_tokens=24, temperature=0)
+        assert got.choices[0].text == transformers_greedy(models / "target", prompt, 24), prompt
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_kubectl_port_forward_reaches_the_server(
+    served: tuple[Served, Path], kubectl_bin: str, kubeconfig: Path
+) -> None:
+    s, models = served
+    port = _free_port()
+    forward = subprocess.Popen(
+        [
+            kubectl_bin,
+            f"--kubeconfig={kubeconfig}",
+            "port-forward",
+            "-n",
+            s.namespace,
+            f"svc/{s.name}",
+            f"{port}:8000",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert forward.stdout is not None
+        line = forward.stdout.readline()
+        assert "Forwarding from 127.0.0.1" in line, line
+        api = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+        model = api.models.list().data[0].id
+        got = api.completions.create(model=model, prompt=PROMPTS[0], max_tokens=16, temperature=0)
+        assert got.choices[0].text == transformers_greedy(models / "target", PROMPTS[0], 16)
+    finally:
+        forward.terminate()
+        forward.wait(timeout=10)
+
+
+def test_kubectl_logs_shows_the_requests_and_exec_runs_with_the_pod_environment(
+    served: tuple[Served, Path], kubectl: Kubectl
+) -> None:
+    s, _ = served
+    api = s.openai()
+    api.completions.create(model=api.models.list().data[0].id, prompt="A pod", max_tokens=4, temperature=0)
+    pod = s.pods()[0].metadata.name
+
+    def logged() -> str | None:
+        out = kubectl("logs", "-n", s.namespace, pod).stdout
+        return out if "/v1/completions" in out else None
+
+    logs = wait_for(logged, timeout=20, what="the request in kubectl logs")
+    assert "serving" in logs  # the server's own start-up line
+    out = kubectl(
+        "exec", "-n", s.namespace, pod, "--", "sh", "-c", "echo $HOSTNAME; command -v specdeploy-server"
+    )
+    hostname, program = out.stdout.split()
+    assert hostname == pod
+    assert program.endswith("/specdeploy-server")
+
+
+def test_the_config_the_server_loaded_is_the_config_the_operator_rendered(
+    served: tuple[Served, Path],
+) -> None:
+    s, _ = served
+    configmap = s.core.read_namespaced_config_map(f"{s.name}-server-config", s.namespace)
+    rendered = ServerConfig.model_validate(yaml.safe_load(configmap.data["server.yaml"])).dump()
+    with urllib.request.urlopen(f"{s.endpoints.base_url()}/metrics", timeout=10) as resp:
+        metrics = resp.read().decode()
+    info = next(line for line in metrics.splitlines() if line.startswith("specdeploy_server_config_info{"))
+    assert f'config_sha256="{config_digest(rendered)}"' in info
+
+
+def test_a_killed_server_is_restarted_and_the_service_resumes(served: tuple[Served, Path]) -> None:
+    s, models = served
+    pod = s.pods()[0]
+    pid = int(pod.status.container_statuses[0].container_id.removeprefix("podrunner://"))
+    before = pod.status.container_statuses[0].restart_count
+    os.kill(pid, signal.SIGKILL)
+
+    def restarted() -> client.V1Pod | None:
+        live = s.core.read_namespaced_pod(pod.metadata.name, s.namespace)
+        statuses = live.status.container_statuses or []
+        return live if statuses and statuses[0].restart_count > before else None
+
+    live = wait_for(restarted, timeout=60, what="restartCount to rise")
+    last = live.status.container_statuses[0].last_state.terminated
+    assert last is not None
+    assert last.exit_code == 128 + signal.SIGKILL
+    s.wait_ready(timeout=180)
+    wait_for(s.endpoints.ready, timeout=60, what="a ready endpoint again")
+    api = s.openai()
+    got = api.completions.create(
+        model=api.models.list().data[0].id, prompt=PROMPTS[1], max_tokens=12, temperature=0
+    )
+    assert got.choices[0].text == transformers_greedy(models / "target", PROMPTS[1], 12)
+    assert s.status()["readyText"] == "1/1"

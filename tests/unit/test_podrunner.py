@@ -1,0 +1,127 @@
+"""The pod runner's pure parts: which pods run for real, how a container's command, environment and files are
+made, and the kubelet's back-off and probe thresholds."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from localcluster import kwok_stages
+from podrunner.container import _mount_script, command_line, expand
+from podrunner.probes import ProbeState
+from podrunner.process import backoff_seconds
+from podrunner.selection import DEFAULT_IMAGES, ImageDefaults, is_runnable, kwok_skip_expression
+from podrunner.volumes import Mount, UnsupportedPod, field_value
+
+SERVER = "ghcr.io/specdeploy/server:0.1.0"
+
+
+def pod(*containers: dict[str, Any], init: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": list(containers)}
+    if init:
+        spec["initContainers"] = init
+    return {"metadata": {"name": "p", "namespace": "n", "uid": "u"}, "spec": spec}
+
+
+def test_cpu_pods_of_the_server_image_run_for_real_gpu_pods_and_other_images_do_not() -> None:
+    images = DEFAULT_IMAGES
+    assert is_runnable(pod({"name": "server", "image": SERVER}), images)
+    assert is_runnable(pod({"name": "s", "image": SERVER, "resources": {"requests": {"cpu": "1"}}}), images)
+    gpu = {"name": "s", "image": SERVER, "resources": {"limits": {"nvidia.com/gpu": "1"}}}
+    assert not is_runnable(pod(gpu), images)
+    mig = {"name": "s", "image": SERVER, "resources": {"requests": {"nvidia.com/mig-3g.40gb": "1"}}}
+    assert not is_runnable(pod(mig), images)
+    assert not is_runnable(pod({"name": "x", "image": "registry.invalid/other:1"}), images)
+    # A build Job whose quantize step asks for a GPU stays simulated as a whole.
+    assert not is_runnable(pod({"name": "complete", "image": SERVER}, init=[gpu]), images)
+    assert not is_runnable({"metadata": {}, "spec": {}}, images)
+
+
+def test_every_kwok_pod_stage_skips_runnable_pods_and_node_stages_are_unchanged() -> None:
+    docs = list(yaml.safe_load_all(kwok_stages([SERVER])))
+    skip = kwok_skip_expression([SERVER])
+    pod_stages = [d for d in docs if d["spec"]["resourceRef"]["kind"] == "Pod"]
+    node_stages = [d for d in docs if d["spec"]["resourceRef"]["kind"] == "Node"]
+    assert pod_stages
+    assert node_stages
+    for stage in pod_stages:
+        assert stage["spec"]["selector"]["matchExpressions"][-1] == skip
+    for stage in node_stages:
+        assert skip not in stage["spec"]["selector"]["matchExpressions"]
+    # Without images (another cluster, e.g. kind) the Stages are kwok's plain ones.
+    plain = yaml.safe_load_all(kwok_stages())
+    assert all(skip not in d["spec"]["selector"]["matchExpressions"] for d in plain)
+    assert skip["operator"] == "NotIn"
+    assert skip["values"] == ["true"]
+    assert '"ghcr.io/specdeploy/server:0.1.0"' in skip["key"]
+
+
+def test_dollar_paren_variables_expand_like_kubernetes() -> None:
+    env = {"PORT": "8000", "NAME": "x"}
+    assert expand("--port=$(PORT)", env) == "--port=8000"
+    assert expand("$(UNKNOWN)", env) == "$(UNKNOWN)"
+    assert expand("$$(PORT)", env) == "$(PORT)"
+    assert expand("$HOME", env) == "$HOME"
+
+
+def test_command_falls_back_to_the_images_entrypoint_and_cmd() -> None:
+    image = ImageDefaults(["specdeploy-server"], ["--help"])
+    assert command_line({"name": "c"}, {}, image) == ["specdeploy-server", "--help"]
+    assert command_line({"name": "c", "args": ["--config", "$(F)"]}, {"F": "/f"}, image) == [
+        "specdeploy-server",
+        "--config",
+        "/f",
+    ]
+    assert command_line({"name": "c", "command": ["python", "-V"]}, {}, image) == ["python", "-V"]
+    with pytest.raises(UnsupportedPod):
+        command_line({"name": "c"}, {}, ImageDefaults([]))
+
+
+def test_downward_api_fields() -> None:
+    p = {
+        "metadata": {"name": "p", "namespace": "n", "uid": "u", "labels": {"app": "a"}},
+        "spec": {"nodeName": "cpu-0"},
+        "status": {"podIP": "127.64.0.254"},
+    }
+    assert field_value(p, "status.podIP") == "127.64.0.254"
+    assert field_value(p, "spec.nodeName") == "cpu-0"
+    assert field_value(p, "metadata.labels['app']") == "a"
+    with pytest.raises(UnsupportedPod):
+        field_value(p, "spec.containers[0]")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="bind mounts in a private mount namespace need root")
+def test_volumes_appear_at_their_mount_paths_read_only_where_asked_and_only_inside(tmp_path: Path) -> None:
+    source = tmp_path / "config"
+    source.mkdir()
+    (source / "server.yaml").write_text("hello\n")
+    target = tmp_path / "etc" / "specdeploy"
+    script = tmp_path / "run.sh"
+    script.write_text(_mount_script([Mount(source, str(target), read_only=True)], workdir=None))
+    check = f"cat {target}/server.yaml && ! touch {target}/x 2>/dev/null && echo read-only"
+    out = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", str(script), "sh", "-c", check],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.split() == ["hello", "read-only"]
+    assert not (target / "server.yaml").exists()  # the mount existed only in the process's namespace
+
+
+def test_crash_loop_back_off_doubles_from_ten_seconds_to_five_minutes() -> None:
+    assert [backoff_seconds(n) for n in (1, 2, 3, 4, 5, 6, 7)] == [10, 20, 40, 80, 160, 300, 300]
+
+
+def test_probe_thresholds_and_initial_delay() -> None:
+    state = ProbeState({"periodSeconds": 5, "failureThreshold": 2, "initialDelaySeconds": 3}, started=100.0)
+    assert not state.due(102.0)
+    assert state.due(103.0)
+    assert state.record(False, 103.0) is None
+    assert state.record(False, 108.0) is False
+    assert state.record(True, 113.0) is True
+    assert state.next_due == 118.0
