@@ -33,7 +33,7 @@ def _config(models: TinyModels, **speculative: Any) -> dict[str, Any]:
         (
             {"method": "eagle3", "maxDraftLen": 3, "draftLen": 3},
             "speculativeModel",
-            "EagleDecodingConfig",
+            "Eagle3DecodingConfig",  # 1.2 has both; EagleDecodingConfig is the fallback for 1.0-1.1
             {"max_draft_len": 3},
         ),
         (
@@ -71,7 +71,8 @@ def test_the_speculative_config_is_rendered_from_the_method(
     for key, value in fields.items():
         assert getattr(spec, key) == value
     if extra_model is not None:
-        assert spec.speculative_model_dir == str(tiny_models.draft_same)
+        # passed as speculative_model_dir, an alias of the field speculative_model
+        assert spec.speculative_model == str(tiny_models.draft_same)
     assert llm.kwargs["disable_overlap_scheduler"] is True
 
 
@@ -139,7 +140,7 @@ def test_a_disconnect_aborts_the_llm_request(tiny_models: TinyModels, trtllm_dou
 
     asyncio.run(main())
     (llm,) = trtllm_double.llms
-    assert llm.requests[0].aborted
+    assert llm.requests[0].aborted()
     assert llm.shut
 
 
@@ -188,5 +189,6 @@ def test_load_figures_and_stop_aborting_what_is_left(
 
     asyncio.run(main())
     (llm,) = trtllm_double.llms
-    assert llm.requests[0].aborted
+    assert llm.requests[0].aborted()
+    assert llm.requests[0].outputs[0].finish_reason == "cancelled"
     assert llm.shut
