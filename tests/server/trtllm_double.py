@@ -853,8 +853,8 @@ class LLM:
                 break
         else:
             out.append(self._pick(logits[len(draft)], params))
-        accepted = len(out) - 1
-        return out[:room], len(draft), accepted
+        out = out[:room]  # accepted tokens past max_tokens are not output, nor counted
+        return out, len(draft), len(out) - 1 if draft else 0
 
     def shutdown(self) -> None:
         self.shut = True
