@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -444,7 +445,9 @@ def test_only_requests_in_flight_are_cancelled(
         )
         while not executor._terminated:  # "a" is answered; "b" still runs
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.01)  # the answer reaches the event loop
+        deadline = time.monotonic() + 0.2
+        while 1 in client._pending and time.monotonic() < deadline:  # the answer reaches the event loop
+            await asyncio.sleep(0.005)
         client.cancel("a")
         assert trtllm_double.ignored_cancels == []
         assert trtllm_double.cancelled == []
