@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import importlib.util
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,10 @@ import httpx
 import pytest
 from specdeploy_server import testing
 from specdeploy_server.api.app import create_app
+from specdeploy_server.backends.engine_config import EngineConfigError
 from specdeploy_server.backends.errors import BackendUnavailableError
 from specdeploy_server.backends.factory import build_engine
-from specdeploy_server.backends.trtllm_engine import RequestFactory, TrtTargetExecutor
+from specdeploy_server.backends.trtllm_engine import Outcome, RequestFactory, TrtTargetExecutor
 from specdeploy_server.config import ServerConfig
 from specdeploy_server.core.executors import VerifyRequest
 from specdeploy_server.core.scheduler import GlobalStats
@@ -342,3 +344,144 @@ def test_without_tensorrt_llm_a_good_engine_is_one_clear_error(
         BackendUnavailableError, match=r"backend trtllm-engine needs TensorRT-LLM.*Dockerfile.server"
     ):
         build_engine(ServerConfig.model_validate(config))
+
+
+def test_acceptance_is_counted_by_prefix_match_whatever_the_target_returns(
+    tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState, hf_greedy: list[list[int]]
+) -> None:
+    """A target that keeps decoding up to max_tokens = k + 1 after a rejection returns k + 1 tokens every
+    step; only the prefix that matches the draft is accepted, and only accepted + 1 tokens are a step's
+    output: the same steps and counts as a target that stops after its own token."""
+    config = _engines(tmp_path, tiny_models, trtllm_double, tiny_models.draft_unrelated)
+    config["speculative"] = {"draftLen": 4}
+    _, exact = _run(config, PROMPTS[:6])
+    trtllm_double.continue_after_verify = True
+    outputs, stats = _run(config, PROMPTS[:6])
+    assert outputs == hf_greedy[:6]
+    assert stats.accepted < stats.drafted  # "returned - 1" would make every draft token accepted
+    assert (stats.drafted, stats.accepted, stats.sequence_steps) == (
+        exact.drafted,
+        exact.accepted,
+        exact.sequence_steps,
+    )
+
+
+def _logits_config(tmp_path: Path, models: TinyModels, state: DoubleState, draft_tp: int) -> dict[str, Any]:
+    """Logits acceptance with a draft built for ``draft_tp`` GPUs: vocab 384 pads to 385 at tp 5."""
+    config = _engines(tmp_path, models, state, None, gather_generation_logits=True)
+    config["model"]["draft"] = str(
+        write_engine(
+            tmp_path / "draft",
+            models.draft_same,
+            state,
+            speculative_decoding_mode=1,
+            gather_generation_logits=True,
+            tp_size=draft_tp,
+        )
+    )
+    config["speculative"] = {"draftLen": 3, "acceptance": "logits"}
+    config["placement"] = {"targetDeviceIds": [0], "draftDeviceIds": list(range(1, draft_tp + 1))}
+    return config
+
+
+def test_draft_logits_wider_than_the_targets_vocabulary_are_cut_to_its_width(
+    tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState
+) -> None:
+    config = _logits_config(tmp_path, tiny_models, trtllm_double, draft_tp=5)
+
+    async def main() -> GlobalStats:
+        engine = build_engine(ServerConfig.model_validate(config))
+        assert isinstance(engine, Engine)
+        await engine.start()
+        gen = engine.generate(
+            engine.tokenizer.encode(PROMPTS[0]), 12, SamplingParams(temperature=0.8, seed=3)
+        )
+        assert [t async for out in gen.outputs for t in out.token_ids]
+        await engine.stop(5)
+        return engine.stats
+
+    stats = asyncio.run(main())
+    target, draft = trtllm_double.executors
+    assert (draft.vocab_size_padded, target.vocab_size_padded) == (385, 384)
+    assert (
+        stats.accepted == stats.drafted > 0
+    )  # the target took the draft's logits (it refuses a wrong width)
+
+
+def test_draft_logits_narrower_than_the_targets_are_refused_at_start_up(
+    tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState
+) -> None:
+    config = _logits_config(tmp_path, tiny_models, trtllm_double, draft_tp=1)
+    config["model"]["target"] = str(
+        write_engine(
+            tmp_path / "target5", tiny_models.target, trtllm_double, gather_generation_logits=True, tp_size=5
+        )
+    )
+    config["placement"] = {"targetDeviceIds": [0, 1, 2, 3, 4], "draftDeviceIds": [5]}
+    with pytest.raises(EngineConfigError, match=r"logits are 384 wide .* the target takes 385"):
+        build_engine(ServerConfig.model_validate(config))
+    config["speculative"]["acceptance"] = "tokenMatch"  # token match hands over no logits
+    asyncio.run(build_engine(ServerConfig.model_validate(config)).stop(1))
+
+
+def test_only_requests_in_flight_are_cancelled(
+    tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState
+) -> None:
+    """A sequence whose executor request already finished is not cancelled (the executor would only log
+    "Ignoring already terminated request"); one still running is, and ends CANCELLED."""
+    engine = build_engine(ServerConfig.model_validate(_engines(tmp_path, tiny_models, trtllm_double, None)))
+    assert isinstance(engine, Engine)
+    target = engine.scheduler.target
+    assert isinstance(target, TrtTargetExecutor)
+    client, factory = target.client, target.requests
+    (executor,) = trtllm_double.executors
+    trtllm_double.request_delay = 0.3
+    prompt = engine.tokenizer.encode(PROMPTS[0])
+    seqs = [SequenceState(name, prompt, 4, SamplingParams(temperature=0.0)) for name in ("a", "b")]
+
+    async def main() -> list[Outcome]:
+        step = asyncio.ensure_future(
+            client.run([(s.request_id, factory.request(s, 2, greedy=True)) for s in seqs])
+        )
+        while not executor._terminated:  # "a" is answered; "b" still runs
+            await asyncio.sleep(0.01)
+        deadline = time.monotonic() + 0.2
+        while 1 in client._pending and time.monotonic() < deadline:  # the answer reaches the event loop
+            await asyncio.sleep(0.005)
+        client.cancel("a")
+        assert trtllm_double.ignored_cancels == []
+        assert trtllm_double.cancelled == []
+        client.cancel("b")
+        return await step
+
+    done, cancelled = asyncio.run(main())
+    assert (done.cancelled, done.finish, len(done.tokens)) == (False, "LENGTH", 2)
+    assert (cancelled.cancelled, cancelled.finish, cancelled.tokens) == (True, "CANCELLED", [])
+    assert trtllm_double.cancelled == trtllm_double.cancelled_in_flight == [2]
+    assert trtllm_double.ignored_cancels == []
+    asyncio.run(engine.stop(1))
+
+
+def test_nothing_is_cancelled_after_shutdown(
+    tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState
+) -> None:
+    """A step given up after its executor was shut down does not call cancel_request (which would throw
+    "Shutdown called" out of the step)."""
+    engine = build_engine(ServerConfig.model_validate(_engines(tmp_path, tiny_models, trtllm_double, None)))
+    assert isinstance(engine, Engine)
+    target = engine.scheduler.target
+    assert isinstance(target, TrtTargetExecutor)
+    trtllm_double.request_delay = 0.3
+    seq = SequenceState("a", engine.tokenizer.encode(PROMPTS[0]), 4, SamplingParams(temperature=0.0))
+
+    async def main() -> None:
+        step = asyncio.ensure_future(target.client.run([("a", target.requests.request(seq, 2, greedy=True))]))
+        await asyncio.sleep(0.05)
+        target.client.close()
+        target.release("a")
+        step.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await step
+
+    asyncio.run(main())
+    assert trtllm_double.cancelled == []

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -33,7 +36,7 @@ def _config(models: TinyModels, **speculative: Any) -> dict[str, Any]:
         (
             {"method": "eagle3", "maxDraftLen": 3, "draftLen": 3},
             "speculativeModel",
-            "EagleDecodingConfig",
+            "Eagle3DecodingConfig",  # 1.2 has both; EagleDecodingConfig is the fallback for 1.0-1.1
             {"max_draft_len": 3},
         ),
         (
@@ -71,7 +74,8 @@ def test_the_speculative_config_is_rendered_from_the_method(
     for key, value in fields.items():
         assert getattr(spec, key) == value
     if extra_model is not None:
-        assert spec.speculative_model_dir == str(tiny_models.draft_same)
+        # passed as speculative_model_dir, an alias of the field speculative_model
+        assert spec.speculative_model == str(tiny_models.draft_same)
     assert llm.kwargs["disable_overlap_scheduler"] is True
 
 
@@ -139,7 +143,7 @@ def test_a_disconnect_aborts_the_llm_request(tiny_models: TinyModels, trtllm_dou
 
     asyncio.run(main())
     (llm,) = trtllm_double.llms
-    assert llm.requests[0].aborted
+    assert llm.requests[0].aborted()
     assert llm.shut
 
 
@@ -188,5 +192,117 @@ def test_load_figures_and_stop_aborting_what_is_left(
 
     asyncio.run(main())
     (llm,) = trtllm_double.llms
-    assert llm.requests[0].aborted
+    assert llm.requests[0].aborted()
+    assert llm.requests[0].outputs[0].finish_reason == "cancelled"
     assert llm.shut
+
+
+def test_generation_stops_at_every_end_id_of_the_generation_config(
+    tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState
+) -> None:
+    """Like Llama-3 Instruct's <|eot_id|>: an end-of-sequence id that only generation_config.json names
+    stops generation (an explicit end_id would make TensorRT-LLM skip the setup that adds it)."""
+    prompt = [5, 6, 7]
+    model: Any = AutoModelForCausalLM.from_pretrained(str(tiny_models.target), local_files_only=True)
+    with torch.inference_mode():
+        expected = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, 3:].tolist()
+    stop_at = next(i for i in range(2, 8) if expected[i] not in expected[:i])
+    checkpoint = tmp_path / "instruct"
+    shutil.copytree(tiny_models.target, checkpoint)
+    generation = checkpoint / "generation_config.json"
+    settings = json.loads(generation.read_text()) if generation.is_file() else {}
+    eos = AutoTokenizer.from_pretrained(str(checkpoint), local_files_only=True).eos_token_id
+    generation.write_text(json.dumps({**settings, "eos_token_id": [eos, expected[stop_at]]}))
+    config = _config(tiny_models, method="none")
+    config["model"]["target"] = str(checkpoint)
+    engine = build_engine(ServerConfig.model_validate(config))
+
+    async def main() -> tuple[list[int], FinishReason | None]:
+        await engine.start()
+        outputs = [out async for out in engine.generate(prompt, 8, SamplingParams(temperature=0.0)).outputs]
+        await engine.stop(1)
+        return [t for out in outputs for t in out.token_ids], outputs[-1].finish_reason
+
+    assert asyncio.run(main()) == (expected[: stop_at + 1], FinishReason.STOP)
+
+
+def _speculating(tiny_models: TinyModels, trtllm_double: DoubleState) -> tuple[LlmApiEngine, list[int]]:
+    config = _config(tiny_models, method="draftTarget", draftLen=3)
+    config["model"]["draft"] = str(tiny_models.draft_same)
+    engine = build_engine(ServerConfig.model_validate(config))
+    assert isinstance(engine, LlmApiEngine)
+
+    async def main() -> list[int]:
+        await engine.start()
+        gen = engine.generate([5, 6, 7], 20, SamplingParams(temperature=0.0))
+        sizes = [len(out.token_ids) async for out in gen.outputs]
+        await engine.stop(1)
+        return sizes
+
+    return engine, asyncio.run(main())
+
+
+def test_acceptance_comes_from_the_stream_when_perf_metrics_are_zeroed(
+    tiny_models: TinyModels, trtllm_double: DoubleState
+) -> None:
+    """TensorRT-LLM 1.2.x returns request_perf_metrics.speculative_decoding zeroed (PyTorch flow, default
+    sampler): the tokens each streamed response adds beyond 1 are the accepted draft tokens."""
+    engine, sizes = _speculating(tiny_models, trtllm_double)
+    (llm,) = trtllm_double.llms
+    (request,) = llm.requests
+    assert request.params.return_perf_metrics is True
+    assert request.params.end_id == llm.eos_token_id  # filled in by TensorRT-LLM's own setup, not by us
+    assert max(sizes) == 4  # a step that accepted 3 draft tokens streams 4 tokens at once
+    assert engine.stats.accepted == request.accepted > 0
+    assert engine.stats.drafted == 3 * (len(sizes) - 1)  # k per generation step
+    assert engine.acceptance_sources.counts == {"perf_metrics": 0, "token_counts": 1}
+
+
+def test_real_perf_metrics_are_used_where_tensorrt_llm_reports_them(
+    tiny_models: TinyModels, trtllm_double: DoubleState
+) -> None:
+    trtllm_double.perf_metrics_count_speculation = True
+    engine, _ = _speculating(tiny_models, trtllm_double)
+    (request,) = trtllm_double.llms[0].requests
+    metrics = request.outputs[0].request_perf_metrics
+    assert metrics is not None
+    assert (engine.stats.drafted, engine.stats.accepted) == (
+        metrics.speculative_decoding.total_draft_tokens,
+        metrics.speculative_decoding.total_accepted_draft_tokens,
+    )
+    assert engine.stats.accepted > 0
+    assert engine.acceptance_sources.counts == {"perf_metrics": 1, "token_counts": 0}
+
+
+def test_metrics_say_where_acceptance_figures_come_from(
+    tiny_models: TinyModels, trtllm_double: DoubleState
+) -> None:
+    config = _config(tiny_models, method="promptLookup", draftLen=4)
+    app = create_app(build_engine(ServerConfig.model_validate(config)), served_model_name="tiny")
+    body = {"model": "tiny", "prompt": "a b c a b c a b c a b", "max_tokens": 12, "temperature": 0}
+    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=30) as http:
+        done = http.post("/v1/completions", json=body)
+        metrics = http.get("/metrics").text
+    assert done.status_code == 200
+    assert 'specdeploy_llmapi_acceptance_source_total{model="tiny",source="token_counts"} 1.0' in metrics
+    assert 'specdeploy_llmapi_acceptance_source_total{model="tiny",source="perf_metrics"} 0.0' in metrics
+    (request,) = trtllm_double.llms[0].requests
+    accepted = next(m for m in metrics.splitlines() if m.startswith("specdeploy_accepted_draft_tokens_total"))
+    assert float(accepted.rsplit(" ", 1)[1]) == request.accepted
+
+
+def test_a_request_the_llm_refuses_up_front_is_an_openai_error_and_frees_its_place(
+    tiny_models: TinyModels, trtllm_double: DoubleState
+) -> None:
+    config = _config(tiny_models, method="none")
+    config["runtime"] = {"maxNumTokens": 8, "enableChunkedContext": False}
+    engine = build_engine(ServerConfig.model_validate(config))
+    app = create_app(engine, served_model_name="tiny")
+    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=30) as http:
+        bad = http.post(
+            "/v1/completions", json={"model": "tiny", "prompt": [5] * 20, "max_tokens": 4, "temperature": 0}
+        )
+    assert bad.status_code == 500
+    assert "trtllm-llmapi executor: The prompt length (20)" in bad.json()["error"]["message"]
+    assert engine.queue_depth == 0
+    assert trtllm_double.llms[0].requests == []

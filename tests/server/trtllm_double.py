@@ -1,19 +1,67 @@
 """A test double of the small part of TensorRT-LLM the server calls, driven by the tiny reference models.
 
-TensorRT-LLM cannot be installed here (it needs an NVIDIA GPU and its wheels), so ``install_double`` puts
-stand-in ``tensorrt_llm``, ``tensorrt_llm.bindings.executor`` and ``tensorrt_llm.llmapi`` modules into
-``sys.modules``. Class, argument and field names are those of the real bindings (checked against the
-sources, see docs/trtllm.md); constructors accept only those keyword names, so a misspelt argument fails here
-as it would there. What the double computes is real: an ``Executor`` loads the Hugging Face checkpoint
-registered for its engine directory and runs it with transformers: outputs are the tiny model's own. It
-enforces the limits the real executor enforces (max_input_len, max_seq_len, max_draft_len, generation logits
-only when gathered) and reports errors the way the real one does (a Response with ``has_error()``).
+TensorRT-LLM cannot be installed here (PyPI only holds a placeholder that fetches the wheel from NVIDIA's own
+index), so the ``trtllm_double`` fixture puts stand-in ``tensorrt_llm``, ``tensorrt_llm.bindings.executor``
+and ``tensorrt_llm.llmapi`` modules into ``sys.modules``. Class, argument, field and enum names are those of
+the real package, checked against its sources (docs/trtllm.md, "Fidelity"). What the double computes is
+real: an ``Executor`` loads the Hugging Face checkpoint registered for its engine directory and runs it with
+transformers, and ``LLM`` runs its checkpoint (and, when speculating, a drafter) the same way: outputs are the
+tiny models' own.
+
+The double rejects what the real classes reject:
+
+* bindings (nanobind): an unknown or missing keyword raises ``TypeError``; ``DynamicBatchConfig`` has three
+  required arguments; ``ModelType`` has ``DECODER_ONLY``, ``ENCODER_ONLY``, ``ENCODER_DECODER``;
+  ``ExternalDraftTokensConfig`` refuses an empty token list and logits that are not 2-D with one row per draft
+  token (``TLLM_CHECK``: ``RuntimeError``); the executor answers a request over ``max_input_len``,
+  ``max_seq_len``, ``max_draft_len``, with a token id or draft-logits width outside its padded vocabulary, or
+  asking for generation logits it does not gather, with an error ``Response``; ``cancel_request`` on a request
+  already answered as final is ignored (the real one logs "Ignoring already terminated request") and after
+  ``shutdown()`` raises ``RuntimeError``;
+* LLM API (pydantic models and a kw-only dataclass): an unknown keyword of ``LLM`` or of a config model raises
+  ``ValueError`` (pydantic's ``ValidationError`` is one), of ``SamplingParams`` ``TypeError``;
+  ``max_draft_len`` must be > 0 for NGram, DraftTarget and EAGLE; DraftTarget and EAGLE need a speculative
+  model; ``generate_async`` can raise ``ValueError`` before anything runs; a stream yields one output per
+  executor response with cumulative ``token_ids``, several new tokens when a step accepted drafts;
+  ``abort()`` ends the stream with a final output whose ``finish_reason`` is ``'cancelled'``; ``end_id`` left
+  unset is filled in from the tokenizer and the checkpoint's ``generation_config.json`` adds its other
+  end-of-sequence ids as stop tokens, while an explicit ``end_id`` skips that setup.
+
+Differences from the real API that remain, and why:
+
+1. One worker thread per executor runs requests one after another, re-running the whole prefix per token (no
+   in-flight batching, no KV cache): the tests need outputs, not speed.
+2. Constructors know only the keywords our code uses plus a few neighbours; a keyword the real class has but
+   the double lacks fails here. Stricter, never looser.
+3. ``Executor(...)`` with a model type other than ``DECODER_ONLY`` raises ``RuntimeError`` at once; the real
+   one fails while loading the engine. Only decoder-only checkpoints exist here.
+4. A target request with external draft tokens returns the accepted draft tokens plus one token of its own
+   and finishes, as TensorRT-LLM's own draft-target loop assumes; whether the real executor instead keeps
+   decoding up to ``max_tokens`` is not settled by the source, so ``STATE.continue_after_verify = True``
+   makes the double do that (the server must count acceptance right either way).
+5. Padded vocabulary columns of generation logits are 0 (a zero-padded ``lm_head``); sampling ignores them,
+   as the real sampler does beyond ``vocab_size``. ``acceptance_threshold`` and ``fast_logits`` are accepted
+   and ignored; sampled draft tokens are verified by rejection sampling, greedy ones by token match.
+6. Iteration statistics: one entry per request, not per iteration; the executor reports no perf metrics.
+7. The LLM runs in-process (no MPI workers, no tokenizer on the prompt: prompts are token ids). EAGLE/EAGLE-3
+   ``speculative_model`` checkpoints are run as plain draft models (the tiny models have no EAGLE heads), MTP
+   has no heads at all and decodes one token per step, and sampled requests verify drafts by token match
+   against the target's own samples rather than by rejection sampling.
+8. ``request_perf_metrics.speculative_decoding`` comes back zeroed, as in 1.2.x's PyTorch flow with the
+   default sampler; ``STATE.perf_metrics_count_speculation = True`` reports the real counts (upstream PR
+   #17082).
+9. ``generate_async`` checks only an empty prompt, a prompt longer than ``max_num_tokens`` without chunked
+   prefill, and a prompt longer than ``max_seq_len``; ``STATE.fail_when`` makes it raise ``RuntimeError``
+   (TensorRT-LLM's ``RequestError``) for chosen prompts. Error messages are the double's own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import enum
 import json
+import logging
 import math
 import queue
 import sys
@@ -23,30 +71,71 @@ import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+log = logging.getLogger("tensorrt_llm")
 
 
 # ------------------------------------------------------------------------------------------ records
-def _record(name: str, **defaults: Any) -> type:
-    """A keyword-only config class accepting exactly ``defaults``' names (as the bindings' kwargs do)."""
+def _record(name: str, required: tuple[str, ...] = (), **defaults: Any) -> type:
+    """A keyword config class of the bindings: exactly ``required`` + ``defaults``' names; anything else, or a
+    missing required one, is a ``TypeError`` (nanobind's "incompatible function arguments")."""
 
     def __init__(self: Any, **kwargs: Any) -> None:
-        unknown = set(kwargs) - set(defaults)
-        if unknown:
-            raise TypeError(f"{name}() got unexpected keyword arguments {sorted(unknown)}")
+        unknown = set(kwargs) - set(defaults) - set(required)
+        missing = [key for key in required if key not in kwargs]
+        if unknown or missing:
+            raise TypeError(
+                f"__init__(): incompatible function arguments for {name}: "
+                f"unexpected {sorted(unknown)}, missing {missing}"
+            )
         for key, value in {**defaults, **kwargs}.items():
             setattr(self, key, value)
 
     return type(name, (), {"__init__": __init__, "__repr__": lambda self: f"{name}({vars(self)})"})
 
 
+class ValidationError(ValueError):
+    """What the LLM API's pydantic models raise (pydantic's ``ValidationError`` is a ``ValueError``)."""
+
+
+def _model(
+    name: str,
+    *,
+    aliases: dict[str, str] | None = None,
+    check: Callable[[Any], str | None] | None = None,
+    **defaults: Any,
+) -> type:
+    """A config model of the LLM API (pydantic, extra fields forbidden): unknown keywords and failed
+    validators raise ``ValidationError``; ``aliases`` maps an accepted alias to its field."""
+    alias = aliases or {}
+
+    def __init__(self: Any, **kwargs: Any) -> None:
+        values = dict(defaults)
+        for given, value in kwargs.items():
+            key = alias.get(given, given)
+            if key not in defaults:
+                raise ValidationError(
+                    f"1 validation error for {name}\n{given}\n  Extra inputs are not permitted"
+                )
+            values[key] = value
+        for key, value in values.items():
+            setattr(self, key, value)
+        problem = check(self) if check is not None else None
+        if problem is not None:
+            raise ValidationError(f"1 validation error for {name}\n  Value error, {problem}")
+
+    return type(name, (), {"__init__": __init__, "__repr__": lambda self: f"{name}({vars(self)})"})
+
+
 class ModelType(enum.Enum):
     DECODER_ONLY = 0
-    ENCODER_DECODER = 1
+    ENCODER_ONLY = 1
+    ENCODER_DECODER = 2
 
 
 class CommunicationType(enum.Enum):
@@ -88,9 +177,11 @@ KvCacheConfig = _record(
 )
 DynamicBatchConfig = _record(
     "DynamicBatchConfig",
-    enable_batch_size_tuning=False,
-    enable_max_num_tokens_tuning=False,
-    dynamic_batch_moving_average_window=128,
+    required=(
+        "enable_batch_size_tuning",
+        "enable_max_num_tokens_tuning",
+        "dynamic_batch_moving_average_window",
+    ),
 )
 SchedulerConfig = _record(
     "SchedulerConfig",
@@ -158,6 +249,8 @@ class SamplingConfig:
 
 
 class ExternalDraftTokensConfig:
+    """Draft tokens (and optionally their logits, ``[num_tokens, vocab]``) for the target to verify."""
+
     def __init__(
         self,
         tokens: list[int],
@@ -165,7 +258,18 @@ class ExternalDraftTokensConfig:
         acceptance_threshold: float | None = None,
         fast_logits: bool | None = None,
     ) -> None:
-        self.tokens, self.logits = list(tokens), logits
+        tokens = list(tokens)
+        if not tokens:
+            raise RuntimeError("[TensorRT-LLM][ERROR] Assertion failed: !mTokens.empty()")
+        if logits is not None:
+            shape = tuple(logits.shape)
+            if len(shape) != 2 or shape[0] != len(tokens):
+                raise RuntimeError(
+                    f"[TensorRT-LLM][ERROR] Assertion failed: draft logits must be [numDraftTokens, vocab] = "
+                    f"[{len(tokens)}, vocab], got {list(shape)}"
+                )
+        self.tokens, self.logits = tokens, logits
+        self.acceptance_threshold, self.fast_logits = acceptance_threshold, fast_logits
 
 
 class Request:
@@ -228,10 +332,16 @@ class DoubleState:
     checkpoints: dict[Path, Path] = field(default_factory=dict)  # engine dir -> HF checkpoint it stands for
     executors: list[Executor] = field(default_factory=list)
     llms: list[LLM] = field(default_factory=list)
-    cancelled: list[int] = field(default_factory=list)
+    cancelled: list[int] = field(default_factory=list)  # cancel_request calls on requests in flight
+    cancelled_in_flight: list[int] = field(default_factory=list)  # requests that ended CANCELLED
+    ignored_cancels: list[int] = field(default_factory=list)  # cancel_request on already terminated requests
     #: request -> error message (the executor answers with an error Response instead of running it)
     fail_when: Callable[[Request], str | None] | None = None
-    request_delay: float = 0.0  # seconds each request takes at least (so it can be cancelled in flight)
+    request_delay: float = 0.0  # seconds each request (executor) / response (LLM) takes at least
+    #: a target request with draft tokens keeps decoding up to max_tokens after the verified part
+    continue_after_verify: bool = False
+    #: request_perf_metrics.speculative_decoding carries real counts (False: zeroed, as in 1.2.x)
+    perf_metrics_count_speculation: bool = False
 
 
 STATE = DoubleState()
@@ -249,21 +359,31 @@ def _probs(logits: torch.Tensor, temperature: float | None, top_p: float | None)
     return probs
 
 
+def padded_vocab(vocab_size: int, world_size: int) -> int:
+    """TensorRT-LLM's ``ModelConfig::getVocabSizePadded(worldSize)``: the vocabulary rounded up to a multiple
+    of the engine's world size (tp x pp); generation logits are this wide."""
+    return math.ceil(vocab_size / world_size) * world_size
+
+
 class Executor:
     def __init__(self, model_path: Path, model_type: ModelType, executor_config: Any) -> None:
+        if not isinstance(model_type, ModelType):
+            raise TypeError(f"__init__(): incompatible function arguments: model_type {model_type!r}")
         if model_type is not ModelType.DECODER_ONLY:
-            raise TypeError("model_type must be ModelType.DECODER_ONLY")
+            raise RuntimeError(f"{model_type.name} is not supported by this decoder-only engine")
         self.path = Path(model_path)
         self.config = executor_config
         engine = json.loads((self.path / "config.json").read_text())
         build, mapping = engine["build_config"], engine["pretrained_config"]["mapping"]
-        world = mapping["tp_size"] * mapping["pp_size"]
+        world = mapping["tp_size"] * mapping.get("pp_size", 1)
         device_ids = executor_config.parallel_config.device_ids
         if device_ids is not None and len(device_ids) != world:
             raise RuntimeError(f"the engine needs {world} devices, got device_ids {device_ids}")
         self.max_input_len, self.max_seq_len = build["max_input_len"], build["max_seq_len"]
         self.max_draft_len = build.get("max_draft_len", 0)
         self.tokens_per_block = build["plugin_config"]["tokens_per_block"]
+        self.vocab_size = int(engine["pretrained_config"]["vocab_size"])
+        self.vocab_size_padded = padded_vocab(self.vocab_size, world)
         model: Any = AutoModelForCausalLM.from_pretrained(
             str(STATE.checkpoints[self.path]), local_files_only=True
         )
@@ -273,6 +393,7 @@ class Executor:
         self._stats: list[Any] = []
         self._ready = threading.Condition()
         self._cancel: set[int] = set()
+        self._terminated: set[int] = set()
         self._next_id = 1
         self._shut = False
         self._thread = threading.Thread(target=self._work, daemon=True)
@@ -285,12 +406,14 @@ class Executor:
 
     def enqueue_request(self, request: Request) -> int:
         if self._shut:
-            raise RuntimeError("the executor is shut down")
+            raise RuntimeError("Shutdown called")
         request_id, self._next_id = self._next_id, self._next_id + 1
         self._queue.put((request_id, request))
         return request_id
 
     def await_responses(self, timeout: Any = None) -> list[Response]:
+        if self._shut:
+            raise RuntimeError("Shutdown called")
         with self._ready:
             if not self._responses:
                 self._ready.wait(None if timeout is None else timeout.total_seconds())
@@ -298,6 +421,12 @@ class Executor:
         return out
 
     def cancel_request(self, id: int) -> None:
+        if self._shut:
+            raise RuntimeError("Shutdown called")
+        if id in self._terminated:
+            log.info("Ignoring already terminated request %d", id)
+            STATE.ignored_cancels.append(id)
+            return
         STATE.cancelled.append(id)
         self._cancel.add(id)
 
@@ -313,6 +442,7 @@ class Executor:
     # inside
     def _respond(self, response: Response) -> None:
         with self._ready:
+            self._terminated.add(response.request_id)
             self._responses.append(response)
             self._ready.notify_all()
 
@@ -323,6 +453,7 @@ class Executor:
             while time.perf_counter() - started < STATE.request_delay and request_id not in self._cancel:
                 time.sleep(0.002)
             if request_id in self._cancel:
+                STATE.cancelled_in_flight.append(request_id)
                 self._respond(Response(request_id, Result(True, [[]], [FinishReason.CANCELLED])))
                 continue
             problem = self._refuse(request) or (STATE.fail_when(request) if STATE.fail_when else None)
@@ -350,33 +481,47 @@ class Executor:
             return f"input length ({n}) exceeds the engine's max_input_len ({self.max_input_len})"
         if n + request.max_tokens > self.max_seq_len:
             return f"input ({n}) + max_tokens ({request.max_tokens}) exceeds max_seq_len ({self.max_seq_len})"
+        if any(not 0 <= t < self.vocab_size_padded for t in request.input_token_ids):
+            return f"input token id out of range [0, {self.vocab_size_padded})"
         if draft is not None and len(draft.tokens) > self.max_draft_len:
             return f"draft tokens ({len(draft.tokens)}) exceeds maximum draft length ({self.max_draft_len})"
+        if draft is not None and draft.logits is not None and draft.logits.shape[1] != self.vocab_size_padded:
+            return (
+                f"draft logits vocab size ({draft.logits.shape[1]}) does not match the engine's padded "
+                f"vocab size ({self.vocab_size_padded})"
+            )
         if request.output_config.return_generation_logits and not self.config.gather_generation_logits:
             return "generation logits requested but gather_generation_logits is off"
         return None
+
+    def _row(self, logits: torch.Tensor) -> torch.Tensor:
+        """One logits row as the engine's output layer would produce it: ``vocab_size_padded`` wide."""
+        row = logits[: self.vocab_size]
+        return torch.nn.functional.pad(row, (0, self.vocab_size_padded - row.shape[0]))
 
     @torch.inference_mode()
     def _run(self, request: Request) -> Result:
         sc = request.sampling_config
         greedy = sc.top_k == 1
         generator = torch.Generator().manual_seed(sc.seed) if sc.seed is not None else None
+        vocab = self.vocab_size
 
-        def pick(row: torch.Tensor) -> int:
+        def pick(row: torch.Tensor) -> int:  # the sampler ignores the padded columns
             if greedy:
-                return int(row.argmax())
-            return int(torch.multinomial(_probs(row, sc.temperature, sc.top_p), 1, generator=generator))
+                return int(row[:vocab].argmax())
+            probs = _probs(row[:vocab], sc.temperature, sc.top_p)
+            return int(torch.multinomial(probs, 1, generator=generator))
 
         ids = list(request.input_token_ids)
         out: list[int] = []
         rows: list[torch.Tensor] = []
         draft = request.external_draft_tokens_config
-        if draft is not None and draft.tokens:
+        if draft is not None:
             logits = self.model(torch.tensor([ids + draft.tokens])).logits[0, len(ids) - 1 :].float()
             for i, token in enumerate(draft.tokens):
                 if draft.logits is not None and not greedy:  # rejection sampling against the draft's logits
-                    p = _probs(logits[i], sc.temperature, sc.top_p)
-                    q = _probs(draft.logits[i], sc.temperature, sc.top_p)
+                    p = _probs(logits[i][:vocab], sc.temperature, sc.top_p)
+                    q = _probs(draft.logits[i][:vocab].float(), sc.temperature, sc.top_p)
                     u = float(torch.rand(1, generator=generator))
                     if u * float(q[token]) < float(p[token]):
                         out.append(token)
@@ -390,13 +535,11 @@ class Executor:
                     break
             else:
                 out.append(pick(logits[len(draft.tokens)]))
-        else:
-            for _ in range(request.max_tokens):
-                row = self.model(torch.tensor([ids + out])).logits[0, -1].float()
+        if draft is None or STATE.continue_after_verify:
+            while len(out) < request.max_tokens and request.end_id not in out:
+                row = self._row(self.model(torch.tensor([ids + out])).logits[0, -1].float())
                 rows.append(row)
                 out.append(pick(row))
-                if out[-1] == request.end_id:
-                    break
         finish = FinishReason.LENGTH
         if request.end_id in out:
             out = out[: out.index(request.end_id) + 1]
@@ -404,7 +547,7 @@ class Executor:
         out = out[: request.max_tokens]
         logits_out = (
             torch.stack(rows[: len(out)]).unsqueeze(0)
-            if request.output_config.return_generation_logits
+            if request.output_config.return_generation_logits and rows
             else None
         )
         tokens = out if request.output_config.exclude_input_from_output else ids + out
@@ -412,112 +555,306 @@ class Executor:
 
 
 # ------------------------------------------------------------------------------------------ the LLM API
-LlmKvCacheConfig = _record("KvCacheConfig", enable_block_reuse=True, free_gpu_memory_fraction=None)
-LlmSchedulerConfig = _record(
+def _needs_draft_len(config: Any) -> str | None:
+    if config.max_draft_len is None or config.max_draft_len <= 0:
+        return f"max_draft_len must be > 0, got {config.max_draft_len}"
+    return None
+
+
+def _needs_model(config: Any) -> str | None:
+    if config.speculative_model is None:
+        return "a speculative model (speculative_model) is required"
+    return _needs_draft_len(config)
+
+
+LlmKvCacheConfig = _model("KvCacheConfig", enable_block_reuse=True, free_gpu_memory_fraction=None)
+LlmSchedulerConfig = _model(
     "SchedulerConfig", capacity_scheduler_policy=CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
 )
-EagleDecodingConfig = _record("EagleDecodingConfig", max_draft_len=None, speculative_model_dir=None)
-NGramDecodingConfig = _record(
-    "NGramDecodingConfig",
+_MODEL_ALIAS = {"speculative_model_dir": "speculative_model"}
+EagleDecodingConfig = _model(
+    "EagleDecodingConfig",
+    aliases=_MODEL_ALIAS,
+    check=_needs_model,
     max_draft_len=None,
-    max_matching_ngram_size=0,
+    speculative_model=None,
+    eagle3_one_model=True,
+)
+Eagle3DecodingConfig = _model(
+    "Eagle3DecodingConfig",
+    aliases=_MODEL_ALIAS,
+    check=_needs_model,
+    max_draft_len=None,
+    speculative_model=None,
+    eagle3_one_model=True,
+)
+NGramDecodingConfig = _model(
+    "NGramDecodingConfig",
+    check=_needs_draft_len,
+    max_draft_len=None,
+    max_matching_ngram_size=2,
     is_keep_all=True,
     is_use_oldest=True,
     is_public_pool=True,
 )
-DraftTargetDecodingConfig = _record(
-    "DraftTargetDecodingConfig", max_draft_len=None, speculative_model_dir=None
+DraftTargetDecodingConfig = _model(
+    "DraftTargetDecodingConfig",
+    aliases=_MODEL_ALIAS,
+    check=_needs_model,
+    max_draft_len=None,
+    speculative_model=None,
 )
-MTPDecodingConfig = _record("MTPDecodingConfig", num_nextn_predict_layers=1)
-SamplingParams = _record(
-    "SamplingParams",
-    max_tokens=32,
-    temperature=None,
-    top_p=None,
-    top_k=None,
-    seed=None,
-    end_id=None,
-    detokenize=True,
-)
+MTPDecodingConfig = _model("MTPDecodingConfig", num_nextn_predict_layers=1)
+
+
+@dataclass(kw_only=True)
+class SamplingParams:
+    """The fields of ``tensorrt_llm.SamplingParams`` our code may use (a kw-only dataclass there too)."""
+
+    end_id: int | None = None
+    pad_id: int | None = None
+    max_tokens: int = 32
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    temperature: float | None = None
+    return_perf_metrics: bool = False
+    exclude_input_from_output: bool = True
+    detokenize: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pad_id is None:
+            self.pad_id = self.end_id
+
+
+@dataclass
+class SpeculativeDecodingMetrics:
+    acceptance_rate: float = 0.0
+    total_accepted_draft_tokens: int = 0
+    total_draft_tokens: int = 0
+
+
+@dataclass
+class RequestPerfMetrics:
+    speculative_decoding: SpeculativeDecodingMetrics = field(default_factory=SpeculativeDecodingMetrics)
 
 
 @dataclass
 class CompletionOutput:
+    index: int
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    request_perf_metrics: RequestPerfMetrics | None = None
+    _last_token_ids_len: int = 0
+
+    @property
+    def token_ids_diff(self) -> list[int]:
+        return self.token_ids[self._last_token_ids_len :]
 
 
 class RequestOutput:
-    """Streams one generation; yields itself after each token, as the real one does."""
+    """``GenerationResult``: one executor response per iteration of ``async for``, the same object each time
+    with cumulative ``token_ids``."""
 
-    def __init__(self, llm: LLM, prompt: list[int], params: Any) -> None:
-        self.llm, self.prompt, self.params = llm, prompt, params
-        self.outputs = [CompletionOutput()]
-        self.finished = False
-        self.aborted = False
+    def __init__(self, llm: LLM, prompt: list[int], params: SamplingParams, stop_words: set[int]) -> None:
+        self.llm, self.prompt_token_ids, self.params = llm, prompt, params
+        self._stop_words = stop_words  # stop_token_ids + the generation config's extra end ids
+        self._outputs = [CompletionOutput(0)]
+        self._done = False
+        self._aborted = False
+        self.responses = 0
+        self.drafted = 0  # what the double really drafted and accepted, for the tests
+        self.accepted = 0
+
+    @property
+    def outputs(self) -> list[CompletionOutput]:
+        return self._outputs
+
+    @property
+    def finished(self) -> bool:
+        return self._done
 
     def abort(self) -> None:
-        self.aborted = True
+        self._aborted = True
+
+    def aborted(self) -> bool:
+        return self._aborted
 
     def __aiter__(self) -> RequestOutput:
         return self
 
     async def __anext__(self) -> RequestOutput:
-        import asyncio
-
-        if self.finished or self.aborted:
+        if self._done:
             raise StopAsyncIteration
         await asyncio.sleep(STATE.request_delay)
-        token = await asyncio.to_thread(
-            self.llm.next_token, self.prompt + self.outputs[0].token_ids, self.params
+        out = self._outputs[0]
+        out._last_token_ids_len = len(out.token_ids)
+        self.responses += 1
+        if self._aborted:  # the executor answers the cancelled request with a final, empty response
+            out.finish_reason = "cancelled"
+            self._finish(out)
+            return self
+        room = self.params.max_tokens - len(out.token_ids)
+        first = not out.token_ids
+        tokens, drafted, accepted = await asyncio.to_thread(
+            self.llm.step, self.prompt_token_ids + out.token_ids, self.params, room, first
         )
-        out = self.outputs[0]
-        out.token_ids.append(token)
-        if token == self.params.end_id or len(out.token_ids) >= self.params.max_tokens:
-            out.finish_reason = "stop" if token == self.params.end_id else "length"
-            self.finished = True
+        self.drafted += drafted
+        self.accepted += accepted
+        end = self.params.end_id
+        for i, token in enumerate(tokens):
+            if token == end or token in self._stop_words:
+                keep = token == end or self.params.include_stop_str_in_output
+                out.token_ids.extend(tokens[: i + 1] if keep else tokens[:i])
+                out.finish_reason = "stop"
+                out.stop_reason = None if token == end else token
+                self._finish(out)
+                return self
+        out.token_ids.extend(tokens)
+        if len(out.token_ids) >= self.params.max_tokens:
+            out.finish_reason = "length"
+            self._finish(out)
         return self
+
+    def _finish(self, out: CompletionOutput) -> None:
+        self._done = True
+        if self.params.return_perf_metrics:
+            real = STATE.perf_metrics_count_speculation
+            drafted, accepted = (self.drafted, self.accepted) if real else (0, 0)
+            out.request_perf_metrics = RequestPerfMetrics(
+                SpeculativeDecodingMetrics(accepted / drafted if drafted else 0.0, accepted, drafted)
+            )
+
+
+_LLM_ARGS = frozenset(
+    {
+        "tokenizer",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "max_batch_size",
+        "max_num_tokens",
+        "max_seq_len",
+        "kv_cache_config",
+        "scheduler_config",
+        "enable_chunked_prefill",
+        "speculative_config",
+        "disable_overlap_scheduler",
+        "return_perf_metrics",
+        "enable_iter_perf_stats",
+    }
+)
 
 
 class LLM:
-    def __init__(
-        self,
-        model: str,
-        *,
-        tokenizer: str | None = None,
-        tensor_parallel_size: int = 1,
-        max_batch_size: int | None = None,
-        max_num_tokens: int | None = None,
-        max_seq_len: int | None = None,
-        kv_cache_config: Any = None,
-        scheduler_config: Any = None,
-        enable_chunked_prefill: bool = False,
-        speculative_config: Any = None,
-        disable_overlap_scheduler: bool = False,
-    ) -> None:
-        self.kwargs = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+    def __init__(self, model: str, tokenizer: str | None = None, **kwargs: Any) -> None:
+        unknown = set(kwargs) - _LLM_ARGS
+        if unknown:
+            raise ValidationError(f"1 validation error for TorchLlmArgs: {sorted(unknown)} not permitted")
+        self.kwargs: dict[str, Any] = {"model": model, "tokenizer": tokenizer, **kwargs}
         loaded: Any = AutoModelForCausalLM.from_pretrained(model, local_files_only=True)
         self.model: Any = loaded.eval()
+        tok: Any = AutoTokenizer.from_pretrained(tokenizer or model, local_files_only=True)
+        self.eos_token_id: int | None = tok.eos_token_id
+        self.pad_token_id: int | None = tok.pad_token_id
+        generation = Path(model) / "generation_config.json"
+        extra = json.loads(generation.read_text()).get("eos_token_id") if generation.is_file() else None
+        self.generation_eos: set[int] = set(
+            extra if isinstance(extra, list) else [] if extra is None else [extra]
+        )
+        self.spec = cast(Any, kwargs.get("speculative_config"))
+        self.draft_model: Any = None
+        kind = type(self.spec).__name__
+        if kind in ("DraftTargetDecodingConfig", "EagleDecodingConfig", "Eagle3DecodingConfig"):
+            draft: Any = AutoModelForCausalLM.from_pretrained(
+                self.spec.speculative_model, local_files_only=True
+            )
+            self.draft_model = draft.eval()
         self.requests: list[RequestOutput] = []
         self.shut = False
         STATE.llms.append(self)
 
     def generate_async(
-        self, inputs: list[int], sampling_params: Any = None, streaming: bool = False
+        self,
+        inputs: list[int],
+        sampling_params: SamplingParams | None = None,
+        lora_request: Any = None,
+        prompt_adapter_request: Any = None,
+        streaming: bool = False,
     ) -> RequestOutput:
-        problem = STATE.fail_when(Request(inputs, sampling_params.max_tokens)) if STATE.fail_when else None
+        if self.shut:
+            raise RuntimeError("LLM is shut down")
+        prompt = list(inputs)
+        if not prompt:
+            raise ValueError("The inputs must not be empty")
+        max_num_tokens = self.kwargs.get("max_num_tokens")
+        if (
+            max_num_tokens is not None
+            and len(prompt) > max_num_tokens
+            and not self.kwargs.get("enable_chunked_prefill")
+        ):
+            raise ValueError(
+                f"The prompt length ({len(prompt)}) should not exceed max_num_tokens ({max_num_tokens})"
+            )
+        max_seq_len = self.kwargs.get("max_seq_len")
+        if max_seq_len is not None and len(prompt) > max_seq_len:
+            raise ValueError(
+                f"The prompt length ({len(prompt)}) should not exceed max_seq_len ({max_seq_len})"
+            )
+        params = dataclasses.replace(sampling_params) if sampling_params is not None else SamplingParams()
+        stop_words = set(params.stop_token_ids or ())
+        if params.end_id is None:  # SamplingParams._setup: only when the caller left end_id unset
+            params.end_id = self.eos_token_id
+            params.pad_id = self.pad_token_id if self.pad_token_id is not None else params.end_id
+            stop_words |= self.generation_eos - {params.end_id}
+        problem = STATE.fail_when(Request(prompt, params.max_tokens)) if STATE.fail_when else None
         if problem is not None:
             raise RuntimeError(problem)
-        output = RequestOutput(self, list(inputs), sampling_params)
+        output = RequestOutput(self, prompt, params, stop_words)
         self.requests.append(output)
         return output
 
-    @torch.inference_mode()
-    def next_token(self, ids: list[int], params: Any) -> int:
-        row = self.model(torch.tensor([ids])).logits[0, -1].float()
+    # inside ----------------------------------------------------------------------------------------
+    def _pick(self, row: torch.Tensor, params: SamplingParams) -> int:
         if params.top_k == 1:
             return int(row.argmax())
         return int(torch.multinomial(_probs(row, params.temperature, params.top_p), 1))
+
+    def _draft(self, ids: list[int]) -> list[int]:
+        spec, kind = self.spec, type(self.spec).__name__
+        if self.draft_model is not None:
+            out: list[int] = []
+            for _ in range(spec.max_draft_len):
+                out.append(int(self.draft_model(torch.tensor([ids + out])).logits[0, -1].argmax()))
+            return out
+        if kind == "NGramDecodingConfig":
+            for n in range(min(spec.max_matching_ngram_size, len(ids) - 1), 0, -1):
+                tail = ids[-n:]
+                for start in range(len(ids) - n):  # the oldest match
+                    if ids[start : start + n] == tail:
+                        return ids[start + n : start + n + spec.max_draft_len]
+        return []
+
+    @torch.inference_mode()
+    def step(
+        self, ids: list[int], params: SamplingParams, room: int, first: bool
+    ) -> tuple[list[int], int, int]:
+        """One iteration of one request: (new tokens, drafted, accepted). The context step yields one
+        token; a generation step verifies the drafter's tokens and yields the accepted ones + one."""
+        draft = [] if first else self._draft(ids)
+        logits = self.model(torch.tensor([ids + draft])).logits[0, len(ids) - 1 :].float()
+        out: list[int] = []
+        for i, token in enumerate(draft):
+            own = self._pick(logits[i], params)
+            out.append(own)
+            if own != token:
+                break
+        else:
+            out.append(self._pick(logits[len(draft)], params))
+        out = out[:room]  # accepted tokens past max_tokens are not output, nor counted
+        return out, len(draft), len(out) - 1 if draft else 0
 
     def shutdown(self) -> None:
         self.shut = True
@@ -559,10 +896,12 @@ def trtllm_double(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[D
     )
     llmapi = _module(
         "tensorrt_llm.llmapi",
+        LLM=LLM,
         KvCacheConfig=LlmKvCacheConfig,
         SchedulerConfig=LlmSchedulerConfig,
         CapacitySchedulerPolicy=CapacitySchedulerPolicy,
         EagleDecodingConfig=EagleDecodingConfig,
+        Eagle3DecodingConfig=Eagle3DecodingConfig,
         NGramDecodingConfig=NGramDecodingConfig,
         DraftTargetDecodingConfig=DraftTargetDecodingConfig,
         MTPDecodingConfig=MTPDecodingConfig,
@@ -573,6 +912,7 @@ def trtllm_double(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[D
         "tensorrt_llm",
         str(tmp_path / "tensorrt_llm" / "__init__.py"),
         LLM=LLM,
+        SamplingParams=SamplingParams,
         bindings=bindings,
         llmapi=llmapi,
     )

@@ -69,6 +69,12 @@ class EngineFacts:
         return self.tp_size * self.pp_size
 
     @property
+    def vocab_size_padded(self) -> int:
+        """The width of the engine's logits: ``vocab_size`` rounded up to a multiple of tp x pp
+        (TensorRT-LLM's ``ModelConfig::getVocabSizePadded(worldSize)``)."""
+        return -(-self.vocab_size // self.world_size) * self.world_size
+
+    @property
     def mode_name(self) -> str:
         mode = self.speculative_decoding_mode
         return SPECULATIVE_DECODING_MODES.get(mode, str(mode))
@@ -224,6 +230,17 @@ def check_engines(config: ServerConfig) -> EngineSetup:
                     f"{facts.describe()}: build_config.gather_generation_logits is off; "
                     "speculative.acceptance logits needs both engines built with --gather_generation_logits"
                 )
+        # Draft logits go to the target as they come, one row per draft token: a wider row is cut to the
+        # target's width (padding columns), a narrower one cannot be made whole.
+        if draft is not None and draft.vocab_size_padded < target.vocab_size_padded:
+            problems.append(
+                f"{draft.describe()}: its logits are {draft.vocab_size_padded} wide "
+                f"(pretrained_config.vocab_size {draft.vocab_size} padded to a multiple of tp x pp = "
+                f"{draft.world_size}) but the target takes {target.vocab_size_padded} "
+                f"(padded to a multiple of {target.world_size}); speculative.acceptance logits needs draft "
+                "logits at least as wide as the target's: build the draft for a tp x pp that pads as far, "
+                "or use acceptance tokenMatch"
+            )
     # Every step sends the prefix (prompt + tokens so far) as a new request: the prefix must fit
     # max_input_len, and prefix + k + 1 (target) or prefix + k (draft) must fit max_seq_len. The scheduler
     # keeps prefix + k + 1 <= max_model_len, so this bound makes every request the engines see valid.

@@ -6,11 +6,19 @@ call per executor per step, exactly as TensorRT-LLM's own draft-target loop (``e
 
 * draft: ``Request(prefix, max_tokens=k)``, returning generation logits when acceptance is by logits;
 * target: ``Request(prefix, max_tokens=k + 1, external_draft_tokens_config=ExternalDraftTokensConfig(tokens,
-  logits))``; its output is the accepted draft tokens plus one token of the target's own.
+  logits))``; its output starts with the accepted draft tokens, then one token of the target's own. How many
+  were accepted is counted as TensorRT-LLM's own loop counts it: by comparing the output with the draft,
+  position by position (prefix match), not from the output's length; anything after the target's own token
+  (an executor that keeps decoding up to ``max_tokens``) is dropped, so a step is always accepted + 1.
 
 Every step is a new request carrying the whole prefix; KV block reuse (engines built with paged context FMHA)
 makes that cheap. Prompt lookup uses the core's n-gram drafter against the target alone. Cancelling a sequence
-cancels its executor requests in flight (``cancel_request``).
+cancels its executor requests still in flight (``cancel_request``); requests already answered as final are
+forgotten at once, and nothing is cancelled once the executor is shut down.
+
+Draft logits are the draft engine's generation logits, as wide as its padded vocabulary (``vocab_size``
+rounded up to a multiple of its tp x pp); the target wants its own padded width. A wider draft row is cut to
+the target's width (the extra columns are padding); a narrower one is refused at start-up (``engine_config``).
 
 This module is thin glue over the bindings; the bindings are imported lazily, after the engines' config.json
 passed the checks in ``engine_config``.
@@ -113,6 +121,7 @@ class ExecutorClient:
         self._pending: dict[int, _Pending] = {}
         self._by_seq: dict[str, set[int]] = {}
         self._cancelled: set[int] = set()
+        self._closed = False  # after shutdown() the executor refuses cancel_request
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -133,8 +142,9 @@ class ExecutorClient:
             return list(await asyncio.gather(*futures))
         finally:  # also when the step itself is cancelled (shutdown): nothing stays queued in the executor
             for (seq_id, _), request_id in zip(requests, ids, strict=True):
+                # Requests answered as final left _pending when their answer came: what is left is in flight.
                 if self._pending.pop(request_id, None) is not None and request_id not in self._cancelled:
-                    self.executor.cancel_request(request_id)
+                    self._cancel_request(request_id)
                 self._cancelled.discard(request_id)
                 owned = self._by_seq.get(seq_id)
                 if owned is not None:
@@ -147,7 +157,13 @@ class ExecutorClient:
         for request_id in list(self._by_seq.get(seq_id, ())):
             if request_id in self._pending and request_id not in self._cancelled:
                 self._cancelled.add(request_id)
-                self.executor.cancel_request(request_id)
+                self._cancel_request(request_id)
+
+    def _cancel_request(self, request_id: int) -> None:
+        if self._closed:  # shutdown() ended every request; the executor would throw
+            return
+        log.debug("%s executor: cancel_request(%d)", self.name, request_id)
+        self.executor.cancel_request(request_id)
 
     def latest_stats(self) -> Any:
         """The newest IterationStats (the executor hands each out once; the last one is kept)."""
@@ -157,6 +173,7 @@ class ExecutorClient:
         return self._last_stats
 
     def close(self) -> None:
+        self._closed = True
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
@@ -205,6 +222,7 @@ class ExecutorClient:
             if reply.error is not None:
                 pending.error = reply.error
             if reply.final or reply.error is not None:
+                del self._pending[reply.request_id]  # finished: no longer in flight, never cancelled
                 pending.future.set_result(
                     Outcome(
                         pending.tokens,
@@ -224,6 +242,8 @@ class RequestFactory:
     bindings: Any
     end_id: int
     pad_id: int
+    #: the target's padded vocabulary: draft logits rows are cut to it (None: handed over as they are)
+    logits_width: int | None = None
 
     def sampling(self, seq: SequenceState, greedy: bool) -> Any:
         b = self.bindings
@@ -251,10 +271,10 @@ class RequestFactory:
     ) -> Any:
         b = self.bindings
         external = None
-        if draft is not None and draft.tokens:
+        if draft is not None and draft.tokens:  # the bindings refuse an empty draft
             logits = None
             if use_logits and draft.native_logits is not None:
-                logits = draft.native_logits
+                logits = self.draft_logits(draft.native_logits, len(draft.tokens))
             external = b.ExternalDraftTokensConfig(list(draft.tokens), logits)
         return b.Request(
             input_token_ids=list(seq.token_ids),
@@ -268,6 +288,26 @@ class RequestFactory:
             pad_id=self.pad_id,
             external_draft_tokens_config=external,
         )
+
+    def draft_logits(self, logits: Any, num_tokens: int) -> Any:
+        """``[num_tokens, vocab]`` draft logits as the target takes them: one row per draft token, columns cut
+        to the target's padded vocabulary (those beyond it are the draft engine's own padding)."""
+        rows = logits[:num_tokens]
+        if self.logits_width is not None and rows.shape[-1] > self.logits_width:
+            rows = rows[:, : self.logits_width]
+        return rows
+
+
+def accepted_prefix(draft: Sequence[int], output: Sequence[int]) -> int:
+    """How many draft tokens the target accepted: the length of the common prefix of the draft and the
+    target's output, as TensorRT-LLM's own draft-target loop counts it (the target's first own token differs
+    from the draft token at that position, whichever acceptance rule it used)."""
+    accepted = 0
+    for drafted, emitted in zip(draft, output, strict=False):
+        if drafted != emitted:
+            break
+        accepted += 1
+    return accepted
 
 
 def _raise_failures(name: str, failures: dict[str, str]) -> None:
@@ -352,9 +392,12 @@ class TrtTargetExecutor:
                 failures[r.seq.request_id] = outcome.error
                 emitted.append([])
                 continue
-            room = len(r.proposal.tokens) + 1
-            tokens = outcome.tokens[:room]
-            if outcome.finish == _END_ID and len(tokens) < room and (not tokens or tokens[-1] != end_id):
+            # The accepted draft tokens and the target's own next token; the scheduler counts len - 1 of them
+            # as accepted, so anything the executor returned beyond (it kept decoding) is not handed on.
+            keep = accepted_prefix(r.proposal.tokens, outcome.tokens) + 1
+            tokens = outcome.tokens[:keep]
+            ended = len(outcome.tokens) <= keep and outcome.finish == _END_ID
+            if ended and (not tokens or tokens[-1] != end_id):
                 tokens.append(end_id)  # the sequence ended: make the stop visible to the scheduler
             if not tokens:
                 failures[r.seq.request_id] = (
@@ -473,7 +516,7 @@ def build_trtllm_engine(config: ServerConfig, observer: SchedulerObserver | None
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end_id
     runtime, placement, spec = config.runtime, config.placement, config.speculative
     logits = config.method == Method.DRAFT_TARGET and spec.acceptance == Acceptance.LOGITS
-    requests = RequestFactory(bindings, end_id, pad_id)
+    requests = RequestFactory(bindings, end_id, pad_id, logits_width=setup.target.vocab_size_padded)
     clients: list[ExecutorClient] = []
 
     def start(facts: EngineFacts, device_ids: list[int], fraction: float, gather: bool) -> ExecutorClient:

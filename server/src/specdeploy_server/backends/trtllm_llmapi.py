@@ -5,6 +5,21 @@ TensorRT-LLM runs the speculation itself here (``speculative_config``: ``Eagle3`
 into the same serving layer, with the same admission rules (``maxBatchSize`` running + ``maxQueueSize``
 waiting, then 503) and the same load figures for autoscaling. Checkpoints are Hugging Face directories;
 nothing is built.
+
+Stopping: ``end_id`` is left unset, so TensorRT-LLM's own ``SamplingParams`` setup takes the tokenizer's
+end-of-sequence id and the generation config's other ones (Llama-3 Instruct's ``<|eot_id|>``); every
+end-of-sequence id of our tokenizer (``eos_token_ids``: tokenizer and ``generation_config.json``) is also
+sent as ``stop_token_ids``, with ``include_stop_str_in_output`` so the stop token is emitted as the other
+backends emit it.
+
+Acceptance: every request sets ``return_perf_metrics``. Its final output's
+``request_perf_metrics.speculative_decoding`` (drafted, accepted) is used where it is real; TensorRT-LLM 1.2.x
+returns it zeroed in the PyTorch flow with the default sampler (fixed upstream after 1.2.1). Otherwise the
+counts come from the stream itself: each streamed output is one executor response, i.e. one iteration, and
+the tokens it adds beyond 1 are accepted draft tokens; drafted is ``k`` per generation iteration (exact for
+methods that always draft ``k``, an upper bound for promptLookup, which drafts only on an n-gram match).
+``specdeploy_llmapi_acceptance_source_total{source}`` in /metrics counts requests by where their figures
+came from.
 """
 
 from __future__ import annotations
@@ -16,9 +31,13 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from specdeploy_server.backends.errors import BackendUnavailableError, import_tensorrt_llm
 from specdeploy_server.config import Acceptance, Method, ServerConfig
@@ -38,7 +57,11 @@ from specdeploy_server.tokenizer import HFTokenizer, Tokenizer
 log = logging.getLogger(__name__)
 
 BACKEND = "trtllm-llmapi"
+# 'cancelled' (abort()) and 'timeout' end a stream early: abort.
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
+#: where a request's draft/accepted counts came from
+SOURCE_PERF_METRICS = "perf_metrics"  # TensorRT-LLM's request_perf_metrics.speculative_decoding
+SOURCE_TOKEN_COUNTS = "token_counts"  # tokens per streamed response beyond 1; k drafted per generation step
 _ABORT_WAIT_SECONDS = 1.0  # how long aborted streams get to end before the LLM shuts down
 
 
@@ -47,6 +70,27 @@ class RequestObserver(Protocol):
     """Receives per-request speculation totals (the LLM API reports them per request, not per step)."""
 
     def on_request_speculation(self, drafted: int, accepted: int) -> None: ...
+
+
+class AcceptanceSources(Collector):
+    """``specdeploy_llmapi_acceptance_source_total{source}``: finished requests by where their acceptance
+    figures came from, so a dashboard knows what ``specdeploy_accepted_draft_tokens_total`` is made of."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.counts = {SOURCE_PERF_METRICS: 0, SOURCE_TOKEN_COUNTS: 0}
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "specdeploy_llmapi_acceptance_source",
+            "trtllm-llmapi requests whose draft/accepted counts came from TensorRT-LLM's request perf "
+            "metrics (perf_metrics) or from the stream: tokens per response beyond 1 accepted, draft length "
+            "per generation step drafted (token_counts)",
+            labels=["model", "source"],
+        )
+        for source, count in self.counts.items():
+            family.add_metric([self.model, source], count)
+        yield family
 
 
 def draft_len(config: ServerConfig) -> int:
@@ -133,10 +177,13 @@ class LlmApiEngine:
         *,
         max_batch_size: int,
         max_queue_size: int | None,
+        draft_len: int = 0,
     ) -> None:
         self.tokenizer: Tokenizer = tokenizer
         self.info = info
-        self._end_id = tokenizer.eos_token_id
+        self._stop_ids = sorted(tokenizer.eos_token_ids)
+        self._draft_len = draft_len  # tokens TensorRT-LLM drafts per generation step (0: not speculating)
+        self.acceptance_sources = AcceptanceSources(info.served_model_name)
         self.executor_stats: Callable[[], list[ExecutorSample]] | None = None
         self._llm = llm
         self._sampling_params = sampling_params
@@ -178,6 +225,11 @@ class LlmApiEngine:
 
     def attach_observer(self, observer: SchedulerObserver) -> None:
         self._observer = observer if isinstance(observer, RequestObserver) else None
+        # The server's metrics (ServerMetrics.registry): say there where acceptance figures come from.
+        registry = getattr(observer, "registry", None)
+        if isinstance(registry, CollectorRegistry) and self._draft_len > 0:
+            self.acceptance_sources.model = str(getattr(observer, "model", self.acceptance_sources.model))
+            registry.register(self.acceptance_sources)
 
     def generate(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Generation:
         if not self._running:
@@ -210,15 +262,20 @@ class LlmApiEngine:
 
     # ------------------------------------------------------------------------------------------
     def _sampling(self, max_tokens: int, params: SamplingParams) -> Any:
-        kwargs: dict[str, Any] = {"max_tokens": max_tokens, "detokenize": False}
+        # No end_id: given one, TensorRT-LLM skips its own setup of the model's end ids and pad id.
+        kwargs: dict[str, Any] = {
+            "max_tokens": max_tokens,
+            "detokenize": False,
+            "return_perf_metrics": True,
+        }
+        if self._stop_ids:
+            kwargs.update(stop_token_ids=list(self._stop_ids), include_stop_str_in_output=True)
         if params.greedy:
             kwargs["top_k"] = 1
         else:
             kwargs.update(temperature=params.temperature, top_p=params.top_p)
         if params.seed is not None:
             kwargs["seed"] = params.seed
-        if self._end_id is not None:
-            kwargs["end_id"] = self._end_id
         return self._sampling_params(**kwargs)
 
     async def _run(
@@ -232,15 +289,17 @@ class LlmApiEngine:
             )
             self._outputs[request_id] = output
             sent = 0
+            counts = _StreamCounts()
             async for out in output:
                 completion = out.outputs[0]
                 token_ids = list(completion.token_ids)
                 new, sent = token_ids[sent:], len(token_ids)
+                counts.observe(len(new))
                 self._account(request_id, len(new), stats)
                 finish = None
                 if out.finished:
                     finish = _FINISH.get(str(completion.finish_reason), FinishReason.ABORT)
-                    self._speculation(completion, stats)
+                    self._speculation(completion, counts, stats)
                     finished = True
                 yield StepOutput(new, finish, 0, 0)
                 if finished:
@@ -276,18 +335,46 @@ class LlmApiEngine:
             self._throughput.observe(n, now - self._busy_since)
         self._busy_since = now
 
-    def _speculation(self, completion: Any, stats: SeqStats) -> None:
-        """Per-request draft/accept totals, where TensorRT-LLM reports them (``request_perf_metrics``)."""
+    def _speculation(self, completion: Any, counts: _StreamCounts, stats: SeqStats) -> None:
+        """Per-request draft/accept totals: TensorRT-LLM's ``request_perf_metrics`` where they are real, else
+        what the stream showed."""
+        if self._draft_len <= 0:
+            return
         metrics = getattr(completion, "request_perf_metrics", None)
         spec = getattr(metrics, "speculative_decoding", None)
-        if spec is None:
+        reported = (0, 0)
+        if spec is not None:
+            reported = (int(spec.total_draft_tokens), int(spec.total_accepted_draft_tokens))
+        # Zeroed counters (1.2.x, PyTorch flow, default sampler) are not real: the stream shows acceptance.
+        if reported[0] > 0 and (reported[1] > 0 or counts.accepted == 0):
+            source, (drafted, accepted) = SOURCE_PERF_METRICS, reported
+        else:
+            drafted = counts.steps * self._draft_len
+            source, accepted = SOURCE_TOKEN_COUNTS, min(counts.accepted, drafted)
+        self.acceptance_sources.counts[source] += 1
+        if drafted <= 0:
             return
-        drafted, accepted = int(spec.total_draft_tokens), int(spec.total_accepted_draft_tokens)
         stats.drafted, stats.accepted = drafted, accepted
         self._stats.drafted += drafted
         self._stats.accepted += accepted
         if self._observer is not None:
             self._observer.on_request_speculation(drafted, accepted)
+
+
+class _StreamCounts:
+    """What one request's stream shows: each output is one executor response (one iteration); the first is
+    the context step, each later one a generation step whose tokens beyond 1 are accepted draft tokens."""
+
+    def __init__(self) -> None:
+        self.responses = 0
+        self.steps = 0  # generation steps (responses with tokens after the first)
+        self.accepted = 0
+
+    def observe(self, new_tokens: int) -> None:
+        self.responses += 1
+        if self.responses > 1 and new_tokens > 0:
+            self.steps += 1
+            self.accepted += new_tokens - 1
 
 
 def build_llmapi_engine(config: ServerConfig) -> LlmApiEngine:
@@ -322,4 +409,5 @@ def build_llmapi_engine(config: ServerConfig) -> LlmApiEngine:
         model_info(config.model.name, max_len),
         max_batch_size=runtime.max_batch_size,
         max_queue_size=runtime.max_queue_size,
+        draft_len=0 if config.method == Method.NONE else draft_len(config),
     )
