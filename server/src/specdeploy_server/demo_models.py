@@ -64,13 +64,16 @@ DEFAULT_SECONDS = 40.0
 
 SAMPLE_PROMPTS = (
     "Speculative decoding makes",
-    "The acceptance rate is",
     "A readiness probe tells Kubernetes",
     "An operator is a controller that",
     "When a pod is deleted,",
-    "The draft length is",
+    "Question: What is the acceptance rate?\nAnswer:",
+    "Question: What is a service?\nAnswer:",
+    "The weather today is",
+    "My favourite colour is",
 )
-"""Prompts the acceptance rate is measured on (openings of sentences in the corpus)."""
+"""Prompts the acceptance rate is measured on: openings of sentences of the corpus, a question it answers, and
+a question and two openings it has never seen (where the tiny models agree less)."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,7 @@ class TrainSettings:
     warmup_steps: int = 20
     exit_weight: float = 1.0  # weight of the draft's (early exit's) loss beside the target's
     distill_weight: float = 0.5  # share of the early exit's loss that imitates the target (vs the data)
+    qa_repeats: int = 3  # question/answer pairs are short: repeated in the training stream so chat works
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,7 @@ class DemoResult:
     draft: Path
     steps: int
     train_seconds: float
+    train_cpu_seconds: float
     target_loss: float
     draft_loss: float
     target_parameters: int
@@ -138,10 +143,19 @@ def bpe_tokenizer(texts: Sequence[str], vocab_size: int, chat_template: str) -> 
     return fast
 
 
-def token_stream(tokenizer: PreTrainedTokenizerFast, docs: Sequence[str]) -> torch.Tensor:
+def is_question(doc: str) -> bool:
+    return doc.startswith("Question: ")
+
+
+def token_stream(
+    tokenizer: PreTrainedTokenizerFast, docs: Sequence[str], qa_repeats: int = 1
+) -> torch.Tensor:
+    """The training text as one token sequence, every document followed by EOS; the question/answer pairs
+    ``qa_repeats`` times over (each pass after the prose, so the text reads the same either way)."""
     eos = int(tokenizer.eos_token_id)
     ids: list[int] = []
-    for doc in docs:
+    ordered = [d for d in docs if not is_question(d)] + [d for d in docs if is_question(d)] * qa_repeats
+    for doc in ordered:
         ids += tokenizer.encode(doc, add_special_tokens=False)
         ids.append(eos)
     return torch.tensor(ids, dtype=torch.long)
@@ -229,7 +243,7 @@ def train(
             loss.backward()  # type: ignore[no-untyped-call]
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             optimizer.step()
-            recent = [*recent[-9:], (float(target_loss), float(data_loss))]
+            recent = [*recent[-9:], (target_loss.item(), data_loss.item())]
     finally:
         hook.remove()
     model.eval()  # type: ignore[no-untyped-call]
@@ -264,12 +278,12 @@ def build(out_dir: Path, settings: TrainSettings, shape: DemoShape = DemoShape()
     torch.manual_seed(settings.seed)
     docs = documents(corpus_text())
     tokenizer = bpe_tokenizer(docs, shape.vocab_size, CHAT_TEMPLATE)
-    stream = token_stream(tokenizer, docs)
+    stream = token_stream(tokenizer, docs, settings.qa_repeats)
     model = LlamaForCausalLM(llama_config(tokenizer, shape, shape.layers))
     head = _EarlyExit(model)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     target_loss, draft_loss = train(model, head, stream, shape, settings)
-    seconds = time.perf_counter() - started
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     draft = draft_from(model, head, tokenizer, shape)
     paths = {}
     for name, checkpoint in (("target", model), ("draft", draft)):
@@ -285,6 +299,7 @@ def build(out_dir: Path, settings: TrainSettings, shape: DemoShape = DemoShape()
         draft=paths["draft"],
         steps=settings.steps,
         train_seconds=seconds,
+        train_cpu_seconds=cpu_seconds,
         target_loss=target_loss,
         draft_loss=draft_loss,
         target_parameters=sum(p.numel() for p in model.parameters()),
@@ -371,13 +386,14 @@ def main(argv: list[str] | None = None) -> int:
         "targetLoss": round(result.target_loss, 4),
         "draftLoss": round(result.draft_loss, 4),
         "trainSeconds": round(result.train_seconds, 2),
+        "trainCpuSeconds": round(result.train_cpu_seconds, 2),
     }
     if not args.no_measure:
         with contextlib.redirect_stdout(sys.stderr):
             acceptance, texts = measure_acceptance(result.target, result.draft)
         summary["acceptance"] = round(acceptance, 4)
         summary["draftLen"] = 4
-        summary["sample"] = SAMPLE_PROMPTS[0] + texts[0]
+        summary["samples"] = dict(zip(SAMPLE_PROMPTS, texts, strict=True))
     summary["seconds"] = round(time.perf_counter() - started, 2)
     print(json.dumps(summary))
     return 0
