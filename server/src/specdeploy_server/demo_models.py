@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -365,10 +366,11 @@ def main(argv: list[str] | None = None) -> int:
         f"(default {DEFAULT_SECONDS:g})",
     )
     parser.add_argument("--steps", type=int, help="training steps (overrides --seconds)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights and data order")
     parser.add_argument("--no-measure", action="store_true", help="skip measuring the acceptance rate")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    transformers.utils.logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     steps = args.steps if args.steps is not None else steps_for(args.seconds)
     if steps < 1:
         parser.error("--steps must be at least 1")
