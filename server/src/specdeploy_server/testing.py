@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from specdeploy_server.demo_models import bpe_tokenizer
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
@@ -47,20 +48,7 @@ def prompts(count: int, seed: int = 1) -> list[str]:
 
 
 def train_tokenizer(directory: Path, vocab_size: int = 384) -> None:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<s>", "</s>", "<pad>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tok.train_from_iterator(corpus(), trainer)
-    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>"
-    )
-    fast.chat_template = CHAT_TEMPLATE
-    fast.save_pretrained(str(directory))
+    bpe_tokenizer(corpus(), vocab_size, CHAT_TEMPLATE).save_pretrained(str(directory))
 
 
 @dataclass(frozen=True)
