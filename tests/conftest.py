@@ -27,6 +27,7 @@ from kubernetes.client.rest import ApiException
 from localcluster import LocalCluster
 from netguard import NetGuard
 from operatorproc import OperatorProcess
+from podnet import POD_NETWORK
 
 REPO = Path(__file__).resolve().parents[1]
 CRDS = REPO / "crds"
@@ -43,8 +44,9 @@ _NET_GUARD = pytest.StashKey[NetGuard]()
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Loopback only: every socket of this process and of everything it starts (the local cluster, operators,
-    the pod runner's servers, kubectl, helm) is sampled for the whole session (hack/cluster/netguard.py)."""
-    session.stash[_NET_GUARD] = NetGuard(lambda: [os.getpid()]).start()
+    the pod runner's servers, kubectl, helm) is sampled for the whole session (hack/cluster/netguard.py); pod
+    IPs count as this machine's (hack/cluster/podnet.py keeps POD_NETWORK here)."""
+    session.stash[_NET_GUARD] = NetGuard(lambda: [os.getpid()], allowed=[POD_NETWORK]).start()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from podnet import NODE_POD_CIDR_MASK, claim_slot, release_slot, slot_ranges
 from podrunner.selection import DEFAULT_IMAGES, KWOK_CRDS, kwok_skip_expression
 
 HERE = Path(__file__).resolve().parent
@@ -63,15 +64,13 @@ AUTOSCALING_ENV = "SPECDEPLOY_AUTOSCALING"
 
 # The address plan (docs/local-cluster.md): nothing of the local cluster is ever reached at an address off
 # this machine. Every simulated node reports NODE_IP as its InternalIP and kwok's kubelet-API server port as
-# its kubelet port, so the apiserver's `logs`/`exec`/`port-forward`/proxy connections land on kwok. The
-# controller-manager gives each node a /24 of POD_CIDR (a real cluster's node IPAM); kwok hands out pod IPs
-# from the bottom of a node's podCIDR (or from KWOK_FALLBACK_POD_CIDR for a node that has none yet), the pod
-# runner from the top. Service ClusterIPs stay in SERVICE_CIDR, where the apiserver wants them: nothing
-# connects to a ClusterIP here (no kube-proxy; clients follow EndpointSlices).
+# its kubelet port, so the apiserver's `logs`/`exec`/`port-forward`/proxy connections land on kwok. Pod IPs
+# come from podnet.POD_NETWORK (198.18.0.0/15), which this machine keeps to itself (podnet.py: a blackhole
+# route, a network namespace per real pod): the controller-manager gives each node a /25 of the cluster's
+# slot (node IPAM), kwok hands out the bottom of a node's range to the pods it simulates, the pod runner the
+# top. Service ClusterIPs stay in SERVICE_CIDR, where the apiserver wants them: nothing connects to a
+# ClusterIP here (no kube-proxy; clients follow EndpointSlices).
 NODE_IP = "127.0.0.1"
-POD_CIDR = "127.64.0.0/10"
-NODE_POD_CIDR_MASK = 24
-KWOK_FALLBACK_POD_CIDR = "127.128.0.0/16"
 SERVICE_CIDR = "10.96.0.0/16"
 
 # Nodes of an autoscaled pool carry this label (value: the pool's name); the Cluster Autoscaler's kwok
@@ -727,8 +726,19 @@ class LocalCluster:
             ports.update(
                 metrics_adapter=free_port(), metrics_write=free_port(), cluster_autoscaler=free_port()
             )
+        slot = claim_slot(self.dir)
+        pod_cidr, kwok_fallback_cidr = slot_ranges(slot)
         self.state_file.write_text(
-            json.dumps({"ports": ports, "bin_dir": str(bins), "autoscaling": self.autoscaling}, indent=2)
+            json.dumps(
+                {
+                    "ports": ports,
+                    "bin_dir": str(bins),
+                    "autoscaling": self.autoscaling,
+                    "pod_network_slot": slot,
+                    "pod_cidr": pod_cidr,
+                },
+                indent=2,
+            )
         )
         server = f"https://127.0.0.1:{ports['apiserver']}"
         kubeconfigs = self.dir / "kubeconfigs"
@@ -833,7 +843,7 @@ class LocalCluster:
                 f"--cluster-signing-key-file={pki / 'ca.key'}",
                 "--horizontal-pod-autoscaler-sync-period=5s",
                 "--allocate-node-cidrs=true",
-                f"--cluster-cidr={POD_CIDR}",
+                f"--cluster-cidr={pod_cidr}",
                 f"--node-cidr-mask-size={NODE_POD_CIDR_MASK}",
                 f"--service-cluster-ip-range={SERVICE_CIDR}",
                 "--v=1",
@@ -852,10 +862,7 @@ class LocalCluster:
                 "--v=1",
             ],
         )
-        import yaml  # noqa: PLC0415 - only `up` needs PyYAML
-
-        for crd in sorted((bins / "kwok-crds").glob("*.yaml")):  # build.sh keeps them beside kwok
-            self._apply(yaml.safe_load(crd.read_text()))
+        self._apply_kwok_crds(bins)
         self._start(
             "kwok",
             [
@@ -864,7 +871,7 @@ class LocalCluster:
                 f"--config={kwok_config}",
                 f"--manage-nodes-with-annotation-selector={KWOK_ANNOTATION[0]}={KWOK_ANNOTATION[1]}",
                 "--node-lease-duration-seconds=40",
-                f"--cidr={KWOK_FALLBACK_POD_CIDR}",
+                f"--cidr={kwok_fallback_cidr}",
                 f"--node-ip={NODE_IP}",
                 f"--node-port={ports['kwok']}",
                 f"--server-address=127.0.0.1:{ports['kwok']}",
@@ -872,6 +879,32 @@ class LocalCluster:
                 f"--enable-crds={','.join(KWOK_CRDS)}",
             ],
         )
+        self._start_node_agents(kubeconfigs)
+        for name in COMPONENTS:
+            self._expect_alive(name)
+        self.apply_nodepools(load_nodepools(self.nodepools_file))
+        # The controller-manager is doing real work once it has made the default ServiceAccount.
+        self._wait(
+            lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"),
+            deadline,
+            "kube-controller-manager",
+            "the default ServiceAccount (controller-manager)",
+        )
+        self.wait_nodes_ready(timeout=max(5.0, deadline - time.monotonic()))
+        if self.autoscaling:
+            self._start_autoscaling(ports, deadline)
+        log.info("cluster up: kubeconfig %s", self.kubeconfig)
+
+    def _apply_kwok_crds(self, bins: Path) -> None:
+        """kwok's Logs/Exec/PortForward CRDs (build.sh keeps them beside kwok), before kwok watches them."""
+        import yaml  # noqa: PLC0415 - only `up` needs PyYAML
+
+        for crd in sorted((bins / "kwok-crds").glob("*.yaml")):  # build.sh keeps them beside kwok
+            self._apply(yaml.safe_load(crd.read_text()))
+
+    def _start_node_agents(self, kubeconfigs: Path) -> None:
+        """The default StorageClass and its provisioner, and the pod runner (the kubelet of the pods that run
+        for real)."""
         from provisioner import storage_class_manifest  # noqa: PLC0415 (needs the kubernetes client)
 
         self._apply(storage_class_manifest())
@@ -897,20 +930,6 @@ class LocalCluster:
             ],
             env=runner_env,
         )
-        for name in COMPONENTS:
-            self._expect_alive(name)
-        self.apply_nodepools(load_nodepools(self.nodepools_file))
-        # The controller-manager is doing real work once it has made the default ServiceAccount.
-        self._wait(
-            lambda: self._exists("/api/v1/namespaces/default/serviceaccounts/default"),
-            deadline,
-            "kube-controller-manager",
-            "the default ServiceAccount (controller-manager)",
-        )
-        self.wait_nodes_ready(timeout=max(5.0, deadline - time.monotonic()))
-        if self.autoscaling:
-            self._start_autoscaling(ports, deadline)
-        log.info("cluster up: kubeconfig %s", self.kubeconfig)
 
     # -- autoscaling: custom metrics adapter and Cluster Autoscaler ---------------------------------------
     def _autoscaling_objects(self, ports: Mapping[str, int]) -> list[dict[str, Any]]:
@@ -1248,6 +1267,7 @@ class LocalCluster:
                     with contextlib.suppress(ProcessLookupError):
                         os.killpg(pid, signal.SIGKILL)
                 _wait_gone(pids, 5.0)
+        release_slot(self.dir)
         for sub in ("pids", "etcd-data", "pki", "kubeconfigs", "apiserver-certs"):
             shutil.rmtree(self.dir / sub, ignore_errors=True)
         for f in (self.state_file, self.kubeconfig, self.dir / "kwok-stages.yaml"):

@@ -1,9 +1,11 @@
 """Loopback-only guard: finds TCP/UDP sockets of given processes whose remote address is off this machine.
 
 The local cluster, the operator, the pod runner's processes and every test may talk only to addresses on this
-machine (127.0.0.0/8, ::1). `NetGuard` samples the kernel's socket tables (`/proc/net/{tcp,tcp6,udp,udp6}`)
-in a background thread and remembers every connection of a watched process to any other address; a caller
-(the pytest session, `make demo`) fails when `violations` is not empty.
+machine: 127.0.0.0/8, ::1, and the pod network the harness keeps on this machine (podnet.POD_NETWORK:
+blackholed, with a network namespace of the harness's own behind each pod IP in use). `NetGuard` samples
+the kernel's socket tables (`/proc/net/{tcp,tcp6,udp,udp6}`) in a background thread and remembers every
+connection of a watched process to any other address; a caller (the pytest session) fails when
+`violations` is not empty.
 
 Sampling is cheap when nothing is wrong: the socket tables are read first, and only when a socket with a
 non-loopback remote exists are the watched processes' file descriptors looked at to learn whose it is.
@@ -46,16 +48,20 @@ def _decode_address(text: str) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Ad
     return ipaddress.IPv6Address(words), int(port, 16)
 
 
-def is_local(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Loopback (127.0.0.0/8, ::1, ::ffff:127.x) or unspecified (an unconnected socket)."""
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+def is_local(address: ipaddress.IPv4Address | ipaddress.IPv6Address, allowed: Iterable[Network] = ()) -> bool:
+    """Loopback (127.0.0.0/8, ::1, ::ffff:127.x), unspecified (an unconnected socket), or in `allowed`."""
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
-    return address.is_loopback or address.is_unspecified
+    return address.is_loopback or address.is_unspecified or any(address in net for net in allowed)
 
 
-def parse_socket_table(protocol: str, text: str) -> list[Connection]:
+def parse_socket_table(protocol: str, text: str, allowed: Iterable[Network] = ()) -> list[Connection]:
     """The sockets of one `/proc/net/<protocol>` table whose remote address is off this machine (listening
     TCP sockets and unconnected UDP sockets have an unspecified remote and are never reported)."""
+    allowed = list(allowed)
     found = []
     for line in text.splitlines()[1:]:
         fields = line.split()
@@ -65,7 +71,7 @@ def parse_socket_table(protocol: str, text: str) -> list[Connection]:
         if protocol.startswith("tcp") and state == _TCP_LISTEN:
             continue
         remote_ip, remote_port = _decode_address(remote)
-        if is_local(remote_ip):
+        if is_local(remote_ip, allowed):
             continue
         local_ip, local_port = _decode_address(local)
         found.append(
@@ -124,10 +130,13 @@ def _command(pid: int) -> str:
     return _read(PROC / str(pid) / "cmdline").replace("\0", " ").strip()[:200]
 
 
-def offhost_sockets(pids: Iterable[int]) -> list[tuple[int, str, Connection]]:
+def offhost_sockets(
+    pids: Iterable[int], allowed: Iterable[Network] = ()
+) -> list[tuple[int, str, Connection]]:
     """(pid, command line, connection) for every socket of `pids` whose remote is off this machine."""
+    allowed = list(allowed)
     candidates = [
-        conn for table in _TABLES for conn in parse_socket_table(table, _read(PROC / "net" / table))
+        conn for table in _TABLES for conn in parse_socket_table(table, _read(PROC / "net" / table), allowed)
     ]
     if not candidates:
         return []
@@ -141,10 +150,14 @@ def offhost_sockets(pids: Iterable[int]) -> list[tuple[int, str, Connection]]:
 
 class NetGuard:
     """Samples, every `interval` seconds, the sockets of the processes `roots()` names and of their
-    descendants; `violations` lists each off-host connection once (by process, protocol and remote)."""
+    descendants; `violations` lists each off-host connection once (by process, protocol and remote).
+    `allowed`: networks that are on this machine besides loopback (the harness's pod network)."""
 
-    def __init__(self, roots: Callable[[], Iterable[int]], interval: float = 0.5) -> None:
+    def __init__(
+        self, roots: Callable[[], Iterable[int]], allowed: Iterable[Network] = (), interval: float = 0.5
+    ) -> None:
         self._roots = roots
+        self._allowed = list(allowed)
         self._interval = interval
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -152,7 +165,7 @@ class NetGuard:
         self.samples = 0
 
     def sample(self) -> None:
-        for pid, command, conn in offhost_sockets(descendants(self._roots())):
+        for pid, command, conn in offhost_sockets(descendants(self._roots()), self._allowed):
             key = (command, conn.protocol, conn.remote)
             if key not in self._seen:
                 self._seen[key] = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 import subprocess
@@ -50,6 +51,13 @@ def test_ipv6_loopback_and_v4_mapped_loopback_are_local_but_a_public_v6_address_
     [conn] = parse_socket_table("tcp6", text)
     assert conn.remote == "2001:db8::1:443"
     assert conn.state == "02"
+
+
+def test_the_pod_network_is_local_only_when_the_caller_says_so() -> None:
+    # 127.0.0.1:43210 -> 198.18.0.254:8000 (a pod IP of the local cluster)
+    text = _HEADER + _line("0100007F:A8CA", "FE0012C6:1F40", "01", 9)
+    assert [c.remote for c in parse_socket_table("tcp", text)] == ["198.18.0.254:8000"]
+    assert parse_socket_table("tcp", text, [ipaddress.IPv4Network("198.18.0.0/15")]) == []
 
 
 def test_connected_udp_sockets_count_too() -> None:

@@ -8,10 +8,8 @@
 - Files: the process runs in a private mount namespace (`unshare -m`) in which every volume is bind-mounted at
   its `mountPath` (read-only where asked), so the program sees the paths the pod spec names. Mount points that
   do not exist yet are created as empty directories on this machine, as a runtime creates them in an image.
-- Network: a pod binds its own IP. A process that binds the wildcard address (`0.0.0.0`, as the server does)
-  in a real pod gets only its own network namespace; here a `sitecustomize` hook (Python programs only: the
-  server image runs nothing else) turns a wildcard bind into a bind of the pod IP, so two pods can both listen
-  on port 8000 and nothing listens on this machine's other interfaces.
+- Network: every container of the pod runs in the pod's network namespace (podnet.py), where the pod IP is
+  its `eth0`'s address: a server that binds `0.0.0.0:8000` listens on the pod IP, as in a real pod.
 """
 
 from __future__ import annotations
@@ -30,10 +28,8 @@ from kubernetes import client
 from .selection import ImageDefaults
 from .volumes import Mount, PodNotReady, PodSources, UnsupportedPod, field_value
 
-__all__ = ["POD_IP_ENV", "SITECUSTOMIZE_DIR", "command_line", "container_env", "launch"]
+__all__ = ["command_line", "container_env", "in_netns", "launch"]
 
-SITECUSTOMIZE_DIR = Path(__file__).resolve().parent / "netns"
-POD_IP_ENV = "SPECDEPLOY_POD_RUNNER_POD_IP"
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$\(")
 
@@ -103,9 +99,6 @@ def container_env(
             )
         if value is not None:
             env[item["name"]] = value
-    pod_ip = (pod.get("status") or {}).get("podIP", "")
-    env[POD_IP_ENV] = pod_ip
-    env["PYTHONPATH"] = ":".join(p for p in (str(SITECUSTOMIZE_DIR), env.get("PYTHONPATH", "")) if p)
     return env
 
 
@@ -140,6 +133,11 @@ def _mount_script(mounts: list[Mount], workdir: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def in_netns(netns: str, argv: list[str]) -> list[str]:
+    """`argv` run inside the pod's network namespace."""
+    return ["ip", "netns", "exec", netns, *argv]
+
+
 def _copy_lines(stream: IO[bytes], name: str, log: IO[bytes], lock: threading.Lock) -> None:
     """CRI log lines (`<RFC3339Nano> <stream> <F|P> <text>`), the format kwok and `kubectl logs` read."""
     for line in iter(stream.readline, b""):
@@ -162,13 +160,14 @@ def launch(
     workdir: str | None,
     script: Path,
     log_path: Path,
+    netns: str,
 ) -> subprocess.Popen[bytes]:
     """Start the process in its own mount namespace and process group; its stdout and stderr go to
     `log_path` as CRI log lines. A command that cannot be executed ends the process with status 127 or 126,
     as a shell reports it."""
     script.write_text(_mount_script(mounts, workdir))
     proc = subprocess.Popen(
-        ["unshare", "--mount", "--propagation", "private", "sh", str(script), *argv],
+        in_netns(netns, ["unshare", "--mount", "--propagation", "private", "sh", str(script), *argv]),
         env=dict(env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from podnet import create_pod_netns, delete_pod_netns, netns_name
 
 from .container import command_line, container_env, launch
 from .kwokobjects import KwokObjects
@@ -79,6 +80,7 @@ class PodWorker:
         self.deleting = threading.Event()
         self.gone = threading.Event()
         self.volumes: dict[str, Path] = {}
+        self.netns = netns_name(self.uid)
         self.thread = threading.Thread(target=self.run, name=f"pod-{self.meta['name']}", daemon=True)
 
     # -- signals from the runner --------------------------------------------------------------------------
@@ -108,10 +110,12 @@ class PodWorker:
             if not self.gone.is_set():
                 self._remove_pod()
             shutil.rmtree(self.dir, ignore_errors=True)
+            delete_pod_netns(self.uid, self.pod_ip)
             self.on_exit(self.uid)
 
     def _live(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.netns = create_pod_netns(self.uid, self.pod_ip)
         while True:
             try:
                 self.volumes = prepare_volumes(self.core, self._pod_with_ip(), self.dir)
@@ -165,6 +169,7 @@ class PodWorker:
             workdir=run.spec.get("workingDir"),
             script=self.dir / f"run-{run.name}.sh",
             log_path=log_path,
+            netns=self.netns,
         )
         run.started_process(proc, log_path, now_rfc3339(), time.monotonic())
         self.kwok.apply(self.inits + self.mains, self.pod_ip, self._env_for)
@@ -211,7 +216,14 @@ class PodWorker:
                 continue
             if not state.due(now):
                 continue
-            ok = run_handler(state.spec, run.spec, self.pod_ip, self._env_for(run), state.timeout)
+            ok = run_handler(
+                state.spec,
+                container=run.spec,
+                pod_ip=self.pod_ip,
+                env=self._env_for(run),
+                timeout=state.timeout,
+                netns=self.netns,
+            )
             verdict = state.record(ok, now)
             if kind == "startup" and verdict:
                 run.started = True
@@ -241,7 +253,16 @@ class PodWorker:
             if pre_stop and grace > 0:
                 env = self._env_for(run)
                 hook = threading.Thread(
-                    target=run_handler, args=(pre_stop, run.spec, self.pod_ip, env, grace), daemon=True
+                    target=run_handler,
+                    args=(pre_stop,),
+                    kwargs={
+                        "container": run.spec,
+                        "pod_ip": self.pod_ip,
+                        "env": env,
+                        "timeout": grace,
+                        "netns": self.netns,
+                    },
+                    daemon=True,
                 )
                 hook.start()
                 hooks.append(hook)

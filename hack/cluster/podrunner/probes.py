@@ -37,12 +37,15 @@ def _http_get(spec: Mapping[str, Any], container: Mapping[str, Any], pod_ip: str
 
 def run_handler(
     handler: Mapping[str, Any],
+    *,
     container: Mapping[str, Any],
     pod_ip: str,
     env: Mapping[str, str],
     timeout: float,
+    netns: str,
 ) -> bool:
-    """One probe or hook action; True on success. Errors (refused connection, timeout) are failures."""
+    """One probe or hook action; True on success. Errors (refused connection, timeout) are failures. exec
+    actions run in the pod's network namespace, with the container's environment."""
     try:
         if "httpGet" in handler:
             return _http_get(handler["httpGet"], container, pod_ip, timeout)
@@ -53,9 +56,8 @@ def run_handler(
             ):
                 return True
         if "exec" in handler:
-            result = subprocess.run(
-                handler["exec"]["command"], env=dict(env), capture_output=True, timeout=timeout, check=False
-            )
+            argv = ["ip", "netns", "exec", netns, *handler["exec"]["command"]]
+            result = subprocess.run(argv, env=dict(env), capture_output=True, timeout=timeout, check=False)
             return result.returncode == 0
         if "sleep" in handler:
             time.sleep(float(handler["sleep"]["seconds"]))
