@@ -215,6 +215,8 @@ def test_flag_name() -> None:
         ("06-eagle3-pytorch-tp8.yaml", 8),  # seed 002: --tp_size 8
         ("07-baseline-llama70b-none.yaml", 2),
         ("08-autoscaling-llama8b-1b-h100.yaml", 1),  # scenario 2, autoscaled
+        ("09-transformers-cpu-tiny.yaml", 0),  # on CPUs
+        ("10-transformers-gpu-llama8b-1b.yaml", 1),
     ],
 )
 def test_examples_gpus_per_replica(file: str, gpus: int) -> None:
@@ -223,7 +225,7 @@ def test_examples_gpus_per_replica(file: str, gpus: int) -> None:
 
 def test_every_example_is_covered_and_valid() -> None:
     files = sorted(path.name for path in EXAMPLES.glob("*.yaml"))
-    assert len(files) == 9
+    assert len(files) == 11
     for name in files:
         example(name)
 

@@ -47,7 +47,12 @@ def test_defaults_of_a_minimal_manifest() -> None:
             "quantization": {"format": "none", "kvCacheDtype": "auto", "calibSize": 512, "dtype": "auto"},
         },
         "speculative": {"method": "none", "maxDraftLen": 10, "acceptance": "tokenMatch"},
-        "placement": {"draft": "colocated", "gpuResource": "nvidia.com/gpu", "gpusPerNode": 8},
+        "placement": {
+            "device": "gpu",
+            "draft": "colocated",
+            "gpuResource": "nvidia.com/gpu",
+            "gpusPerNode": 8,
+        },
         "runtime": {"enableKvCacheReuse": True},
         "serving": {"port": 8000},
         "rollout": {"maxSurge": 0, "maxUnavailable": 1},

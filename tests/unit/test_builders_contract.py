@@ -31,6 +31,12 @@ def test_rendered_server_config_loads(example: Path) -> None:
         assert loaded.serving.port == sdep.spec.serving.port
         if sdep.spec.speculative.method in ("draftTarget", "promptLookup", "none"):
             assert loaded.method == sdep.spec.speculative.method
+        if sdep.spec.placement.device == "cpu":
+            assert (loaded.placement.device, loaded.backend) == ("cpu", "pytorch-reference")
+            assert loaded.placement.cpu_threads is not None
+            assert loaded.placement.cpu_threads >= 1
+            continue
+        assert loaded.placement.device == "cuda"
         target_ids, draft_ids = loaded.placement.target_device_ids, loaded.placement.draft_device_ids
         assert len(target_ids) == sdep.spec.target.gpus
         if sdep.spec.draft is not None:

@@ -85,6 +85,7 @@ def test_quantize_command_is_the_seeds(engines: list[dict[str, Any]], role: str)
     engine = next(e for e in engines if e["spec"]["role"] == role)
     commands = build_commands(engine, OperatorSettings())
     # Same flags, same order, same values; only the paths are the Job's.
+    assert commands.checkpoint is not None
     assert _with_placeholders(commands.checkpoint) == _argv(SEED_QUANTIZE)
 
 

@@ -106,7 +106,11 @@ def test_spec_defaults_and_enums_are_in_the_schema() -> None:
     props = spec["properties"]
     assert spec["required"] == ["speculative", "target"]
     assert props["replicas"]["default"] == 1
-    assert props["backend"] == {**props["backend"], "default": "tensorrt", "enum": ["tensorrt", "pytorch"]}
+    assert props["backend"] == {
+        **props["backend"],
+        "default": "tensorrt",
+        "enum": ["tensorrt", "pytorch", "transformers"],
+    }
     assert props["speculative"]["properties"]["maxDraftLen"]["default"] == 10
     assert props["speculative"]["properties"]["method"]["enum"] == [
         "draftTarget",

@@ -1,6 +1,15 @@
 """The specdeploy API: pydantic models of SpeculativeDeployment and EngineBuild, the one source of truth from
 which the CRDs in `crds/` and `docs/api.md` are generated (`python -m specdeploy_operator.crdgen`)."""
 
+from .autoscaling import (
+    DEFAULT_TARGETS,
+    AutoscalingEngine,
+    AutoscalingMetric,
+    AutoscalingSpec,
+    KedaSpec,
+    ScaleDownSpec,
+    ScaleUpSpec,
+)
 from .base import API_VERSION, GROUP, RULE_ERROR_TYPE, VERSION, ApiModel, PrinterColumn, ResourceInfo, Rule
 from .checkpoint import MODEL_URI_PATTERN, ModelSource, QuantizationSpec
 from .enginebuild import (
@@ -24,27 +33,23 @@ from .flags import (
 from .meta import Condition, ObjectMeta
 from .parse import KINDS, FieldError, InvalidObjectError, parse_object, validate_object
 from .speculative import (
-    DEFAULT_TARGETS,
     SPECULATIVE_DEPLOYMENT,
     AutoscalerRef,
-    AutoscalingSpec,
     Backend,
     BuildSpec,
     ConditionType,
+    Device,
     EagleSpec,
     EngineCacheSpec,
     EngineRef,
     EngineRefs,
     ImagesSpec,
-    KedaSpec,
     ModelSpec,
     Phase,
     PlacementSpec,
     PromptLookupSpec,
     RolloutSpec,
     RuntimeSpec,
-    ScaleDownSpec,
-    ScaleUpSpec,
     ServingSpec,
     SpeculativeDeployment,
     SpeculativeDeploymentSpec,
@@ -68,11 +73,14 @@ __all__ = [
     "VERSION",
     "ApiModel",
     "AutoscalerRef",
+    "AutoscalingEngine",
+    "AutoscalingMetric",
     "AutoscalingSpec",
     "Backend",
     "BuildSpec",
     "Condition",
     "ConditionType",
+    "Device",
     "EagleSpec",
     "EngineBuild",
     "EngineBuildPhase",

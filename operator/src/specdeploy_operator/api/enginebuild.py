@@ -1,6 +1,7 @@
 """The EngineBuild API (`specdeploy.dev/v1alpha1`, kind `EngineBuild`).
 
-One content-addressed TensorRT-LLM engine for one model: the unit of caching and reuse. The operator creates
+One content-addressed TensorRT-LLM engine for one model (or, for backend `transformers`, one staged
+checkpoint): the unit of caching and reuse. The operator creates
 EngineBuilds from SpeculativeDeployments (several deployments with the same model, quantization, parallelism,
 flags, builder image and GPU product share one); users only read them. The spec is immutable.
 """
@@ -48,7 +49,8 @@ class EngineCacheLocation(ApiModel):
     pvc_name: DnsSubdomain
     """PersistentVolumeClaim of the engine cache."""
     path: Annotated[str, StringConstraints(pattern=r"^[^\s]+$", min_length=1, max_length=1024)]
-    """Directory of the engine inside the claim (`config.json` plus one `rank<N>.engine` per rank)."""
+    """Directory of the engine inside the claim (`config.json` plus one `rank<N>.engine` per rank, or the
+    staged checkpoint)."""
 
 
 class EngineBuildSpec(ApiModel):
@@ -77,15 +79,21 @@ class EngineBuildSpec(ApiModel):
     build_flags: Annotated[
         list[Annotated[str, StringConstraints(min_length=1, max_length=256)]], Field(max_length=128)
     ]
-    """The rendered `trtllm-build` arguments, without `--checkpoint_dir`, `--output_dir` and `--workers`."""
+    """The rendered `trtllm-build` arguments, without `--checkpoint_dir`, `--output_dir` and `--workers`;
+    empty when no engine is built (a quantized or staged checkpoint)."""
+    stage_only: bool | None = None
+    """`true`: the checkpoint is only staged, downloaded as it is into the cache directory, for backend
+    `transformers` (no conversion, no build, no GPU). Unset: converted or quantized, then built into an engine
+    when `buildFlags` is not empty."""
     hash: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,64}$")]
-    """Content hash over model, revision, role, parallelism, quantization, build flags, builder image, GPU
-    product and cache claim: the engine's identity, computed by the operator
+    """Content hash over model, revision, role, parallelism, quantization, build flags, staging, builder
+    image, GPU product and cache claim: the engine's identity, computed by the operator
     (`EngineBuildSpec.content_hash()`)."""
     builder_image: Annotated[str, StringConstraints(pattern=r"^\S+$", min_length=1, max_length=512)]
     """Image that runs the build; it pins the TensorRT-LLM version."""
-    gpu_product: LabelValue
-    """GPU product the engine is built on and for (node label `nvidia.com/gpu.product`)."""
+    gpu_product: LabelValue | None = None
+    """GPU product the engine is built on and for (node label `nvidia.com/gpu.product`); unset for a staged
+    checkpoint, whose Job needs no GPU."""
     cache: EngineCacheLocation
     """Where the engine is stored."""
 
@@ -107,7 +115,7 @@ class EngineBuildStatus(ApiModel):
 
     phase: EngineBuildPhase | None = None
     """`Pending` (waiting for a GPU or the cache), `Running` (download, quantize, build), `Succeeded` (engine
-    in the cache) or `Failed` (out of retries)."""
+    or staged checkpoint in the cache) or `Failed` (out of retries)."""
     job_name: DnsSubdomain | None = None
     """Name of the current or last build Job."""
     attempts: Annotated[int, Field(ge=0)] | None = None
@@ -144,8 +152,9 @@ ENGINE_BUILD = ResourceInfo(
 
 
 class EngineBuild(ApiModel):
-    """One TensorRT-LLM engine for one model, content-addressed by `spec.hash` and shared by every
-    SpeculativeDeployment that needs the same engine. Created by the operator; read-only for users."""
+    """One TensorRT-LLM engine for one model (or a staged checkpoint, backend `transformers`),
+    content-addressed by `spec.hash` and shared by every SpeculativeDeployment that needs the same engine.
+    Created by the operator; read-only for users."""
 
     resource: ClassVar[ResourceInfo] = ENGINE_BUILD
 

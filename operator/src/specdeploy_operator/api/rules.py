@@ -16,13 +16,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from .base import Rule, Rules
+from .checkpoint import QuantizationSpec
 from .flags import MODELLED_BUILD_FLAGS, OPERATOR_BUILD_FLAGS, conflicting_args, conflicting_args_cel
 
 if TYPE_CHECKING:
+    from .autoscaling import AutoscalingSpec
     from .speculative import (
-        AutoscalingSpec,
         EngineCacheSpec,
         ModelSpec,
+        PlacementSpec,
         RolloutSpec,
         ServingSpec,
         SpeculativeDeploymentSpec,
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AUTOSCALING_RULES",
     "ENGINE_CACHE_RULES",
+    "PLACEMENT_RULES",
     "ROLLOUT_RULES",
     "SERVING_RULES",
     "SPECULATIVE_RULES",
@@ -147,11 +150,29 @@ def _model_rules(role: Literal["target", "draft"]) -> list[Rule[SpeculativeDeplo
         rule(
             "build-needs-tensorrt",
             f"self.backend == 'tensorrt' || !has({m}.build)",
-            f"{path}.build must not be set when spec.backend is pytorch "
-            "(only the tensorrt backend builds engines)",
+            f"{path}.build must not be set unless spec.backend is tensorrt "
+            "(only the tensorrt backend builds engines; pytorch and transformers load checkpoints)",
             ".build",
             lambda s, model: s.backend == "tensorrt" or model.build is None,
             reason="FieldValueForbidden",
+        ),
+        rule(
+            "quantization-not-for-transformers",
+            f"self.backend != 'transformers' || ({m}.quantization.format == 'none' && "
+            f"{m}.quantization.kvCacheDtype == 'auto' && {m}.quantization.calibSize == 512 && "
+            f"{m}.quantization.dtype == 'auto')",
+            f"{path}.quantization must be left at its defaults when spec.backend is transformers "
+            "(the checkpoint is served as it is, without quantization)",
+            ".quantization",
+            lambda s, model: s.backend != "transformers" or model.quantization == QuantizationSpec(),
+        ),
+        rule(
+            "single-device-for-transformers",
+            f"self.backend != 'transformers' || ({m}.tensorParallel == 1 && {m}.pipelineParallel == 1)",
+            f"{path}.tensorParallel and {path}.pipelineParallel must be 1 when spec.backend is transformers "
+            "(the reference backend runs each model on one device)",
+            ".tensorParallel",
+            lambda s, model: s.backend != "transformers" or model.gpus == 1,
         ),
         rule(
             "pipeline-parallel-without-speculation",
@@ -231,7 +252,8 @@ SPEC_RULES: Rules = (
     Rule["SpeculativeDeploymentSpec"](
         name="method-needs-pytorch",
         cel="!(self.speculative.method in ['eagle3', 'mtp']) || self.backend == 'pytorch'",
-        message="spec.speculative.method eagle3 and mtp need spec.backend pytorch",
+        message="spec.speculative.method eagle3 and mtp need spec.backend pytorch "
+        "(tensorrt and transformers run draftTarget, promptLookup and none)",
         field_path=".speculative.method",
         check=lambda s: s.speculative.method not in ("eagle3", "mtp") or s.backend == "pytorch",
     ),
@@ -265,11 +287,11 @@ SPEC_RULES: Rules = (
     ),
     Rule["SpeculativeDeploymentSpec"](
         name="replica-fits-on-node",
-        cel="self.target.tensorParallel * self.target.pipelineParallel + "
+        cel="self.placement.device == 'cpu' || self.target.tensorParallel * self.target.pipelineParallel + "
         "(has(self.draft) && self.placement.draft == 'dedicated' ? "
         "self.draft.tensorParallel * self.draft.pipelineParallel : 0) <= self.placement.gpusPerNode",
         message="GPUs per replica (spec.target.tensorParallel x spec.target.pipelineParallel, "
-        "plus the same of spec.draft when spec.placement.draft is dedicated) "
+        "plus the same of spec.draft when spec.placement.draft is dedicated; none on cpu) "
         "must not exceed spec.placement.gpusPerNode",
         field_path=".placement.gpusPerNode",
         check=_fits_on_node,
@@ -284,12 +306,19 @@ SPEC_RULES: Rules = (
     ),
     Rule["SpeculativeDeploymentSpec"](
         name="runtime-max-seq-len-needs-pytorch",
-        cel="!has(self.runtime.maxSeqLen) || self.backend == 'pytorch'",
-        message="spec.runtime.maxSeqLen is only for spec.backend pytorch "
+        cel="!has(self.runtime.maxSeqLen) || self.backend != 'tensorrt'",
+        message="spec.runtime.maxSeqLen is only for spec.backend pytorch and transformers "
         "(with tensorrt the engine fixes it: set spec.target.build.maxSeqLen)",
         field_path=".runtime.maxSeqLen",
-        check=lambda s: s.runtime.max_seq_len is None or s.backend == "pytorch",
+        check=lambda s: s.runtime.max_seq_len is None or s.backend != "tensorrt",
         reason="FieldValueForbidden",
+    ),
+    Rule["SpeculativeDeploymentSpec"](
+        name="cpu-needs-transformers",
+        cel="self.placement.device != 'cpu' || self.backend == 'transformers'",
+        message="spec.placement.device cpu needs spec.backend transformers (TensorRT-LLM runs only on GPUs)",
+        field_path=".placement.device",
+        check=lambda s: s.placement.device != "cpu" or s.backend == "transformers",
     ),
     *_model_rules("target"),
     *_model_rules("draft"),
@@ -297,6 +326,23 @@ SPEC_RULES: Rules = (
 
 
 # --- smaller sections----------------------------------------------------------------------------------------
+
+
+def _no_gpu_product_on_cpu(s: PlacementSpec) -> bool:
+    return s.device != "cpu" or s.gpu_product is None
+
+
+PLACEMENT_RULES: Rules = (
+    Rule["PlacementSpec"](
+        name="gpu-product-not-on-cpu",
+        # `has(self.device)` guards the apiserver's check of spec.placement's `default: {}` (see rollout).
+        cel="!has(self.device) || self.device != 'cpu' || !has(self.gpuProduct)",
+        message="spec.placement.gpuProduct must not be set when spec.placement.device is cpu",
+        field_path=".gpuProduct",
+        check=_no_gpu_product_on_cpu,
+        reason="FieldValueForbidden",
+    ),
+)
 
 
 def _one_chat_template(s: ServingSpec) -> bool:

@@ -11,6 +11,7 @@ from typing import Annotated, ClassVar, Final, Literal
 from pydantic import Field, StringConstraints
 
 from . import rules
+from .autoscaling import AutoscalingSpec
 from .base import GROUP, VERSION, ApiModel, PrinterColumn, ResourceInfo, Rules
 from .checkpoint import ModelSource, QuantizationSpec
 from .enginebuild import EngineBuildPhase
@@ -31,28 +32,22 @@ from .meta import (
 )
 
 __all__ = [
-    "DEFAULT_TARGETS",
     "AutoscalerRef",
-    "AutoscalingEngine",
-    "AutoscalingMetric",
-    "AutoscalingSpec",
     "Backend",
     "BuildSpec",
     "ConditionType",
+    "Device",
     "EagleSpec",
     "EngineCacheSpec",
     "EngineRef",
     "EngineRefs",
     "ImagesSpec",
-    "KedaSpec",
     "ModelSpec",
     "Phase",
     "PlacementSpec",
     "PromptLookupSpec",
     "RolloutSpec",
     "RuntimeSpec",
-    "ScaleDownSpec",
-    "ScaleUpSpec",
     "ServingSpec",
     "SpeculativeDeployment",
     "SpeculativeDeploymentSpec",
@@ -61,7 +56,8 @@ __all__ = [
     "SpeculativeSpec",
 ]
 
-Backend = Literal["tensorrt", "pytorch"]
+Backend = Literal["tensorrt", "pytorch", "transformers"]
+Device = Literal["gpu", "cpu"]
 SpeculativeMethod = Literal["draftTarget", "promptLookup", "eagle3", "mtp", "none"]
 Phase = Literal["Pending", "Building", "Deploying", "Ready", "Degraded", "Failed"]
 EnableDisable = Literal["enable", "disable"]
@@ -133,13 +129,16 @@ class ModelSpec(ApiModel):
     model: ModelSource
     """The checkpoint."""
     tensor_parallel: Annotated[int, Field(ge=1, le=64)] = 1
-    """Tensor-parallel degree: GPUs that each layer is split across (`--tp_size`)."""
+    """Tensor-parallel degree: GPUs that each layer is split across (`--tp_size`); 1 with backend
+    `transformers`, which runs each model on one device."""
     pipeline_parallel: Annotated[int, Field(ge=1, le=64)] = 1
-    """Pipeline-parallel degree (`--pp_size`); must be 1 while a speculative method is on."""
+    """Pipeline-parallel degree (`--pp_size`); must be 1 while a speculative method is on, and with backend
+    `transformers`."""
     quantization: QuantizationSpec = Field(
         default_factory=QuantizationSpec, json_schema_extra={"default": {}}
     )
-    """Checkpoint conversion and quantization."""
+    """Checkpoint conversion and quantization (backends `tensorrt` and `pytorch`); left at its defaults with
+    `transformers`, which serves the checkpoint as it is."""
     build: BuildSpec | None = None
     """Engine build settings; only with `spec.backend: tensorrt`."""
 
@@ -175,7 +174,7 @@ class SpeculativeSpec(ApiModel):
     method: SpeculativeMethod
     """`draftTarget`: a separate draft model proposes tokens (needs `spec.draft`). `promptLookup`: tokens are
     copied from matching n-grams of the prompt and output. `eagle3` / `mtp`: a draft head or multi-token
-    prediction layers (backend `pytorch`). `none`: plain decoding, the baseline for A/B comparisons."""
+    prediction layers (backend `pytorch` only). `none`: plain decoding, the baseline for A/B comparisons."""
     draft_len: Annotated[int, Field(ge=1, le=64)] | None = None
     """Tokens proposed per step (`draft_len`, `prompt_lookup_num_tokens`); at most `maxDraftLen`. Unset means
     `maxDraftLen`."""
@@ -202,19 +201,26 @@ class SpeculativeSpec(ApiModel):
 class PlacementSpec(ApiModel):
     """Where the pods run and how the draft shares GPUs with the target."""
 
+    validation_rules: ClassVar[Rules] = rules.PLACEMENT_RULES
+
+    device: Device = "gpu"
+    """`gpu`: each replica requests `spec.placement.gpuResource` GPUs on a node of `gpuProduct`, tolerating
+    the GPU taint. `cpu` (backend `transformers` only): no GPU request, GPU product label or GPU toleration;
+    the server runs on the CPU cores of `spec.serving.resources`, for clusters and tests without GPUs."""
     draft: Literal["colocated", "dedicated"] = "colocated"
     """`colocated`: the draft's executors share the target's GPUs (seed 000: TP2 70B + TP2 8B run four
     executors on two GPUs). `dedicated`: the draft gets GPUs of its own (seed 001: draft on GPU 0, target on
     GPU 1)."""
     gpu_product: LabelValue | None = None
     """GPU model to run on, matched against the node label `nvidia.com/gpu.product`, e.g.
-    `NVIDIA-H100-80GB-HBM3` or `NVIDIA-H200`. Engines are built for this product."""
+    `NVIDIA-H100-80GB-HBM3` or `NVIDIA-H200`. Engines are built for this product. Unset: the operator's
+    default product with `device: gpu`; must stay unset with `device: cpu`."""
     gpu_resource: QualifiedName = "nvidia.com/gpu"
     """Extended resource name that GPUs are requested as."""
     gpus_per_node: Annotated[int, Field(ge=1, le=64)] = 8
     """GPUs per node of the target pool; a replica (all its GPUs on one node) may not need more."""
     node_selector: Annotated[dict[str, str], Field(max_length=64)] | None = None
-    """Extra node labels the pods require, added to the GPU product label."""
+    """Extra node labels the pods require, added to the GPU product label (with `device: gpu`)."""
     tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = None
     """Tolerations added to the pods (GPU node taints, dedicated pools)."""
     affinity: Affinity | None = None
@@ -236,8 +242,8 @@ class RuntimeSpec(ApiModel):
     max_queue_size: Annotated[int, Field(ge=0)] | None = None
     """Most requests waiting in the executor queue (`max_queue_size`)."""
     max_seq_len: Annotated[int, Field(ge=1, le=16777216)] | None = None
-    """Longest sequence in tokens; backend `pytorch` only (with `tensorrt` it is fixed by `build.maxSeqLen`).
-    """
+    """Longest sequence in tokens, backends `pytorch` and `transformers` (the server's `maxModelLen`; unset:
+    the target's `max_position_embeddings`). With `tensorrt` the engine fixes it: `build.maxSeqLen`."""
     guaranteed_no_evict: bool | None = None
     """Schedule only requests whose KV cache is guaranteed to fit (`GUARANTEED_NO_EVICT`) instead of
     maximising utilisation (`guaranteed_no_evict`)."""
@@ -281,7 +287,10 @@ class ServingSpec(ApiModel):
     chat_template_config_map: ConfigMapKeyRef | None = None
     """ConfigMap key holding the chat template. Exclusive with `chatTemplate`."""
     resources: ResourceRequirements | None = None
-    """CPU and memory of the server container; GPUs follow from the models' parallelism."""
+    """CPU and memory of the server container; GPUs follow from the models' parallelism. With
+    `spec.placement.device: cpu` unset means the operator's defaults (`SPECDEPLOY_CPU_SERVING_*`: requests 1
+    CPU and 1Gi, limit 2Gi), and the CPU limit (else the request), rounded up, is the server's thread
+    count."""
     termination_grace_period_seconds: Annotated[int, Field(ge=15, le=86400)] | None = None
     """Seconds a stopping pod (scale-down, rollout, node drain) gets: 5 s still serving while endpoints are
     updated (a preStop sleep), then the server stops taking requests (SIGTERM) and drains the in-flight ones
@@ -290,7 +299,8 @@ class ServingSpec(ApiModel):
 
 
 class EngineCacheSpec(ApiModel):
-    """Shared storage for built engines, keyed by EngineBuild hash so identical builds are reused."""
+    """Shared storage for built engines (and the staged checkpoints of backend `transformers`), keyed by
+    EngineBuild hash so identical builds are reused."""
 
     validation_rules: ClassVar[Rules] = rules.ENGINE_CACHE_RULES
 
@@ -323,108 +333,25 @@ class RolloutSpec(ApiModel):
     """Pods that may be missing during a rollout (count or percentage)."""
 
 
-AutoscalingMetric = Literal["queueSeconds", "queueDepth"]
-AutoscalingEngine = Literal["hpa", "keda"]
-
-DEFAULT_TARGETS: Final[dict[str, float]] = {"queueSeconds": 10.0, "queueDepth": 8.0}
-"""`spec.autoscaling.target` when unset, per metric."""
-
-
-class ScaleUpSpec(ApiModel):
-    """How fast replicas are added. Defaults suit GPUs: react at once (a queue that builds up only gets
-    longer while a new pod loads its engines), up to 4 pods or doubling per minute, whichever is more."""
-
-    stabilization_window_seconds: Annotated[int, Field(ge=0, le=3600)] = 0
-    """The highest recommendation of this window is used before scaling up; 0 scales up at once."""
-    max_pods: Annotated[int, Field(ge=1, le=1024)] = 4
-    """At most this many pods added per `periodSeconds`."""
-    max_percent: Annotated[int, Field(ge=1, le=1000)] | None = 100
-    """At most this percentage of the current replicas added per `periodSeconds`; the larger of the two
-    limits applies. Unset: only `maxPods`."""
-    period_seconds: Annotated[int, Field(ge=1, le=1800)] = 60
-    """Length of the period the limits apply to."""
-
-
-class ScaleDownSpec(ApiModel):
-    """How fast replicas are removed. Defaults suit GPUs: a replica is expensive to bring back (node, engine
-    load), so scale down only after a 10-minute window of lower load, one pod every 2 minutes."""
-
-    stabilization_window_seconds: Annotated[int, Field(ge=0, le=3600)] = 600
-    """The highest recommendation of this window is used before scaling down, so a dip does not remove
-    pods."""
-    max_pods: Annotated[int, Field(ge=1, le=1024)] = 1
-    """At most this many pods removed per `periodSeconds`."""
-    max_percent: Annotated[int, Field(ge=1, le=100)] | None = None
-    """At most this percentage of the current replicas removed per `periodSeconds`; the larger of the two
-    limits applies. Unset: only `maxPods`."""
-    period_seconds: Annotated[int, Field(ge=1, le=1800)] = 120
-    """Length of the period the limits apply to."""
-
-
-class KedaSpec(ApiModel):
-    """The KEDA `ScaledObject` (with `engine: keda`): a Prometheus trigger on the server's metric."""
-
-    server_address: Annotated[str, StringConstraints(pattern=r"^https?://\S+$", max_length=512)] | None = None
-    """Prometheus base URL; unset uses the operator's `SPECDEPLOY_PROMETHEUS_URL`."""
-    query: Annotated[str, StringConstraints(min_length=1, max_length=4096)] | None = None
-    """PromQL returning the deployment's total of `metric` (summed over its pods; the HPA KEDA creates
-    divides it by the replica count). Unset: `sum(specdeploy_queue_seconds{namespace="<ns>",
-    pod=~"<name>-.*"})` (or `specdeploy_queue_depth`)."""
-    polling_interval_seconds: Annotated[int, Field(ge=1, le=3600)] = 15
-    """How often KEDA queries Prometheus."""
-    cooldown_period_seconds: Annotated[int, Field(ge=0, le=86400)] = 300
-    """With `minReplicas: 0`: how long after the last activity KEDA scales to zero."""
-
-
-class AutoscalingSpec(ApiModel):
-    """Horizontal autoscaling on the server's load signals. When set, the operator creates and owns a
-    HorizontalPodAutoscaler (or a KEDA ScaledObject) that scales this SpeculativeDeployment through its scale
-    subresource, and `spec.replicas` is what the autoscaler last chose; a manual `kubectl scale` is
-    overridden at its next sync. Removing `autoscaling` removes the autoscaler and `spec.replicas` rules."""
-
-    validation_rules: ClassVar[Rules] = rules.AUTOSCALING_RULES
-
-    engine: AutoscalingEngine = "hpa"
-    """`hpa`: a HorizontalPodAutoscaler reading the metric from the custom metrics API
-    (`custom.metrics.k8s.io`, e.g. prometheus-adapter). `keda`: a KEDA ScaledObject with a Prometheus
-    trigger (KEDA must be installed)."""
-    min_replicas: Annotated[int, Field(ge=0, le=1024)] = 1
-    """Fewest replicas; 0 only with `engine: keda`."""
-    max_replicas: Annotated[int, Field(ge=1, le=1024)]
-    """Most replicas; at least `minReplicas`."""
-    metric: AutoscalingMetric = "queueSeconds"
-    """Per-replica signal (a `Pods` metric, averaged over the replicas): `queueSeconds`
-    (`specdeploy_queue_seconds`: seconds of generation queued on the replica, i.e. tokens still to generate
-    for its waiting and running requests divided by its measured generation rate, which includes the
-    speculative speedup) or `queueDepth` (`specdeploy_queue_depth`: requests waiting plus running)."""
-    target: Annotated[float, Field(gt=0, le=1000000)] | None = None
-    """Average value of `metric` per replica to aim for; unset: 10 for `queueSeconds`, 8 for `queueDepth`."""
-    scale_up: ScaleUpSpec = Field(default_factory=ScaleUpSpec, json_schema_extra={"default": {}})
-    """Scale-up behaviour."""
-    scale_down: ScaleDownSpec = Field(default_factory=ScaleDownSpec, json_schema_extra={"default": {}})
-    """Scale-down behaviour."""
-    keda: KedaSpec | None = None
-    """KEDA settings; only with `engine: keda`."""
-
-    @property
-    def target_value(self) -> float:
-        """`target`, or the metric's default."""
-        return self.target if self.target is not None else DEFAULT_TARGETS[self.metric]
-
-
 # --- the resource -------------------------------------------------------------------------------------------
 
 
 class SpeculativeDeploymentSpec(ApiModel):
-    """Desired state: a target model served with a speculative decoding method on GPU nodes."""
+    """Desired state: a target model served with a speculative decoding method on GPU (or CPU) nodes."""
 
     validation_rules: ClassVar[Rules] = rules.SPEC_RULES
 
     replicas: Annotated[int, Field(ge=0, le=1024)] = 1
-    """Number of serving replicas; each runs the target (and the draft) on the GPUs of one node."""
+    """Number of serving replicas; each runs the target (and the draft) on the GPUs (or CPUs) of one node."""
     backend: Backend = "tensorrt"
     """`tensorrt`: engines built with `trtllm-build` and run by paired executors (seeds 000, 001, 003, 004).
-    `pytorch`: the TensorRT-LLM LLM API with a `speculative_config`, no engine build (seed 002)."""
+    `pytorch`: the TensorRT-LLM LLM API with a `speculative_config`, no engine build (seed 002).
+    `transformers`: Hugging Face checkpoints run by the specdeploy server's own speculative loop on the
+    transformers reference backend, on a GPU or (with `spec.placement.device: cpu`) on CPUs; methods
+    `draftTarget`, `promptLookup` and `none`, no quantization, no engine build (the checkpoint is staged
+    into the engine cache, or mounted for `pvc://`). For development, CPU clusters and GPUs without
+    TensorRT-LLM; not the fast path: no TensorRT-LLM kernels, no in-flight batching of the TensorRT-LLM
+    executor."""
     target: ModelSpec
     """The model whose output is served."""
     draft: ModelSpec | None = None
@@ -433,7 +360,7 @@ class SpeculativeDeploymentSpec(ApiModel):
     speculative: SpeculativeSpec
     """Speculative decoding method and draft lengths."""
     placement: PlacementSpec = Field(default_factory=PlacementSpec, json_schema_extra={"default": {}})
-    """GPU product, draft placement and pod scheduling."""
+    """Device (GPU or CPU), GPU product, draft placement and pod scheduling."""
     runtime: RuntimeSpec = Field(default_factory=RuntimeSpec, json_schema_extra={"default": {}})
     """Executor settings (the seed's `runtime.json`)."""
     serving: ServingSpec = Field(default_factory=ServingSpec, json_schema_extra={"default": {}})
@@ -449,7 +376,10 @@ class SpeculativeDeploymentSpec(ApiModel):
 
     @property
     def gpus_per_replica(self) -> int:
-        """GPUs one replica requests: the target's, plus the draft's when it is placed on dedicated GPUs."""
+        """GPUs one replica requests: the target's, plus the draft's when it is placed on dedicated GPUs; 0 on
+        CPUs."""
+        if self.placement.device == "cpu":
+            return 0
         gpus = self.target.gpus
         if self.draft is not None and self.placement.draft == "dedicated":
             gpus += self.draft.gpus
@@ -559,8 +489,8 @@ SPECULATIVE_DEPLOYMENT = ResourceInfo(
 
 class SpeculativeDeployment(ApiModel):
     """Serves an LLM with speculative decoding: a target model plus a draft model, prompt lookup, EAGLE-3 or
-    MTP, on GPU nodes, behind an OpenAI-compatible endpoint. The operator builds the engines (EngineBuild
-    objects), then runs the replicas."""
+    MTP, on GPU nodes (or CPU nodes, backend `transformers`), behind an OpenAI-compatible endpoint. The
+    operator builds the engines (EngineBuild objects), then runs the replicas."""
 
     resource: ClassVar[ResourceInfo] = SPECULATIVE_DEPLOYMENT
 

@@ -14,15 +14,14 @@ from .common import FIELD_MANAGER, labels, owner_reference, selector_labels, sel
 from .engines import build_engine_builds, cache_pvc_name, engine_build_name, needs_build
 from .job import BuildCommands, build_commands, build_job, job_name
 from .render import dump_yaml, render_children
+from .serverconfig import build_server_config, cpu_threads, device_placement
 from .serving import (
     build_cache_pvc,
     build_configmap,
     build_default_cache_pvc,
     build_deployment,
     build_pdb,
-    build_server_config,
     build_service,
-    device_placement,
     endpoint,
     pod_selector,
     status_selector,
@@ -49,6 +48,7 @@ __all__ = [
     "build_server_config",
     "build_service",
     "cache_pvc_name",
+    "cpu_threads",
     "device_placement",
     "dump_yaml",
     "endpoint",

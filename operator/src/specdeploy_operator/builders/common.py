@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
+from decimal import Decimal
 from typing import Any, Final
 
 from specdeploy_operator.api import API_VERSION, SpeculativeDeployment
@@ -17,6 +18,7 @@ __all__ = [
     "dns_label",
     "labels",
     "owner_reference",
+    "quantity_value",
     "selector_labels",
     "selector_string",
 ]
@@ -105,3 +107,33 @@ def metadata(
     if owners:
         meta["ownerReferences"] = owners
     return meta
+
+
+_QUANTITY = re.compile(
+    r"^(?P<number>[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+))(?:(?P<exponent>[eE][-+]?[0-9]+)|(?P<suffix>[a-zA-Z]*))$"
+)
+_QUANTITY_SUFFIXES: Final = {
+    "": Decimal(1),
+    "n": Decimal("1e-9"),
+    "u": Decimal("1e-6"),
+    "m": Decimal("1e-3"),
+    "k": Decimal("1e3"),
+    "M": Decimal("1e6"),
+    "G": Decimal("1e9"),
+    "T": Decimal("1e12"),
+    "P": Decimal("1e15"),
+    "E": Decimal("1e18"),
+    **{suffix: Decimal(1024**power) for power, suffix in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)},
+}
+
+
+def quantity_value(quantity: int | str) -> Decimal:
+    """The number a Kubernetes quantity stands for (`500m` -> 0.5, `2Gi` -> 2147483648, `1e3` -> 1000)."""
+    if isinstance(quantity, int):
+        return Decimal(quantity)
+    match = _QUANTITY.fullmatch(quantity)
+    if match is None or (match["exponent"] is None and match["suffix"] not in _QUANTITY_SUFFIXES):
+        raise ValueError(f"not a quantity: {quantity!r}")
+    if match["exponent"] is not None:
+        return Decimal(match["number"] + match["exponent"])
+    return Decimal(match["number"]) * _QUANTITY_SUFFIXES[match["suffix"]]

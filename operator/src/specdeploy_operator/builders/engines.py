@@ -1,4 +1,5 @@
-"""EngineBuilds of a SpeculativeDeployment: one per model that needs a build, content-addressed by hash."""
+"""EngineBuilds of a SpeculativeDeployment: one per model that needs a build (or, for backend `transformers`,
+a staged download), content-addressed by hash."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ __all__ = [
     "engine_dir",
     "engine_models",
     "gpu_product",
+    "is_staged",
     "needs_build",
 ]
 
@@ -41,11 +43,19 @@ def engine_models(sdep: SpeculativeDeployment) -> list[tuple[EngineRole, ModelSp
 
 def needs_build(sdep: SpeculativeDeployment, model: ModelSpec) -> bool:
     """Backend `tensorrt` always builds an engine; `pytorch` only produces a quantized checkpoint when
-    quantization is asked for."""
+    quantization is asked for; `transformers` stages every checkpoint that is not on a claim already
+    (`pvc://` is mounted into the serving pods as it is)."""
     if sdep.spec.backend == "tensorrt":
         return True
+    if is_staged(sdep):
+        return not model.model.uri.startswith("pvc://")
     quantization = model.quantization
     return quantization.format != "none" or quantization.kv_cache_dtype != "auto"
+
+
+def is_staged(sdep: SpeculativeDeployment) -> bool:
+    """Whether the deployment's EngineBuilds only stage checkpoints (backend `transformers`)."""
+    return sdep.spec.backend == "transformers"
 
 
 def gpu_product(sdep: SpeculativeDeployment, settings: OperatorSettings) -> str:
@@ -82,6 +92,7 @@ def _engine_build(
     spec = sdep.spec
     builder_image = (spec.images.builder if spec.images else None) or settings.builder_image
     flags = render_build_flags(spec, role) if spec.backend == "tensorrt" else []
+    staged = is_staged(sdep)
     draft = EngineBuildSpec(
         model=model.model,
         role=role,
@@ -90,9 +101,12 @@ def _engine_build(
         ),
         quantization=model.quantization,
         build_flags=flags,
+        stage_only=True if staged else None,
         hash=_HASH_PLACEHOLDER,
         builder_image=builder_image,
-        gpu_product=gpu_product(sdep, settings),
+        # A staged checkpoint is the same on every device: its Job needs no GPU, and GPU and CPU deployments
+        # share it.
+        gpu_product=None if staged else gpu_product(sdep, settings),
         cache=EngineCacheLocation(pvc_name=cache_pvc_name(sdep, settings), path="pending"),
     )
     hash_ = draft.content_hash()

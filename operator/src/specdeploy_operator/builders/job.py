@@ -1,6 +1,7 @@
 """The build Job of an EngineBuild: download -> quantize.py (or convert_checkpoint.py) -> trtllm-build ->
-completion marker. Each step is one container running one argv, so the rendered command lines are exactly the
-seed's (`build_commands`)."""
+completion marker, or for a staged checkpoint (`spec.stageOnly`, backend `transformers`) download straight
+into the cache -> completion marker, without a GPU. Each step is one container running one argv, so the
+rendered command lines are exactly the seed's (`build_commands`)."""
 
 from __future__ import annotations
 
@@ -43,10 +44,11 @@ GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
 
 @dataclass(frozen=True)
 class BuildCommands:
-    """The argv of each step of a build, in order; `download` is None for `pvc://` sources."""
+    """The argv of each step of a build, in order; `download` is None for `pvc://` sources, `checkpoint` is
+    None for a staged checkpoint."""
 
     download: list[str] | None
-    checkpoint: list[str]
+    checkpoint: list[str] | None
     build: list[str] | None
     complete: list[str]
     model_dir: str
@@ -135,6 +137,19 @@ def build_commands(engine_build: dict[str, Any], settings: OperatorSettings) -> 
     work = f"{cache}/work/{hash_}"
     out_dir = f"{cache}/{spec['cache']['path']}"
     source = ModelSource.model_validate(spec["model"])
+    if spec.get("stageOnly"):
+        download, _, _ = download_step(source, out_dir)
+        if download is None:
+            raise ValueError(f"{source.uri}: a pvc:// checkpoint is mounted, not staged")
+        marker = f"set -e; echo {hash_} > {shlex.quote(out_dir)}/{COMPLETION_MARKER}"
+        return BuildCommands(
+            download=download,
+            checkpoint=None,
+            build=None,
+            complete=["sh", "-c", marker],
+            model_dir=out_dir,
+            engine_dir=out_dir,
+        )
     download, model_dir, _ = download_step(source, f"{work}/model")
     is_engine = bool(spec["buildFlags"])  # pytorch: a quantized checkpoint, no engine
     checkpoint_dir = f"{work}/checkpoint" if is_engine else out_dir
@@ -178,9 +193,6 @@ def build_job(engine_build: dict[str, Any], settings: OperatorSettings | None = 
     commands = build_commands(engine_build, settings)
     source = ModelSource.model_validate(spec["model"])
     _, _, credential_env = download_step(source, "")
-    parallelism = spec.get("parallelism", {})
-    gpus = int(parallelism.get("tensorParallel", 1)) * int(parallelism.get("pipelineParallel", 1))
-    scheduling = gpu_scheduling(spec["gpuProduct"], gpus)
     image = spec["builderImage"]
     cache_mount = {"name": "engine-cache", "mountPath": settings.cache_mount_path}
     mounts: list[dict[str, Any]] = [cache_mount]
@@ -205,17 +217,28 @@ def build_job(engine_build: dict[str, Any], settings: OperatorSettings | None = 
             {"name": "model-credentials", "mountPath": CREDENTIALS_MOUNT, "readOnly": True}
         )
     steps: list[dict[str, Any]] = []
+    pod_scheduling: dict[str, Any] = {}
     if commands.download is not None:
         download: dict[str, Any] = {"name": "download", "image": image, "command": commands.download}
         if credential_env:
             download["env"] = credential_env
         download["volumeMounts"] = download_mounts
         steps.append(download)
-    step_name = "quantize" if "quantize" in commands.checkpoint[1] else "convert"
-    gpu_step = {"resources": scheduling["resources"], "volumeMounts": mounts}
-    steps.append({"name": step_name, "image": image, "command": commands.checkpoint, **gpu_step})
-    if commands.build is not None:
-        steps.append({"name": "build", "image": image, "command": commands.build, **gpu_step})
+    if commands.checkpoint is not None:
+        # Quantizing, converting and building run on the GPUs of the product the engine is for; staging a
+        # checkpoint is a download, and needs none.
+        parallelism = spec.get("parallelism", {})
+        gpus = int(parallelism.get("tensorParallel", 1)) * int(parallelism.get("pipelineParallel", 1))
+        scheduling = gpu_scheduling(spec["gpuProduct"], gpus)
+        pod_scheduling = {
+            "nodeSelector": scheduling["nodeSelector"],
+            "tolerations": scheduling["tolerations"],
+        }
+        step_name = "quantize" if "quantize" in commands.checkpoint[1] else "convert"
+        gpu_step = {"resources": scheduling["resources"], "volumeMounts": mounts}
+        steps.append({"name": step_name, "image": image, "command": commands.checkpoint, **gpu_step})
+        if commands.build is not None:
+            steps.append({"name": "build", "image": image, "command": commands.build, **gpu_step})
     complete = {"name": "complete", "image": image, "command": commands.complete, "volumeMounts": mounts}
     for container in [*steps, complete]:
         # A failed step's last log lines become its termination message (EngineBuild status.message).
@@ -243,8 +266,7 @@ def build_job(engine_build: dict[str, Any], settings: OperatorSettings | None = 
                 "metadata": {"labels": labels},
                 "spec": {
                     "restartPolicy": "Never",
-                    "nodeSelector": scheduling["nodeSelector"],
-                    "tolerations": scheduling["tolerations"],
+                    **pod_scheduling,
                     "initContainers": steps,
                     "containers": [complete],
                     "volumes": volumes,

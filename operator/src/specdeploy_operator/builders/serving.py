@@ -1,4 +1,5 @@
-"""Serving children of a SpeculativeDeployment: server configuration, ConfigMap, Deployment, Service, PDB."""
+"""Serving children of a SpeculativeDeployment: ConfigMap (the server configuration, `serverconfig.py`),
+Deployment, Service, PDB, and the engine-cache claims."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import hashlib
 import json
 from typing import Any, Final
 
-from specdeploy_operator.api import EngineRole, ModelSource, ModelSpec, SpeculativeDeployment
+from specdeploy_operator.api import SpeculativeDeployment
 
 from .common import (
     COMPONENT_LABEL,
@@ -21,8 +22,18 @@ from .common import (
     selector_labels,
     selector_string,
 )
-from .engines import cache_pvc_name, engine_models, gpu_product
+from .engines import cache_pvc_name, gpu_product
 from .job import CREDENTIALS_MOUNT, GPU_PRODUCT_LABEL, GPU_TOLERATION, download_step
+from .serverconfig import (
+    API_KEY_MOUNT,
+    CHAT_TEMPLATE_MOUNT,
+    MODELS_MOUNT,
+    PRESTOP_SECONDS,
+    build_server_config,
+    cpu_resources,
+    direct_sources,
+    grace_period,
+)
 from .settings import OperatorSettings
 
 __all__ = [
@@ -33,9 +44,7 @@ __all__ = [
     "build_default_cache_pvc",
     "build_deployment",
     "build_pdb",
-    "build_server_config",
     "build_service",
-    "device_placement",
     "endpoint",
     "pod_selector",
     "status_selector",
@@ -45,30 +54,6 @@ COMPONENT: Final = "server"
 CONFIG_HASH_ANNOTATION: Final = "specdeploy.dev/config-hash"
 CONFIG_MOUNT: Final = "/etc/specdeploy"
 CONFIG_FILE: Final = "server.yaml"
-API_KEY_MOUNT: Final = "/var/run/secrets/specdeploy/api-key"
-CHAT_TEMPLATE_MOUNT: Final = "/etc/specdeploy/chat-template"
-MODELS_MOUNT: Final = "/models"
-_BACKENDS: Final = {"tensorrt": "trtllm-engine", "pytorch": "trtllm-llmapi"}
-_SERVER_METHODS: Final = ("draftTarget", "promptLookup", "eagle3", "mtp", "none")
-
-
-PRESTOP_SECONDS: Final = 5
-"""The pod keeps taking requests this long after it is marked for deletion (a preStop sleep), while Services
-and load balancers stop routing to it; only then does the server get SIGTERM and start draining."""
-SHUTDOWN_MARGIN_SECONDS: Final = 5
-"""The server finishes draining this long before the kubelet's SIGKILL (uvicorn's backstop, model unload)."""
-
-
-def shutdown_timeout(sdep: SpeculativeDeployment, settings: OperatorSettings) -> int:
-    """The server's `shutdownTimeoutSeconds`: what is left of the grace period after the preStop sleep and the
-    margin (grace = preStop + drain + margin, docs/server.md)."""
-    return max(grace_period(sdep, settings) - PRESTOP_SECONDS - SHUTDOWN_MARGIN_SECONDS, 1)
-
-
-def grace_period(sdep: SpeculativeDeployment, settings: OperatorSettings) -> int:
-    """`terminationGracePeriodSeconds` of the serving pods: the spec's, else the operator's."""
-    grace = sdep.spec.serving.termination_grace_period_seconds
-    return grace if grace is not None else settings.termination_grace_period_seconds
 
 
 def _name(sdep: SpeculativeDeployment) -> str:
@@ -92,137 +77,6 @@ def endpoint(sdep: SpeculativeDeployment) -> str:
     """The OpenAI-compatible base URL written to `status.endpoint`."""
     namespace = sdep.metadata.namespace or "default"
     return f"http://{_name(sdep)}.{namespace}.svc:{sdep.spec.serving.port}/v1"
-
-
-def device_placement(sdep: SpeculativeDeployment) -> tuple[list[int], list[int] | None]:
-    """(target device ids, draft device ids or None). The target takes devices 0..TP*PP-1; a colocated draft
-    shares the first draft-TP of them, a dedicated one takes the devices after the target's."""
-    spec = sdep.spec
-    target = list(range(spec.target.gpus))
-    if spec.draft is None:
-        return target, None
-    draft_tp = spec.draft.tensor_parallel
-    start = 0 if spec.placement.draft == "colocated" else spec.target.gpus
-    return target, list(range(start, start + draft_tp))
-
-
-def _engine_path(
-    engines: dict[str, dict[str, Any]], role: EngineRole, settings: OperatorSettings
-) -> str | None:
-    engine = engines.get(role)
-    if engine is None:
-        return None
-    return f"{settings.cache_mount_path}/{engine['spec']['cache']['path']}"
-
-
-def _model_path(
-    sdep: SpeculativeDeployment,
-    role: EngineRole,
-    model: ModelSpec,
-    engines: dict[str, dict[str, Any]],
-    settings: OperatorSettings,
-) -> str:
-    built = _engine_path(engines, role, settings)
-    if built is not None:
-        return built
-    if sdep.spec.backend == "tensorrt":
-        # Serving is rendered only once every engine exists; never fall back to the raw checkpoint.
-        raise ValueError(f"no EngineBuild for the {role} engine: build the engines first")
-    return _source_path(model.model, role)
-
-
-def _source_path(source: ModelSource, role: str) -> str:
-    """Where a checkpoint the pod loads directly is found: downloaded by an init container into
-    `/models/<role>`, or mounted from its claim at `/models/source-<role>`."""
-    _, path, _ = download_step(source, f"{MODELS_MOUNT}/{role}")
-    return path.replace("/model-source", f"{MODELS_MOUNT}/source-{role}", 1)
-
-
-def _direct_sources(sdep: SpeculativeDeployment, built: set[str]) -> list[tuple[str, ModelSource]]:
-    """Checkpoints the serving pod loads as they are: models without an engine build, and the EAGLE-3
-    draft head."""
-    sources: list[tuple[str, ModelSource]] = [
-        (role, model.model) for role, model in engine_models(sdep) if role not in built
-    ]
-    eagle = sdep.spec.speculative.eagle
-    if sdep.spec.speculative.method == "eagle3" and eagle is not None:
-        sources.append(("eagle", eagle.model))
-    return sources
-
-
-def build_server_config(
-    sdep: SpeculativeDeployment,
-    engines: list[dict[str, Any]],
-    settings: OperatorSettings | None = None,
-) -> dict[str, Any]:
-    """The server configuration file (schema: docs/server.md, camelCase) for the deployment and its built
-    engines (EngineBuild dicts, as `build_engine_builds` returns them)."""
-    settings = settings or OperatorSettings()
-    spec = sdep.spec
-    by_role = {engine["spec"]["role"]: engine for engine in engines}
-    model: dict[str, Any] = {"target": _model_path(sdep, "target", spec.target, by_role, settings)}
-    if spec.draft is not None:
-        model["draft"] = _model_path(sdep, "draft", spec.draft, by_role, settings)
-    if spec.speculative.method == "eagle3" and spec.speculative.eagle is not None:
-        model["speculativeModel"] = _source_path(spec.speculative.eagle.model, "eagle")
-    if "target" in by_role and spec.backend == "tensorrt":
-        model["tokenizer"] = f"{model['target']}/tokenizer"
-    model["servedModelName"] = spec.target.model.uri.rstrip("/").rsplit("/", 1)[-1]
-    speculative: dict[str, Any] = {
-        "maxDraftLen": spec.speculative.max_draft_len,
-        "draftLen": spec.speculative.effective_draft_len,
-        "acceptance": spec.speculative.acceptance,
-    }
-    if spec.speculative.method in _SERVER_METHODS:
-        speculative = {"method": spec.speculative.method, **speculative}
-    if spec.speculative.prompt_lookup is not None:
-        speculative["promptLookup"] = {
-            "maxMatchingNgramSize": spec.speculative.prompt_lookup.max_matching_ngram_size
-        }
-    target_ids, draft_ids = device_placement(sdep)
-    placement: dict[str, Any] = {"device": "cuda", "targetDeviceIds": target_ids}
-    if draft_ids is not None:
-        placement["draftDeviceIds"] = draft_ids
-    runtime: dict[str, Any] = {}
-    rt = spec.runtime
-    for key, value in (
-        ("maxBatchSize", rt.max_batch_size),
-        ("maxQueueSize", rt.max_queue_size),
-        ("maxNumTokens", rt.max_num_tokens),
-        ("kvCacheFreeGpuMemFraction", rt.kv_cache_free_gpu_mem_fraction),
-        ("draftKvCacheFreeGpuMemFraction", rt.draft_kv_cache_free_gpu_mem_fraction),
-        ("enableKvCacheReuse", rt.enable_kv_cache_reuse),
-        ("enableChunkedContext", rt.enable_chunked_context),
-        ("guaranteedNoEvict", rt.guaranteed_no_evict),
-        ("maxSeqLen", rt.max_seq_len),
-        ("kvCacheHostMemoryMegabytes", rt.kv_cache_host_memory_megabytes),
-        ("kvCacheOnboardBlocks", rt.kv_cache_onboard_blocks),
-        ("enableBatchSizeTuning", rt.enable_batch_size_tuning),
-        ("enableMaxNumTokensTuning", rt.enable_max_num_tokens_tuning),
-        ("crossKvCacheFraction", rt.cross_kv_cache_fraction),
-        ("secondaryOffloadMinPriority", rt.secondary_offload_min_priority),
-        ("eventBufferMaxSize", rt.event_buffer_max_size),
-    ):
-        if value is not None:
-            runtime[key] = value
-    serving: dict[str, Any] = {
-        "host": "0.0.0.0",
-        "port": spec.serving.port,
-        "shutdownTimeoutSeconds": shutdown_timeout(sdep, settings),
-    }
-    if spec.serving.api_key_secret:
-        serving["apiKeyFile"] = f"{API_KEY_MOUNT}/api-key"
-    if spec.serving.chat_template or spec.serving.chat_template_config_map:
-        serving["chatTemplate"] = f"{CHAT_TEMPLATE_MOUNT}/template.jinja"
-    return {
-        "model": model,
-        "backend": _BACKENDS[spec.backend],
-        "speculative": speculative,
-        "placement": placement,
-        "runtime": runtime,
-        "serving": serving,
-        "logging": {"level": "INFO", "format": "json"},
-    }
 
 
 def configmap_name(sdep: SpeculativeDeployment) -> str:
@@ -281,7 +135,7 @@ def _volumes(
         )
         mounts.append({"name": "engine-cache", "mountPath": settings.cache_mount_path, "readOnly": True})
     built = {engine["spec"]["role"] for engine in engines}
-    for role, source in _direct_sources(sdep, built):
+    for role, source in direct_sources(sdep, built):
         argv, _, env = download_step(source, f"{MODELS_MOUNT}/{role}")
         if argv is None:
             claim = source.uri.removeprefix("pvc://").split("/", 1)[0]
@@ -354,6 +208,34 @@ def _builder_image(sdep: SpeculativeDeployment, settings: OperatorSettings) -> s
     return (sdep.spec.images.builder if sdep.spec.images else None) or settings.builder_image
 
 
+def _scheduling(
+    sdep: SpeculativeDeployment, settings: OperatorSettings
+) -> tuple[dict[str, Any], dict[str, str], list[dict[str, Any]]]:
+    """(container resources, nodeSelector, tolerations) of the serving pods. On GPUs: the replica's GPUs on a
+    node of the GPU product, tolerating the GPU taint, plus `spec.serving.resources`. On CPUs: no GPU
+    anywhere, `spec.serving.resources` or the operator's defaults. The user's selector and tolerations apply
+    to both."""
+    spec = sdep.spec
+    node_selector = dict(sorted((spec.placement.node_selector or {}).items()))
+    tolerations: list[dict[str, Any]] = []
+    if spec.placement.device == "cpu":
+        resources = cpu_resources(sdep, settings)
+    else:
+        gpus, resource = str(spec.gpus_per_replica), spec.placement.gpu_resource
+        resources = {"limits": {resource: gpus}, "requests": {resource: gpus}}
+        if spec.serving.resources is not None:
+            extra = spec.serving.resources.to_dict()
+            for key in ("requests", "limits"):
+                resources[key] = {**extra.get(key, {}), **resources[key]}
+        node_selector[GPU_PRODUCT_LABEL] = gpu_product(sdep, settings)
+        tolerations.append(dict(GPU_TOLERATION))
+    for toleration in spec.placement.tolerations or []:
+        item = toleration.to_dict()
+        if item not in tolerations:
+            tolerations.append(item)
+    return resources, node_selector, tolerations
+
+
 def build_deployment(
     sdep: SpeculativeDeployment, engines: list[dict[str, Any]], settings: OperatorSettings | None = None
 ) -> dict[str, Any]:
@@ -363,15 +245,9 @@ def build_deployment(
     spec = sdep.spec
     name = _name(sdep)
     port = spec.serving.port
-    gpus = spec.gpus_per_replica
-    resource = spec.placement.gpu_resource
     hashes = ",".join(f"{engine['spec']['role']}={engine['spec']['hash']}" for engine in engines)
     volumes, mounts, init = _volumes(sdep, engines, settings)
-    resources: dict[str, Any] = {"limits": {resource: str(gpus)}, "requests": {resource: str(gpus)}}
-    if spec.serving.resources is not None:
-        extra = spec.serving.resources.to_dict()
-        for key in ("requests", "limits"):
-            resources[key] = {**extra.get(key, {}), **resources[key]}
+    resources, node_selector, tolerations = _scheduling(sdep, settings)
     image = (spec.images.server if spec.images else None) or settings.server_image
     container: dict[str, Any] = {
         "name": "server",
@@ -385,18 +261,11 @@ def build_deployment(
         "livenessProbe": _probe("/health/live", port, 10, 6),
         "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SECONDS}}},
     }
-    node_selector = dict(sorted((spec.placement.node_selector or {}).items()))
-    node_selector[GPU_PRODUCT_LABEL] = gpu_product(sdep, settings)
-    tolerations = [dict(GPU_TOLERATION)]
-    for toleration in spec.placement.tolerations or []:
-        item = toleration.to_dict()
-        if item not in tolerations:
-            tolerations.append(item)
-    pod_spec: dict[str, Any] = {
-        "terminationGracePeriodSeconds": grace_period(sdep, settings),
-        "nodeSelector": node_selector,
-        "tolerations": tolerations,
-    }
+    pod_spec: dict[str, Any] = {"terminationGracePeriodSeconds": grace_period(sdep, settings)}
+    if node_selector:
+        pod_spec["nodeSelector"] = node_selector
+    if tolerations:
+        pod_spec["tolerations"] = tolerations
     if spec.placement.affinity is not None:
         pod_spec["affinity"] = spec.placement.affinity.to_dict()
     if spec.placement.priority_class_name:

@@ -68,6 +68,13 @@ class OperatorSettings(BaseModel):
     (`SPECDEPLOY_PROMETHEUS_URL`); the default is the Service the Prometheus Operator creates."""
     shm_size: str = "16Gi"
     """Size limit of the memory-backed `/dev/shm` of serving pods (`SPECDEPLOY_SHM_SIZE`)."""
+    cpu_serving_cpu_request: str = "1"
+    """CPU request of serving pods with `spec.placement.device: cpu` and no `spec.serving.resources`
+    (`SPECDEPLOY_CPU_SERVING_CPU_REQUEST`); it is also the server's thread count then."""
+    cpu_serving_memory_request: str = "1Gi"
+    """Memory request of those pods (`SPECDEPLOY_CPU_SERVING_MEMORY_REQUEST`)."""
+    cpu_serving_memory_limit: str = "2Gi"
+    """Memory limit of those pods (`SPECDEPLOY_CPU_SERVING_MEMORY_LIMIT`)."""
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> OperatorSettings:

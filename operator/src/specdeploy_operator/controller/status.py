@@ -349,9 +349,10 @@ def deployment_status(
     updated = int(dep_status.get("updatedReplicas") or 0) if serving.current else 0
     pods = [p for p in serving.pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
     # Pending for lack of GPUs (the scheduler's "Insufficient nvidia.com/gpu"): a cluster autoscaler adds
-    # nodes for these; anything else (taints, selectors, other resources) needs a person.
+    # nodes for these; anything else (taints, selectors, other resources) needs a person. A deployment on
+    # CPUs (0 GPUs per replica) never waits for GPU capacity.
     problems = [m for m in (scheduling_problem(p) for p in _by_creation(pods)) if m]
-    capacity = [m for m in problems if f"Insufficient {gpu_resource}" in m]
+    capacity = [m for m in problems if gpus_per_replica > 0 and f"Insufficient {gpu_resource}" in m]
     available = _available(serving, ready, desired_replicas)
 
     if engine_phase == "Failed":
