@@ -176,20 +176,30 @@ def test_example_goes_from_building_to_ready_with_its_jobs_gpus_and_endpoint(
         assert [c.command for c in template.init_containers] == [
             c["command"] for c in expected["spec"]["template"]["spec"]["initContainers"]
         ]
-        assert template.node_selector == expected["spec"]["template"]["spec"]["nodeSelector"]
-        gpu_step = template.init_containers[-1]
-        tp_pp = engine["spec"]["parallelism"]
-        gpus = tp_pp.get("tensorParallel", 1) * tp_pp.get("pipelineParallel", 1)
-        assert gpu_step.resources.requests["nvidia.com/gpu"] == str(gpus)
+        assert template.node_selector == expected["spec"]["template"]["spec"].get("nodeSelector")
+        if engine["spec"].get("stageOnly"):
+            # A staged checkpoint (backend transformers): a download, no GPU anywhere.
+            assert template.node_selector is None
+            assert not template.tolerations
+            assert all(not (c.resources and c.resources.requests) for c in template.init_containers)
+        else:
+            gpu_step = template.init_containers[-1]
+            tp_pp = engine["spec"]["parallelism"]
+            gpus = tp_pp.get("tensorParallel", 1) * tp_pp.get("pipelineParallel", 1)
+            assert gpu_step.resources.requests["nvidia.com/gpu"] == str(gpus)
         assert job.metadata.owner_references[0].kind == "EngineBuild"
 
     product = sdep.spec.placement.gpu_product or settings.default_gpu_product
     pods = cluster.pods(status["selector"])
     assert len(pods) == sdep.spec.replicas
     for pod in pods:
+        requests = pod.spec.containers[0].resources.requests or {}
+        if sdep.spec.placement.device == "cpu":
+            assert "nvidia.com/gpu" not in requests
+            assert not pod.spec.tolerations or all(t.key != "nvidia.com/gpu" for t in pod.spec.tolerations)
+            continue
         node = cluster.core.read_node(pod.spec.node_name)
         assert node.metadata.labels["nvidia.com/gpu.product"] == product
-        requests = pod.spec.containers[0].resources.requests
         assert requests["nvidia.com/gpu"] == str(sdep.spec.gpus_per_replica)
     assert status["endpoint"] == f"http://{name}.{cluster.namespace}.svc:{sdep.spec.serving.port}/v1"
     assert status["readyReplicas"] == status["replicas"] == status["updatedReplicas"] == sdep.spec.replicas
