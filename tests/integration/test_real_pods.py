@@ -235,3 +235,31 @@ def test_a_killed_server_is_restarted_and_the_service_resumes(served: tuple[Serv
     )
     assert got.choices[0].text == transformers_greedy(models / "target", PROMPTS[1], 12)
     assert s.status()["readyText"] == "1/1"
+
+
+def test_a_staging_job_that_needs_a_model_hub_runs_for_real_and_fails_with_the_download_error(
+    kubectl: Kubectl, api_client: client.ApiClient
+) -> None:
+    """examples/10 stages hf:// checkpoints: its Job runs for real (a CPU pod of the server image), no model
+    hub answers from this machine (`HF_HUB_OFFLINE=1`), and the EngineBuild says so instead of waiting."""
+    doc = yaml.safe_load((REPO / "examples" / "10-transformers-gpu-llama8b-1b.yaml").read_text())
+    core, custom = client.CoreV1Api(api_client), client.CustomObjectsApi(api_client)
+    with fresh_namespace(core, OPERATOR_NAMESPACE_PREFIX) as namespace:
+        doc["metadata"]["namespace"] = namespace
+        secret = doc["spec"]["target"]["model"].get("credentialsSecret")
+        if secret:
+            kubectl("create", "secret", "generic", secret, "-n", namespace, "--from-literal=HF_TOKEN=unused")
+        kubectl("apply", "--server-side", "-f", "-", input=json.dumps(doc))
+
+        def failed() -> dict[str, Any] | None:
+            items = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "enginebuilds")["items"]
+            target = [b for b in items if b["spec"]["role"] == "target"]
+            return target[0] if target and (target[0].get("status") or {}).get("phase") == "Failed" else None
+
+        build = wait_for(failed, timeout=180, interval=1, what="the target's staging to fail")
+        assert build["status"].get("message"), build["status"]
+        pods = core.list_namespaced_pod(namespace, label_selector="specdeploy.dev/engine-role=target").items
+        assert pods
+        statuses = [s for p in pods for s in p.status.init_container_statuses or []]
+        assert any(s.container_id and s.container_id.startswith("podrunner://") for s in statuses), statuses
+        assert any(s.state.terminated and s.state.terminated.exit_code != 0 for s in statuses), statuses

@@ -53,6 +53,7 @@ class ContainerRun:
         self.init = init
         self.env: dict[str, str] | None = None
         self.proc: subprocess.Popen[bytes] | None = None
+        self.container_id: str | None = None  # the last process's, kept after it exits (as the kubelet does)
         self.log_path: Path | None = None
         self.restarts = 0
         self.state: dict[str, Any] = {
@@ -73,6 +74,7 @@ class ContainerRun:
 
     def started_process(self, proc: subprocess.Popen[bytes], log_path: Path, at: str, mono: float) -> None:
         self.proc, self.log_path = proc, log_path
+        self.container_id = f"podrunner://{proc.pid}"
         self.state = {"running": {"startedAt": at}}
         self.exit_code = None
         self.restart_pending = False
@@ -103,7 +105,7 @@ class ContainerRun:
             "reason": "Completed" if code == 0 else "Error",
             "startedAt": started,
             "finishedAt": at,
-            "containerID": f"podrunner://{self.proc.pid}",
+            "containerID": self.container_id,
         }
         if message:
             terminated["message"] = message
@@ -159,7 +161,6 @@ class ContainerRun:
             "restartCount": self.restarts,
             "state": state,
             "lastState": self.last_state,
+            "containerID": self.container_id,
         }
-        if self.proc is not None:
-            out["containerID"] = f"podrunner://{self.proc.pid}"
         return {k: v for k, v in out.items() if v is not None}

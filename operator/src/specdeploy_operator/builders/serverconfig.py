@@ -184,7 +184,8 @@ def build_server_config(
         "placement": _placement(sdep, settings),
         "runtime": runtime,
         "serving": serving,
-        "logging": {"level": "INFO", "format": "json"},
+        # One access-log line per request: `kubectl logs` shows what the pod served.
+        "logging": {"level": "INFO", "format": "json", "accessLog": True},
     }
 
 
