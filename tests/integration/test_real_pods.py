@@ -13,11 +13,13 @@ import os
 import signal
 import socket
 import subprocess
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 from kubernetes import client
@@ -25,7 +27,7 @@ from openai import OpenAI
 from specdeploy_server.config import ServerConfig, config_digest
 
 from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
-from tests.integration.endpoints import ServiceEndpoints
+from tests.integration.endpoints import ServiceEndpoints, StreamingLoad
 from tests.server.conftest import hf_greedy_outputs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -263,3 +265,93 @@ def test_a_staging_job_that_needs_a_model_hub_runs_for_real_and_fails_with_the_d
         statuses = [s for p in pods for s in p.status.init_container_statuses or []]
         assert any(s.container_id and s.container_id.startswith("podrunner://") for s in statuses), statuses
         assert any(s.state.terminated and s.state.terminated.exit_code != 0 for s in statuses), statuses
+
+
+def _config_info(base: str) -> str:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:
+        metrics = resp.read().decode()
+    line: str = next(x for x in metrics.splitlines() if x.startswith("specdeploy_server_config_info{"))
+    return line
+
+
+def _wait_rolled_out(s: Served, replicas: int, timeout: float = 300) -> None:
+    def done() -> bool:
+        status = s.status()
+        obj = s.custom.get_namespaced_custom_object(
+            GROUP, VERSION, s.namespace, "speculativedeployments", s.name
+        )
+        current = status.get("observedGeneration") == obj["metadata"]["generation"]
+        pods = [p for p in s.pods() if p.metadata.deletion_timestamp is None]
+        return bool(
+            current
+            and status.get("phase") == "Ready"
+            and status.get("readyText") == f"{replicas}/{replicas}"
+            and len(pods) == replicas
+            and len(s.endpoints.ready()) == replicas
+        )
+
+    wait_for(done, timeout=timeout, interval=1, what=f"{s.name} rolled out with {replicas} ready replicas")
+
+
+def test_a_rolling_update_under_streaming_load_fails_and_truncates_nothing(
+    served: tuple[Served, Path],
+) -> None:
+    """2 replicas, the default rollout settings, 8 clients streaming back to back while `draftLen` changes:
+    every stream ends with a finish reason and [DONE], and the new pods serve the new configuration."""
+    s, _ = served
+    s.apply({"replicas": 2})
+    _wait_rolled_out(s, 2)
+    old = {p.metadata.uid for p in s.pods()}
+    load = StreamingLoad(s.endpoints, clients=8, max_tokens=24).start()
+    time.sleep(3)
+    s.apply({"replicas": 2, "speculative": {**s.doc["spec"]["speculative"], "draftLen": 3}})
+    _wait_rolled_out(s, 2)
+    time.sleep(3)
+    report = load.stop()
+    print(
+        f"rolling update under load: {report.sent} streams sent, {report.completed} completed, "
+        f"{len(report.failed)} failed, {len(report.truncated)} truncated, "
+        f"endpoints {sorted(report.endpoints)}"
+    )
+    assert report.failed == []
+    assert report.truncated == []
+    assert report.completed == report.sent > 8
+    assert not {p.metadata.uid for p in s.pods()} & old, "the pods were not replaced"
+    for endpoint in s.endpoints.ready():
+        assert 'draft_len="3"' in _config_info(f"http://{endpoint}")
+
+
+def test_a_deleted_pod_finishes_its_stream_in_flight_and_scaling_down_under_load_fails_nothing(
+    served: tuple[Served, Path], kubectl: Kubectl
+) -> None:
+    """A client reading slowly keeps a stream in flight through the pod's deletion: the preStop sleep,
+    SIGTERM, the drain; it still gets every token and [DONE]. Other clients stream through the scale-down."""
+    s, _ = served
+    s.apply({"replicas": 2, "speculative": {**s.doc["spec"]["speculative"], "draftLen": 3}})
+    _wait_rolled_out(s, 2)
+    victim = s.pods()[0]
+    ip = victim.status.pod_ip
+    body = {"model": "target", "prompt": PROMPTS[0], "max_tokens": 64, "temperature": 0, "stream": True}
+    load = StreamingLoad(s.endpoints, clients=4, max_tokens=16).start()
+    with (
+        httpx.Client() as http,
+        http.stream("POST", f"http://{ip}:8000/v1/completions", json=body, timeout=120) as resp,
+    ):
+        assert resp.status_code == 200
+        lines = resp.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        kubectl("delete", "pod", "-n", s.namespace, victim.metadata.name, "--wait=false")
+        time.sleep(8)  # past the 5 s preStop sleep: the server has had SIGTERM and is draining
+        live = s.core.read_namespaced_pod(victim.metadata.name, s.namespace)
+        assert live.metadata.deletion_timestamp is not None
+        rest = [line for line in lines if line.startswith("data: ")]
+    assert rest[-1] == "data: [DONE]"
+    finish = json.loads(rest[-2][6:])["choices"][0]["finish_reason"]
+    assert finish in ("length", "stop"), rest[-2]
+    assert first != rest[-1]
+    s.apply({"replicas": 1, "speculative": {**s.doc["spec"]["speculative"], "draftLen": 3}})
+    _wait_rolled_out(s, 1)
+    report = load.stop()
+    assert report.failed == []
+    assert report.truncated == []
+    assert report.completed == report.sent > 4
