@@ -71,6 +71,7 @@ from localcluster import LocalCluster
 
 from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
 from tests.docs.mdshell import SHELL_LANGUAGES, commands, fenced_blocks, inline_code
+from tests.integration.demo_models import make_demo_models
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
@@ -196,6 +197,16 @@ COMMANDS: dict[str, Row] = {
         "test_watch_scale_and_troubleshoot_commands", LOGS_WHY
     ),
     "kubectl logs deployment/NAME -c server": NotHere("test_watch_scale_and_troubleshoot_commands", LOGS_WHY),
+    # ... and calling make demo's CPU deployment, served for real
+    "kubectl port-forward svc/tiny-cpu 8000:8000 &": Here("test_calling_the_cpu_deployment_commands"),
+    (
+        "curl -s localhost:8000/v1/completions -H 'Content-Type: application/json'"
+        """ -d '{"model": "target", "prompt": "Speculative decoding", "max_tokens": 24, "temperature": 0}'"""
+    ): Here("test_calling_the_cpu_deployment_commands"),
+    "curl -s localhost:8000/metrics | grep -E '^specdeploy_(accepted_)?draft_tokens_total'": Here(
+        "test_calling_the_cpu_deployment_commands"
+    ),
+    "kubectl logs deploy/tiny-cpu --tail=3": Here("test_calling_the_cpu_deployment_commands"),
     ".venv/bin/specdeploy validate -f FILE": Here("test_validate_and_render_commands"),
     # The server
     ".venv/bin/specdeploy-server --help": Here("test_server_commands"),
@@ -976,6 +987,57 @@ def test_watch_scale_and_troubleshoot_commands(
             pods_of(sh, f"app.kubernetes.io/instance={SDEP},app.kubernetes.io/component=server"),
         )
         sh.tool("kubectl", "delete", "sdep", SDEP, "--wait=false")
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("operator", "install_crds")
+def test_calling_the_cpu_deployment_commands(
+    cluster_shell: Shell, kubectl: Kubectl, core: client.CoreV1Api, tmp_path: Path
+) -> None:
+    """What `make demo` serves for real, called as the README says: the demo's models and examples/09 in a
+    namespace of the session's operator, then port-forward, curl, /metrics and kubectl logs as written."""
+    sh = cluster_shell
+    with fresh_namespace(core, f"{OPERATOR_NAMESPACE_PREFIX}-readme") as namespace:
+        sh.run(
+            "kubectl config set-context --current --namespace=demo",
+            {"--namespace=demo": f"--namespace={namespace}"},
+        )
+        make_demo_models(kubectl, namespace, steps=40)
+        sh.tool("kubectl", "apply", "-f", "examples/09-transformers-cpu-tiny.yaml")
+
+        def ready() -> bool:
+            text = sh.tool("kubectl", "get", "sdep", "tiny-cpu", "-o", "jsonpath={.status.phase}").stdout
+            return text == "Ready"
+
+        wait_for(ready, timeout=240, interval=1, what="tiny-cpu Ready")
+        port = str(free_port())
+        log = tmp_path / "port-forward.log"
+        forward = sh.start(
+            "kubectl port-forward svc/tiny-cpu 8000:8000 &", log, {"8000:8000": f"{port}:8000"}
+        )
+        wait_for_text(log, rf"^Forwarding from 127\.0\.0\.1:{port}", forward, timeout=30)
+        completion = sh.run(
+            "curl -s localhost:8000/v1/completions -H 'Content-Type: application/json'"
+            """ -d '{"model": "target", "prompt": "Speculative decoding", "max_tokens": 24,"""
+            """ "temperature": 0}'""",
+            {"8000": port},
+        )
+        body = json.loads(completion.stdout)
+        assert body["model"] == "target", body
+        assert body["choices"][0]["text"], body
+        figures = sh.run(
+            "curl -s localhost:8000/metrics | grep -E '^specdeploy_(accepted_)?draft_tokens_total'",
+            {"8000": port},
+        ).stdout.splitlines()
+        assert [line.split("{")[0] for line in figures] == [
+            "specdeploy_draft_tokens_total",
+            "specdeploy_accepted_draft_tokens_total",
+        ], figures
+        assert float(figures[0].rsplit(" ", 1)[1]) > 0, figures
+        sh.stop(forward)
+        logged = sh.run("kubectl logs deploy/tiny-cpu --tail=3").stdout
+        assert "/v1/completions" in logged or "/metrics" in logged, logged
+        sh.tool("kubectl", "delete", "sdep", "tiny-cpu", "--wait=false")
 
 
 def pods_of(sh: Shell, selector: str) -> list[str]:

@@ -27,14 +27,14 @@ from openai import OpenAI
 from specdeploy_server.config import ServerConfig, config_digest
 
 from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
+from tests.integration.demo_models import make_demo_models
 from tests.integration.endpoints import ServiceEndpoints, StreamingLoad
 from tests.server.conftest import hf_greedy_outputs
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "09-transformers-cpu-tiny.yaml"
-MODELS_MANIFEST = REPO / "hack" / "demo-models.yaml"
 GROUP, VERSION = "specdeploy.dev", "v1alpha1"
-TRAINING_STEPS = "60"  # a short run: these tests check serving, not the models' quality
+TRAINING_STEPS = 60  # a short run: these tests check serving, not the models' quality
 PROMPTS = ["Speculative decoding", "The operator", "A pod"]
 
 pytestmark = pytest.mark.usefixtures("operator")
@@ -52,20 +52,6 @@ class Served:
         self.doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
         self.name: str = self.doc["metadata"]["name"]
         self.endpoints = ServiceEndpoints(api, namespace, self.name)
-
-    def make_models(self) -> Path:
-        """Run the demo's model Job; returns the claim's directory on this machine."""
-        docs = list(yaml.safe_load_all(MODELS_MANIFEST.read_text()))
-        job = next(d for d in docs if d["kind"] == "Job")
-        container = job["spec"]["template"]["spec"]["containers"][0]
-        container["command"] = [*container["command"], "--steps", TRAINING_STEPS]
-        self.kubectl("apply", "-n", self.namespace, "-f", "-", input=yaml.safe_dump_all(docs))
-        self.kubectl(
-            "wait", "-n", self.namespace, "--for=condition=complete", "job/demo-models", "--timeout=300s"
-        )
-        pvc = self.core.read_namespaced_persistent_volume_claim("demo-models", self.namespace)
-        pv = self.core.read_persistent_volume(pvc.spec.volume_name)
-        return Path(pv.spec.host_path.path)
 
     def apply(self, spec_patch: dict[str, Any] | None = None) -> None:
         doc = json.loads(json.dumps(self.doc))
@@ -101,7 +87,7 @@ class Served:
 def served(kubectl: Kubectl, api_client: client.ApiClient) -> Iterator[tuple[Served, Path]]:
     with fresh_namespace(client.CoreV1Api(api_client), OPERATOR_NAMESPACE_PREFIX) as namespace:
         served = Served(kubectl, api_client, namespace)
-        models = served.make_models()
+        models = make_demo_models(kubectl, namespace, TRAINING_STEPS)
         served.apply()
         served.wait_ready()
         yield served, models

@@ -25,3 +25,18 @@ def test_the_digest_ignores_key_order_but_not_values() -> None:
     b = {"backend": "auto", "model": {"draft": "/d", "target": "/m"}}
     assert config_digest(a) == config_digest(b)
     assert config_digest(a) != config_digest({**a, "backend": "pytorch-reference"})
+
+
+def test_the_access_log_leaves_out_the_kubelets_probes() -> None:
+    import logging
+
+    from specdeploy_server.cli import _without_probes
+
+    def record(path: str) -> logging.LogRecord:
+        args = ("198.18.0.1:5000", "GET", path, "1.1", 200)
+        return logging.LogRecord("uvicorn.access", logging.INFO, "", 0, '%s - "%s %s HTTP/%s" %d', args, None)
+
+    assert not _without_probes(record("/health/ready"))
+    assert not _without_probes(record("/health/live"))
+    assert _without_probes(record("/v1/completions"))
+    assert _without_probes(record("/metrics"))

@@ -169,6 +169,15 @@ class _JsonFormatter(logging.Formatter):
         return json.dumps(payload)
 
 
+def _without_probes(record: logging.LogRecord) -> bool:
+    """uvicorn's access-log records carry (client, method, path, http version, status) as args."""
+    args = record.args if isinstance(record.args, tuple) else ()
+    return not (len(args) > 2 and str(args[2]).startswith(_PROBE_PATHS))
+
+
+_PROBE_PATHS = ("/health/ready", "/health/live")
+
+
 def setup_logging(config: ServerConfig) -> None:
     handler = logging.StreamHandler(sys.stderr)
     if config.logging.format == "json":
@@ -233,17 +242,19 @@ def serve(config: ServerConfig) -> None:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
 
-    server = _Server(
-        uvicorn.Config(
-            app,
-            host=config.serving.host,
-            port=config.serving.port,
-            log_level=config.logging.level.lower(),
-            access_log=config.logging.access_log,
-            # A backstop only: the engine ends every request by shutdown_timeout, which ends its response;
-            # uvicorn cuts connections still open this much later (a client that stopped reading).
-            timeout_graceful_shutdown=math.ceil(shutdown_timeout) + HTTP_BACKSTOP_SECONDS,
-        )
+    uvicorn_config = uvicorn.Config(
+        app,
+        host=config.serving.host,
+        port=config.serving.port,
+        log_level=config.logging.level.lower(),
+        access_log=config.logging.access_log,
+        # A backstop only: the engine ends every request by shutdown_timeout, which ends its response;
+        # uvicorn cuts connections still open this much later (a client that stopped reading).
+        timeout_graceful_shutdown=math.ceil(shutdown_timeout) + HTTP_BACKSTOP_SECONDS,
     )
+    # uvicorn set up its loggers just now: the access log leaves out the kubelet's probes (a line every few
+    # seconds per pod would bury the requests).
+    logging.getLogger("uvicorn.access").addFilter(_without_probes)
+    server = _Server(uvicorn_config)
     log.info("serving %s on %s:%d", config.model.name, config.serving.host, config.serving.port)
     server.run()
