@@ -184,6 +184,7 @@ def token_kubeconfig(admin: Path, token: str, path: Path) -> Path:
     return path
 
 
+@pytest.mark.parametrize("mode", ["cluster-wide-peering", "namespaced"])
 def test_operator_reconciles_with_only_the_charts_rbac(  # noqa: PLR0917 (pytest fixtures)
     helm: Helm,
     kubectl: Kubectl,

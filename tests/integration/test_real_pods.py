@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ import pytest
 import yaml
 from kubernetes import client
 from openai import OpenAI
+from specdeploy_operator.builders.serverconfig import PRESTOP_SECONDS
 from specdeploy_server.config import ServerConfig, config_digest
 
 from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
@@ -307,35 +309,50 @@ def test_a_rolling_update_under_streaming_load_fails_and_truncates_nothing(
         assert 'draft_len="3"' in _config_info(f"http://{endpoint}")
 
 
-def test_a_deleted_pod_finishes_its_stream_in_flight_and_scaling_down_under_load_fails_nothing(
+def test_a_deleted_pod_finishes_its_streams_in_flight_and_scaling_down_under_load_fails_nothing(
     served: tuple[Served, Path], kubectl: Kubectl
 ) -> None:
-    """A client reading slowly keeps a stream in flight through the pod's deletion: the preStop sleep,
-    SIGTERM, the drain; it still gets every token and [DONE]. Other clients stream through the scale-down."""
+    """A pod deleted with more work in flight than it can finish before its preStop sleep ends: it keeps
+    serving through the sleep, gets SIGTERM, drains, and every one of its streams ends with a finish reason
+    and [DONE] (some after the SIGTERM, so the drain itself is what completed them). Meanwhile other clients
+    stream through the scale-down from 2 replicas to 1 without an error."""
     s, _ = served
-    s.apply({"replicas": 2, "speculative": {**s.doc["spec"]["speculative"], "draftLen": 3}})
+    spec = {"replicas": 2, "speculative": {**s.doc["spec"]["speculative"], "draftLen": 3}}
+    s.apply(spec)
     _wait_rolled_out(s, 2)
     victim = s.pods()[0]
-    ip = victim.status.pod_ip
-    body = {"model": "target", "prompt": PROMPTS[0], "max_tokens": 64, "temperature": 0, "stream": True}
+    url = f"http://{victim.status.pod_ip}:8000/v1/completions"
+    body = {"model": "target", "prompt": PROMPTS[0], "max_tokens": 400, "temperature": 0, "stream": True}
+    results: list[tuple[str | None, bool, float]] = []
+    lock = threading.Lock()
+
+    def stream() -> None:
+        finish, done = None, False
+        with httpx.Client() as http, http.stream("POST", url, json=body, timeout=180) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    finish = json.loads(line[6:])["choices"][0].get("finish_reason") or finish
+        with lock:
+            results.append((finish, done, time.monotonic()))
+
+    streams = [threading.Thread(target=stream) for _ in range(32)]
+    for thread in streams:
+        thread.start()
+    time.sleep(1)
+    deleted = time.monotonic()
+    kubectl("delete", "pod", "-n", s.namespace, victim.metadata.name, "--wait=false")
     load = StreamingLoad(s.endpoints, clients=4, max_tokens=16).start()
-    with (
-        httpx.Client() as http,
-        http.stream("POST", f"http://{ip}:8000/v1/completions", json=body, timeout=120) as resp,
-    ):
-        assert resp.status_code == 200
-        lines = resp.iter_lines()
-        first = next(line for line in lines if line.startswith("data: "))
-        kubectl("delete", "pod", "-n", s.namespace, victim.metadata.name, "--wait=false")
-        time.sleep(8)  # past the 5 s preStop sleep: the server has had SIGTERM and is draining
-        live = s.core.read_namespaced_pod(victim.metadata.name, s.namespace)
-        assert live.metadata.deletion_timestamp is not None
-        rest = [line for line in lines if line.startswith("data: ")]
-    assert rest[-1] == "data: [DONE]"
-    finish = json.loads(rest[-2][6:])["choices"][0]["finish_reason"]
-    assert finish in ("length", "stop"), rest[-2]
-    assert first != rest[-1]
-    s.apply({"replicas": 1, "speculative": {**s.doc["spec"]["speculative"], "draftLen": 3}})
+    for thread in streams:
+        thread.join(timeout=180)
+    assert len(results) == 32, "a stream raised (see the thread's exception above)"
+    assert all(done and finish == "length" for finish, done, _ in results), results
+    last = max(at for _, _, at in results) - deleted
+    print(f"deleted pod: 32 streams of 400 tokens all completed, the last {last:.1f} s after the deletion")
+    assert last > PRESTOP_SECONDS, "all streams ended before SIGTERM: the drain was not exercised"
+    s.apply({**spec, "replicas": 1})
     _wait_rolled_out(s, 1)
     report = load.stop()
     assert report.failed == []

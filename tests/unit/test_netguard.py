@@ -90,10 +90,12 @@ def test_a_live_loopback_connection_of_this_process_is_not_a_violation() -> None
     client = socket.create_connection(server.getsockname())
     accepted, _ = server.accept()
     try:
-        assert [s for s in offhost_sockets([os.getpid()]) if s[0] == os.getpid()] == []
+        ours = {f"127.0.0.1:{client.getsockname()[1]}", f"127.0.0.1:{accepted.getsockname()[1]}"}
+        # This process may hold other sockets (earlier tests of the session); these two are never reported.
+        assert [c for _, _, c in offhost_sockets([os.getpid()]) if c.local in ours] == []
         guard = NetGuard(lambda: [os.getpid()])
         guard.sample()
-        assert guard.violations == []
+        assert not [v for v in guard.violations if any(local in v for local in ours)]
         assert guard.samples == 1
     finally:
         for s in (accepted, client, server):
