@@ -13,15 +13,19 @@ trial the queue gauges are back to 0 and the backend holds no state for any requ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import httpx
 import pytest
 from specdeploy_server import testing
+from specdeploy_server.api.app import create_app
 from specdeploy_server.api.serving import OpenAIServing, Prepared, ServingSettings
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.backends.standin import StandInTarget, standin_engine
@@ -32,7 +36,7 @@ from specdeploy_server.core.types import SamplingParams
 from specdeploy_server.engine import Engine, EngineClient
 from specdeploy_server.metrics import ServerMetrics
 
-from tests.server.conftest import TinyModels
+from tests.server.conftest import TinyModels, run_live
 from tests.server.trtllm_double import DoubleState, trtllm_double, write_engine
 
 __all__ = ["trtllm_double"]
@@ -239,7 +243,7 @@ def test_trtllm_engine_double(
         held = [(c.name, dict(c._pending), dict(c._by_seq)) for c in clients if c._pending or c._by_seq]
         return f"executor requests left: {held}" if held else None
 
-    tally = asyncio.run(_run_trials(_rescheduled(engine), encoded, 30, settled))
+    tally = asyncio.run(_run_trials(_rescheduled(engine), encoded, 24, settled))
     asyncio.run(engine.stop(1))
     _check(tally)
 
@@ -280,5 +284,72 @@ def test_standins(draft: bool) -> None:
         return f"never released: {sorted(left)}" if left else None
 
     prompts = [[97 + i, 98 + i] for i in range(6)]
-    tally = asyncio.run(_run_trials(_rescheduled(engine, settings), prompts, 80, settled))
+    tally = asyncio.run(_run_trials(_rescheduled(engine, settings), prompts, 60, settled))
     _check(tally)
+
+
+# ------------------------------------------------------------------------------------- over real HTTP
+def test_real_disconnects_over_http() -> None:
+    """The same over uvicorn and real connections: clients that hang up (a read timeout on a non-streamed
+    request, a stream closed after a few events) at random moments, next to innocent requests."""
+    settings = SchedulerSettings(max_batch_size=4, draft_len=3)
+    engine, target = standin_engine(0.002, 0.0005, alpha=0.6, settings=settings)
+    app = create_app(engine, served_model_name=MODEL)
+    rng = random.Random(7)
+
+    async def one(client: httpx.AsyncClient, i: int) -> str | None:
+        kind = rng.choice(["length", "stop", "hang-up", "close-stream"])
+        stream = kind == "close-stream" or rng.random() < 0.5
+        body: dict[str, Any] = {"model": MODEL, "prompt": f"p{i}", "temperature": 0, "stream": stream}
+        body["max_tokens"] = rng.randint(1, 16) if kind in ("length", "stop") else 4000  # seconds of work
+        if kind == "stop":
+            body["stop"] = ["e", "t"]
+        if kind == "hang-up":  # the client gives up at a random moment: its connection is closed
+
+            async def read_all() -> None:
+                async with client.stream("POST", "/v1/completions", json=body) as response:
+                    async for _ in response.aiter_lines():
+                        pass
+
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(read_all(), rng.uniform(0.001, 0.05))
+            return None
+        if stream:
+            finish = None
+            async with client.stream("POST", "/v1/completions", json=body) as response:
+                events = 0
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    payload = json.loads(line[len("data: ") :])
+                    if "error" in payload:
+                        return f"error event: {payload['error']['message']}"
+                    finish = payload["choices"][0]["finish_reason"] if payload["choices"] else finish
+                    events += 1
+                    if kind == "close-stream" and events >= rng.randint(1, 4):
+                        return None
+            return None if finish in ("length", "stop") else f"stream ended with {finish}"
+        response = await client.post("/v1/completions", json=body)
+        if response.status_code != 200:
+            return f"HTTP {response.status_code}: {response.text}"
+        finish = response.json()["choices"][0]["finish_reason"]
+        return None if finish in ("length", "stop") else f"finished with {finish}"
+
+    async def main(base_url: str) -> list[str | None]:
+        async with httpx.AsyncClient(base_url=base_url, timeout=30) as client:
+            problems: list[str | None] = []
+            for wave in range(10):
+                problems += await asyncio.gather(*(one(client, 10 * wave + i) for i in range(10)))
+            return problems
+
+    with run_live(app) as live:
+        problems = asyncio.run(main(live.base_url))
+        deadline = time.monotonic() + 1  # far less than the abandoned requests' own length
+        while time.monotonic() < deadline and engine.queue_depth:
+            time.sleep(0.02)
+        metrics = httpx.get(f"{live.base_url}/metrics").text
+    assert [p for p in problems if p is not None] == []
+    assert f'specdeploy_queue_depth{{model="{MODEL}"}} 0.0' in metrics
+    assert f'specdeploy_requests_in_flight{{model="{MODEL}"}} 0.0' in metrics
+    seen: set[str] = set().union(*target.seen)
+    assert seen - target.released == set()
