@@ -251,23 +251,24 @@ def test_trtllm_engine_double(
 def test_trtllm_llmapi_double(
     tiny_models: TinyModels, trtllm_double: DoubleState, encoded: list[list[int]]
 ) -> None:
-    config = {"model": {"target": str(tiny_models.target)}, "backend": "trtllm-llmapi"}
-    config["speculative"] = {"method": "none"}
-    built = build_engine(ServerConfig.model_validate(config))
-    assert isinstance(built, LlmApiEngine)
-    tokenizer: Any = built.tokenizer
+    config = {
+        "model": {"target": str(tiny_models.target)},
+        "backend": "trtllm-llmapi",
+        "speculative": {"method": "none"},
+        "runtime": {"maxBatchSize": 8, "maxQueueSize": 64},
+    }
 
-    def fresh() -> EngineClient:
-        return LlmApiEngine(
-            built._llm, built._sampling_params, tokenizer, built.info, max_batch_size=8, max_queue_size=64
-        )
+    def fresh() -> EngineClient:  # a drain shuts the LLM down: a new one per trial
+        engine = build_engine(ServerConfig.model_validate(config))
+        assert isinstance(engine, LlmApiEngine)
+        return engine
 
     async def settled(engine: EngineClient) -> str | None:
         assert isinstance(engine, LlmApiEngine)
         held = {**engine._remaining, **engine._outputs}
         return f"requests left: {held}" if held else None
 
-    tally = asyncio.run(_run_trials(fresh, encoded, 30, settled))
+    tally = asyncio.run(_run_trials(fresh, encoded, 24, settled))
     _check(tally)
 
 
