@@ -1,6 +1,6 @@
 """Run the server benchmarks and write docs/benchmarks-server.md.
 
-python -m benchmarks.server                 # all four (about 4-5 minutes on 2 CPU cores)
+python -m benchmarks.server                 # all five (about 5-6 minutes on 2 CPU cores)
 python -m benchmarks.server --only 1,3      # a subset
 python -m benchmarks.server --quick         # shorter runs, for a smoke check
 """
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks-server.md"
-ALL = "1,2,3,4"
+ALL = "1,2,3,4,5"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -54,6 +54,15 @@ def main(argv: list[str] | None = None) -> None:
 
         res4 = concurrency.run(requests=4 if args.quick else 8, max_new=32 if args.quick else 64)
         sections.append("## 4. Reference backend under concurrency (CPU)\n\n" + concurrency.table(res4))
+        print(sections[-1], flush=True)
+
+    if 5 in only:
+        from benchmarks.server import loop_lag  # noqa: PLC0415
+
+        res5 = loop_lag.run(requests=300 if args.quick else 1000, seconds=2.0 if args.quick else 5.0)
+        sections.append(
+            "## 5. Event-loop lag under HTTP work (stand-in executors)\n\n" + loop_lag.table(res5)
+        )
         print(sections[-1], flush=True)
 
     import torch  # noqa: PLC0415

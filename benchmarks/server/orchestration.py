@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from specdeploy_server.backends.standin import StandInDraft, StandInTarget, standin_engine
 from specdeploy_server.core.drafters import DraftModelDrafter
-from specdeploy_server.core.scheduler import SchedulerSettings
+from specdeploy_server.core.scheduler import SchedulerSettings, StepSpeculation
 from specdeploy_server.core.types import SamplingParams
 
 
@@ -79,7 +79,7 @@ async def _run(
             if measuring:
                 marks.append((time.perf_counter(), stats.emitted, stats.sequence_steps, busy()))
 
-        def on_sequence_step(self, drafted: int, accepted: int) -> None:
+        def on_speculation(self, step: StepSpeculation) -> None:
             return None
 
     engine.scheduler.observer = _Marker()

@@ -118,8 +118,9 @@ def test_finished_requests_leave_no_kv_cache_behind(tiny_models: TinyModels) -> 
         assert isinstance(target, ReferenceTargetExecutor)
         assert isinstance(drafter, DraftModelDrafter)
         assert isinstance(drafter.executor, ReferenceDraftExecutor)
+        # released between steps, on the backend's worker thread: done once the engine has stopped
+        await engine.stop(5)
         assert target.model._kv == {}
         assert drafter.executor.model._kv == {}
-        await engine.stop(5)
 
     asyncio.run(main())

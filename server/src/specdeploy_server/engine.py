@@ -25,10 +25,20 @@ class ModelInfo:
 
 @dataclass
 class Generation:
-    """A handle on one running request: its outputs and its statistics."""
+    """A handle on one running request: its outputs and its statistics.
+
+    ``close()`` ends the request whether or not its outputs were ever iterated (an async generator that was
+    never started runs no ``finally`` when closed): whoever gave up on a generation calls it.
+    """
 
     outputs: AsyncGenerator[StepOutput, None]
     stats: SeqStats
+    cancel: Callable[[], None] | None = None
+
+    async def close(self) -> None:
+        await self.outputs.aclose()
+        if self.cancel is not None:
+            self.cancel()
 
 
 class EngineClient(Protocol):
@@ -117,7 +127,7 @@ class Engine:
             stop_token_ids=self.tokenizer.eos_token_ids,
         )
         self.scheduler.add(seq)
-        return Generation(self._stream(seq), seq.stats)
+        return Generation(self._stream(seq), seq.stats, lambda: self.scheduler.abort(seq))
 
     async def _stream(self, seq: SequenceState) -> AsyncGenerator[StepOutput, None]:
         try:
@@ -129,8 +139,7 @@ class Engine:
                 if item.finish_reason is not None:
                     return
         finally:
-            if seq.finished is None:
-                self.scheduler.abort(seq)
+            self.scheduler.abort(seq)  # nothing to do unless it is still waiting or running
 
     async def start(self) -> None:
         self.scheduler.start()

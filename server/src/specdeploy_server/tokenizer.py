@@ -23,6 +23,10 @@ class ChatTemplateError(ValueError):
 
 class Tokenizer(Protocol):
     eos_token_ids: frozenset[int]
+    #: the most characters one token stands for (None: unknown), so ``len(text) / max_chars_per_token`` is a
+    #: lower bound of the tokens of ``text``: the serving layer refuses a prompt that cannot fit the context
+    #: before tokenising it
+    max_chars_per_token: int | None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
@@ -76,6 +80,17 @@ def find_chat_template(model_dir: Path, override: Path | None) -> str | None:
     return None
 
 
+def longest_token(tok: Any) -> int | None:
+    """The longest vocabulary entry, in characters of its token string. Byte-level BPE writes each byte as
+    one character and SentencePiece each character as itself, so no token decodes to more characters than
+    its string has (a normaliser that deletes characters would break this bound; LLM tokenizers have none)."""
+    try:
+        vocab = tok.get_vocab()
+    except (AttributeError, NotImplementedError):
+        return None
+    return max((len(token) for token in vocab), default=0) or None
+
+
 class HFTokenizer:
     """A Hugging Face tokenizer from local files (``tokenizer.json`` + ``tokenizer_config.json``)."""
 
@@ -95,6 +110,7 @@ class HFTokenizer:
             elif isinstance(value, list):
                 eos.update(int(v) for v in value)
         self.eos_token_ids = frozenset(eos)
+        self.max_chars_per_token = longest_token(self._tok)
         source = find_chat_template(path, chat_template) or getattr(self._tok, "chat_template", None)
         self._chat: ChatTemplate | None = None
         if isinstance(source, str) and source:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,14 +26,12 @@ from specdeploy_server.api.errors import (
     RouteNotFoundError,
 )
 from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest
-from specdeploy_server.api.serving import OpenAIServing, ServingSettings
+from specdeploy_server.api.serving import OpenAIServing, Run, ServingSettings
 from specdeploy_server.engine import EngineClient, ObservableEngine
 from specdeploy_server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-_DISCONNECT_POLL_SECONDS = 0.1
 
 
 @dataclass
@@ -189,16 +187,16 @@ def _install_routes(app: FastAPI, state: AppState) -> None:
     async def completions(body: CompletionRequest, request: Request) -> Response:
         admit(request)
         if body.stream:
-            run = serving.start(serving.prepare_completion(body))
-            return _sse_response(serving.stream_completion(run))
+            run = serving.start(await serving.prepare_completion(body))
+            return _sse_response(serving.stream_completion(run), run)
         return JSONResponse(await _unless_disconnected(request, serving.completion(body)))
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         admit(request)
         if body.stream:
-            run = serving.start(serving.prepare_chat(body))
-            return _sse_response(serving.stream_chat(run))
+            run = serving.start(await serving.prepare_chat(body))
+            return _sse_response(serving.stream_chat(run), run)
         return JSONResponse(await _unless_disconnected(request, serving.chat(body)))
 
     @app.get("/health/live")
@@ -245,27 +243,54 @@ class _RequestCounter:
             self.metrics.requests.labels(self.metrics.model, path, str(status)).inc()
 
 
-def _sse_response(events: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(
-        events,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+class _RunResponse(StreamingResponse):
+    """An SSE response that ends its request however the response ends: streamed to the end, the client gone
+    (Starlette cancels the body, possibly before it was ever started), or the server stopping."""
+
+    def __init__(self, events: AsyncIterator[str], on_close: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(
+            events,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            close = getattr(self.body_iterator, "aclose", None)
+            if close is not None:
+                await close()  # the events' own cleanup (metrics) first
+            await self._on_close()
+
+
+def _sse_response(events: AsyncIterator[str], run: Run) -> StreamingResponse:
+    return _RunResponse(events, run.close)
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    """Return when the client has gone: the body is read, so the next ASGI message is ``http.disconnect``
+    (or, once the response is sent, a late one). Nothing polls; the server wakes this when it happens."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Run ``work``; cancel it (and so the generation) if the client goes away first."""
     task = asyncio.ensure_future(work)
+    listener = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=_DISCONNECT_POLL_SECONDS)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-                raise asyncio.CancelledError("client disconnected")
+        await asyncio.wait({task, listener}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise asyncio.CancelledError("client disconnected")
     finally:
+        listener.cancel()
         if not task.done():
             task.cancel()

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from specdeploy_server.api.errors import (
     BadRequestError,
@@ -26,6 +28,11 @@ from specdeploy_server.metrics import ServerMetrics
 from specdeploy_server.tokenizer import ChatTemplateError
 
 _FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort"}
+#: text longer than this is tokenised (or its chat template rendered) on the tokenizer threads, not the loop;
+#: shorter text costs less than the thread hop (tens of microseconds)
+OFFLOAD_CHARS = 2048
+TOKENIZER_THREADS = 2
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,11 @@ class Run:
     @property
     def prompt_tokens(self) -> int:
         return len(self.prepared.prompt_ids)
+
+    async def close(self) -> None:
+        """End the request, whether or not its outputs were ever read (the HTTP layer calls it when the
+        response is over, however it ended)."""
+        await self.generation.close()
 
     def usage(self) -> dict[str, int]:
         return {
@@ -119,6 +131,33 @@ class OpenAIServing:
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
+        self._tokenizer_pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    async def _off_loop(self, size: int, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)`` on the tokenizer threads when ``size`` (characters) makes it worth it, so a long
+        prompt never stalls the step loop or the other streams."""
+        if size <= OFFLOAD_CHARS:
+            return work(*args)
+        if self._tokenizer_pool is None:
+            self._tokenizer_pool = concurrent.futures.ThreadPoolExecutor(
+                TOKENIZER_THREADS, thread_name_prefix="tokenizer"
+            )
+        return await asyncio.get_running_loop().run_in_executor(self._tokenizer_pool, work, *args)
+
+    def _precheck(self, chars: int, param: str) -> None:
+        """Refuse text that cannot fit the context whatever it tokenises to, before tokenising it: every token
+        covers at most ``max_chars_per_token`` characters, so ``chars`` characters are at least
+        ``chars / max_chars_per_token`` tokens."""
+        per_token = self.engine.tokenizer.max_chars_per_token
+        limit = self.engine.info.max_model_len
+        if per_token is None or chars <= limit * per_token:
+            return
+        raise BadRequestError(
+            f"This model's maximum context length is {limit} tokens, but the prompt has {chars} characters, "
+            f"so at least {-(-chars // per_token)} tokens",
+            param=param,
+            code="context_length_exceeded",
+        )
 
     def list_models(self) -> dict[str, Any]:
         info = self.engine.info
@@ -152,10 +191,11 @@ class OpenAIServing:
     def _budget(self, prompt_ids: list[int], requested: int | None, default: int | None, param: str) -> int:
         if not prompt_ids:
             raise BadRequestError("the prompt is empty", param="prompt")
-        vocab = self.engine.info.vocab_size
-        if vocab is not None and any(t < 0 or t >= vocab for t in prompt_ids):
-            raise BadRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
         limit = self.engine.info.max_model_len
+        vocab = self.engine.info.vocab_size
+        scan = vocab is not None and len(prompt_ids) < limit  # a prompt too long is refused below anyway
+        if scan and not 0 <= min(prompt_ids) <= max(prompt_ids) < (vocab or 0):
+            raise BadRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
         room = limit - len(prompt_ids)
         if requested is not None and requested < 1:
             raise BadRequestError(f"{param} must be at least 1, got {requested}", param=param)
@@ -182,36 +222,43 @@ class OpenAIServing:
     def _params(req: CompletionRequest | ChatCompletionRequest) -> SamplingParams:
         return SamplingParams(temperature=req.temperature, top_p=req.top_p, seed=req.seed)
 
-    def prepare_completion(self, req: CompletionRequest) -> Prepared:
+    async def prepare_completion(self, req: CompletionRequest) -> Prepared:
         self._check_common(req)
-        ids = self._prompt_ids(req.prompt)
+        ids = await self._prompt_ids(req.prompt)
         max_tokens = self._budget(ids, req.max_tokens, self.settings.default_max_tokens, "max_tokens")
         return Prepared(ids, max_tokens, self._params(req), req.stop_strings(), self._include_usage(req))
 
-    def _prompt_ids(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[int]:
+    async def _encode(self, text: str) -> list[int]:
+        self._precheck(len(text), "prompt")
+        return await self._off_loop(len(text), self.engine.tokenizer.encode, text, True)
+
+    async def _prompt_ids(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[int]:
         if isinstance(prompt, str):
-            return self.engine.tokenizer.encode(prompt, add_special_tokens=True)
+            return await self._encode(prompt)
         if all(isinstance(t, int) for t in prompt):
             return [t for t in prompt if isinstance(t, int)]
         if len(prompt) != 1:
             raise BadRequestError("only one prompt per request is supported", param="prompt")
         first = prompt[0]
         if isinstance(first, str):
-            return self.engine.tokenizer.encode(first, add_special_tokens=True)
+            return await self._encode(first)
         if isinstance(first, list):
             return list(first)
         raise BadRequestError(
             "prompt must be a string, a list of token ids, or a list of one of those", "prompt"
         )
 
-    def prepare_chat(self, req: ChatCompletionRequest) -> Prepared:
+    async def prepare_chat(self, req: ChatCompletionRequest) -> Prepared:
         self._check_common(req)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+        chars = sum(len(m["content"]) for m in messages)
+        self._precheck(chars, "messages")  # the rendered text holds every message's content, and more
+        tokenizer = self.engine.tokenizer
         try:
-            text = self.engine.tokenizer.render_chat(messages)
+            text = await self._off_loop(chars, tokenizer.render_chat, messages)
         except ChatTemplateError as exc:
             raise BadRequestError(str(exc), param="messages") from exc
-        ids = self.engine.tokenizer.encode(text, add_special_tokens=False)
+        ids = await self._off_loop(len(text), tokenizer.encode, text, False)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = self._budget(ids, requested, None, param)
@@ -232,7 +279,7 @@ class OpenAIServing:
 
     # ----------------------------------------------------------------- responses
     async def completion(self, req: CompletionRequest) -> dict[str, Any]:
-        run = self.start(self.prepare_completion(req))
+        run = self.start(await self.prepare_completion(req))
         text, finish = await _collect(run)
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
@@ -245,7 +292,7 @@ class OpenAIServing:
         }
 
     async def chat(self, req: ChatCompletionRequest) -> dict[str, Any]:
-        run = self.start(self.prepare_chat(req))
+        run = self.start(await self.prepare_chat(req))
         text, finish = await _collect(run)
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",

@@ -8,6 +8,10 @@ cache ("trim on rejection") without the core having to say so.
 
 Sequences of a batch are run one after another on a single worker thread (no padding/batching of different
 lengths), interleaved step by step across requests. The event loop is never blocked.
+
+Lifecycle rules (core/executors.py): a failure of one sequence's forward is reported for that sequence
+(``RequestErrors``), the batch's other sequences are unaffected; the worker skips a sequence aborted before it
+reached it; ``release`` runs on the worker thread itself, after whatever call is queued before it.
 """
 
 from __future__ import annotations
@@ -15,10 +19,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -30,10 +34,17 @@ from specdeploy_server.core.acceptance import (
     process_logits,
     sample_from,
 )
-from specdeploy_server.core.executors import AcceptanceRule, DraftRequest, VerifyRequest
-from specdeploy_server.core.types import FloatArray, Proposal, SamplingParams
+from specdeploy_server.core.executors import (
+    AcceptanceRule,
+    DraftRequest,
+    ExecutorError,
+    RequestErrors,
+    VerifyRequest,
+)
+from specdeploy_server.core.types import FloatArray, Proposal, SamplingParams, SequenceState
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 _DTYPES = {
     "float32": torch.float32,
@@ -145,6 +156,42 @@ def _pick(
     return sample_from(probs, rng), probs
 
 
+def run_each(
+    executor: str,
+    batch: Sequence[T],
+    seq_of: Callable[[T], SequenceState],
+    one: Callable[[T], Any],
+    skip: Any,
+) -> list[Any]:
+    """``one(item)`` for each item of a batch (on the worker thread), each failure reported for its own
+    sequence: the others' results are computed, then ``RequestErrors`` names the failed ones. A sequence
+    aborted meanwhile (``seq.cancelled``) is not computed: ``skip`` stands for its result."""
+    out: list[Any] = []
+    errors: dict[str, ExecutorError] = {}
+    for item in batch:
+        seq = seq_of(item)
+        if seq.cancelled:
+            out.append(skip)
+            continue
+        try:
+            out.append(one(item))
+        except Exception as exc:
+            log.debug("%s executor failed request %s", executor, seq.request_id, exc_info=True)
+            errors[seq.request_id] = ExecutorError(executor, f"{type(exc).__name__}: {exc}")
+            out.append(skip)
+    if errors:
+        raise RequestErrors(errors)
+    return out
+
+
+def release_on(worker: concurrent.futures.Executor, model: CachedModel, request_id: str) -> None:
+    """Free a request's cache on the worker thread, behind any call already queued there."""
+    try:
+        worker.submit(model.release, request_id)
+    except RuntimeError:  # the worker is shut down: nothing can use the cache any more
+        model.release(request_id)
+
+
 class ReferenceTargetExecutor:
     def __init__(
         self, model: CachedModel, worker: concurrent.futures.Executor, max_draft_len: int = 64
@@ -162,10 +209,10 @@ class ReferenceTargetExecutor:
         return await loop.run_in_executor(self._worker, self._verify_all, list(batch))
 
     def release(self, request_id: str) -> None:
-        self.model.release(request_id)
+        release_on(self._worker, self.model, request_id)
 
     def _verify_all(self, batch: list[VerifyRequest]) -> list[list[int]]:
-        return [self._verify(req) for req in batch]
+        return run_each("reference target", batch, lambda r: r.seq, self._verify, [])
 
     def _verify(self, req: VerifyRequest) -> list[int]:
         seq, draft = req.seq, req.proposal.tokens
@@ -194,10 +241,10 @@ class ReferenceDraftExecutor:
         return await loop.run_in_executor(self._worker, self._draft_all, list(batch))
 
     def release(self, request_id: str) -> None:
-        self.model.release(request_id)
+        release_on(self._worker, self.model, request_id)
 
     def _draft_all(self, batch: list[DraftRequest]) -> list[Proposal]:
-        return [self._draft(req) for req in batch]
+        return run_each("reference draft", batch, lambda r: r.seq, self._draft, Proposal([]))
 
     def _draft(self, req: DraftRequest) -> Proposal:
         seq = req.seq

@@ -33,6 +33,7 @@ class CharTokenizer:
     """One token per character (ids are code points); token 0 is end-of-sequence."""
 
     eos_token_ids = frozenset({0})
+    max_chars_per_token: int | None = 1
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]

@@ -348,6 +348,9 @@ class TrtDraftExecutor:
         _raise_failures(self.client.name, failures)
         return proposals
 
+    def cancel(self, request_id: str) -> None:  # CancelsInFlight: an aborted request's executor requests
+        self.client.cancel(request_id)
+
     def release(self, request_id: str) -> None:
         self.client.cancel(request_id)
 
@@ -406,6 +409,9 @@ class TrtTargetExecutor:
             emitted.append(tokens)
         _raise_failures(self.client.name, failures)
         return emitted
+
+    def cancel(self, request_id: str) -> None:  # CancelsInFlight: an aborted request's executor requests
+        self.client.cancel(request_id)
 
     def release(self, request_id: str) -> None:
         self.client.cancel(request_id)

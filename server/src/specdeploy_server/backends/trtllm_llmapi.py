@@ -242,7 +242,14 @@ class LlmApiEngine:
         if self._busy_since is None:
             self._busy_since = time.perf_counter()
         stats = SeqStats()
-        return Generation(self._run(request_id, prompt_ids, max_tokens, params, stats), stats)
+        outputs = self._run(request_id, prompt_ids, max_tokens, params, stats)
+        return Generation(outputs, stats, lambda: self._forget(request_id))
+
+    def _forget(self, request_id: str) -> None:
+        """A generation given up before its outputs were read (its ``finally`` never ran): free its place."""
+        if self._remaining.pop(request_id, None) is not None and not self._remaining:
+            self._busy_since = None
+            self._idle.set()
 
     async def start(self) -> None:
         self._running = True

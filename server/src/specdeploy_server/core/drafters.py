@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from specdeploy_server.core.executors import DraftExecutor, DraftRequest
+from specdeploy_server.core.executors import CancelsInFlight, DraftExecutor, DraftRequest
 from specdeploy_server.core.types import EMPTY_PROPOSAL, Proposal, SequenceState
 
 
@@ -57,6 +57,10 @@ class DraftModelDrafter:
 
     def observe(self, seq: SequenceState, proposal: Proposal, num_accepted: int) -> None:
         return None
+
+    def cancel(self, request_id: str) -> None:
+        if isinstance(self.executor, CancelsInFlight):
+            self.executor.cancel(request_id)
 
     def release(self, request_id: str) -> None:
         self.executor.release(request_id)

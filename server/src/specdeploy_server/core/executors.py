@@ -13,13 +13,25 @@ batching) or one after another. A backend keeps its own per-sequence state (KV c
 the
 prefix is the previous one plus the emitted tokens, so the backend keeps the cache for the longest common
 prefix.
+
+The rules every backend follows (the scheduler relies on them, see docs/server.md "Request lifecycle"):
+
+* ``release(request_id)`` frees a request's state. The scheduler calls it only between steps, never while a
+  call that includes the request is in flight, and exactly once per request that was ever running.
+* ``cancel(request_id)`` (optional, :class:`CancelsInFlight`) is called at once when a running request is
+  aborted, possibly while a call including it is in flight: it may stop that work early (TensorRT-LLM:
+  ``cancel_request``) but must not free state the call uses. What a call returns for an aborted request is
+  ignored.
+* A call that fails some requests of its batch raises :class:`RequestErrors` naming them; the others of the
+  batch are stepped again. Any other exception cannot be attributed: it fails the requests of that step only
+  (never waiting requests, never the server).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from specdeploy_server.core.types import Proposal, SequenceState
 
@@ -43,6 +55,13 @@ class RequestErrors(Exception):
     def __init__(self, errors: dict[str, ExecutorError]) -> None:
         super().__init__("; ".join(str(e) for e in errors.values()))
         self.errors = errors
+
+
+@runtime_checkable
+class CancelsInFlight(Protocol):
+    """An executor (or drafter) that can stop the in-flight work of one request early."""
+
+    def cancel(self, request_id: str) -> None: ...
 
 
 class AcceptanceRule:

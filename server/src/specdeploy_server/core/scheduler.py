@@ -3,88 +3,61 @@
 One asyncio task drives every running sequence in lock step (iteration-level batching): each step makes one
 batched ``propose`` call on the drafter and one batched ``verify`` call on the target executor. The loop never
 blocks the event loop itself; executors run their work elsewhere (a thread, a GPU, TensorRT-LLM's executor).
+
+Request lifecycle (docs/server.md): every request has one explicit state (``SequenceState.state``), moved only
+here: waiting -> running -> finished | aborted | failed. A request that leaves the running state gets its last
+output at once, but stays in ``running`` (not counted as load) until the loop is between steps; only then is
+its executor state released (``_reap``), so a release never races a step that still uses it. An abort asks
+the executors to stop in-flight work early (``CancelsInFlight``) and nothing more.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 from specdeploy_server.core.adaptive import DraftLenController
 from specdeploy_server.core.drafters import Drafter
-from specdeploy_server.core.executors import AcceptanceRule, RequestErrors, TargetExecutor, VerifyRequest
+from specdeploy_server.core.executors import (
+    AcceptanceRule,
+    CancelsInFlight,
+    RequestErrors,
+    TargetExecutor,
+    VerifyRequest,
+)
 from specdeploy_server.core.load import ThroughputMeter
-from specdeploy_server.core.types import FinishReason, Proposal, SequenceState, StepOutput
+from specdeploy_server.core.scheduler_types import (
+    EngineStoppedError,
+    GlobalStats,
+    NullObserver,
+    QueueFullError,
+    SchedulerObserver,
+    SchedulerSettings,
+    StepSpeculation,
+)
+from specdeploy_server.core.scheduler_types import truncate as _truncate
+from specdeploy_server.core.types import FinishReason, Proposal, RequestState, SequenceState, StepOutput
+
+__all__ = [
+    "EngineStoppedError",
+    "GlobalStats",
+    "QueueFullError",
+    "SchedulerObserver",
+    "SchedulerSettings",
+    "SpeculativeScheduler",
+    "StepSpeculation",
+    "_truncate",
+]
 
 log = logging.getLogger(__name__)
 
-
-class QueueFullError(Exception):
-    """The waiting queue is at ``maxQueueSize``."""
-
-
-class EngineStoppedError(Exception):
-    """The scheduler is shutting down and takes no new requests."""
-
-
-@dataclass(frozen=True)
-class SchedulerSettings:
-    max_batch_size: int = 64
-    max_queue_size: int | None = 1024  # waiting (not yet running) requests; None = unbounded
-    max_model_len: int = 4096
-    acceptance: str = AcceptanceRule.TOKEN_MATCH
-    draft_len: int | None = 4  # None = adaptive
-    max_draft_len: int = 10
-    #: busy seconds the measured generation rate averages over (see ThroughputMeter)
-    rate_window_seconds: float = 10.0
-
-
-class SchedulerObserver(Protocol):
-    """Receives statistics as they happen (the metrics module implements it)."""
-
-    def on_step(self, batch_size: int, seconds: float, emitted: int) -> None: ...
-
-    def on_sequence_step(self, drafted: int, accepted: int) -> None: ...
-
-
-class _NullObserver:
-    def on_step(self, batch_size: int, seconds: float, emitted: int) -> None:
-        return None
-
-    def on_sequence_step(self, drafted: int, accepted: int) -> None:
-        return None
-
-
-@dataclass
-class GlobalStats:
-    steps: int = 0
-    sequence_steps: int = 0
-    drafted: int = 0
-    accepted: int = 0
-    emitted: int = 0
-    requests_finished: int = 0
-
-
-def _truncate(tokens: list[int], stop_ids: frozenset[int], room: int) -> FinishReason | None:
-    """Cut ``tokens`` after the first stop token or at ``room`` tokens, whichever comes first; say why."""
-    finish: FinishReason | None = None
-    for i, token in enumerate(tokens):
-        if token in stop_ids:
-            del tokens[i + 1 :]
-            finish = FinishReason.STOP
-            break
-    if len(tokens) > room:
-        del tokens[room:]
-        return FinishReason.LENGTH
-    if len(tokens) == room and finish is None:
-        return FinishReason.LENGTH
-    return finish
+WAITING, RUNNING = RequestState.WAITING, RequestState.RUNNING
+#: after a drain aborted everything, how long the step in flight gets to return before the loop is cancelled
+STOP_STEP_GRACE_SECONDS = 10.0
+_MAX_ACCEPTED_BUCKET = 64
 
 
 class SpeculativeScheduler:
@@ -99,23 +72,28 @@ class SpeculativeScheduler:
         self.target = target
         self.drafter = drafter
         self.settings = settings
-        self.observer: SchedulerObserver = observer or _NullObserver()
+        self.observer: SchedulerObserver = observer or NullObserver()
         max_k = min(settings.max_draft_len, target.max_draft_len)
         self.draft_len = DraftLenController(max_k=max_k, fixed=settings.draft_len)
         if not drafter.has_cost:
             self.draft_len.draft_token_cost = 0.0
         self.stats = GlobalStats()
-        self.waiting: deque[SequenceState] = deque()
-        self.running: list[SequenceState] = []
+        self.waiting: deque[SequenceState] = deque()  # all WAITING
+        self.running: list[SequenceState] = []  # RUNNING, or ended and not yet reaped
+        self._ended: list[SequenceState] = []  # left RUNNING since the last reap: to release between steps
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._accepting = True
+        self._closing = False  # stop(): the loop returns once nothing is left to reap or run
         #: times the steps (their durations feed the generation rate, the adaptive draft length and metrics)
         self._clock = clock
         self._throughput = ThroughputMeter(settings.rate_window_seconds)
         # Outputs of the last step not yet handed to their consumers (see _step); whether a flush is queued.
         self._undelivered: list[tuple[SequenceState, list[int], int, int]] = []
         self._flush_queued = False
+        self._phase = "idle"  # what the step in flight is doing, for error reports
+        self._k = 0
+        self._cancellers = [ex for ex in (target, drafter) if isinstance(ex, CancelsInFlight)]
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -127,65 +105,73 @@ class SpeculativeScheduler:
         return self._task is not None and not self._task.done()
 
     async def stop(self, timeout: float) -> None:
-        """Stop accepting, let in-flight requests finish for up to ``timeout`` seconds, abort the rest."""
+        """Stop accepting, let in-flight requests finish for up to ``timeout`` seconds, abort the rest.
+
+        Aborted requests are released by the loop once the step in flight has returned (it is not cancelled
+        under the executors); only a step still running ``STOP_STEP_GRACE_SECONDS`` later is cancelled.
+        """
         self._accepting = False
         deadline = time.monotonic() + timeout
-        while (self.running or self.waiting) and time.monotonic() < deadline and self.alive:
+        while self.queue_depth and time.monotonic() < deadline and self.alive:
             await asyncio.sleep(0.01)
         for seq in [*self.waiting, *self.running]:
-            self._finish(seq, FinishReason.ABORT)
-        self.waiting.clear()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-        for seq in self.running:
-            self._release(seq)
-        self.running.clear()
+            self.abort(seq)
+        self._closing = True
+        self._wakeup.set()
+        task, self._task = self._task, None
+        if task is not None:
+            done, _ = await asyncio.wait({task}, timeout=STOP_STEP_GRACE_SECONDS)
+            if not done:
+                log.error("the step in flight did not return %.0f s after the drain", STOP_STEP_GRACE_SECONDS)
+                task.cancel()
+                await asyncio.wait({task})
+            elif not task.cancelled() and task.exception() is not None:
+                log.error("the scheduler loop had ended with an error", exc_info=task.exception())
+        self._reap()
 
     # ----------------------------------------------------------------- requests
     def add(self, seq: SequenceState) -> None:
         if not self._accepting:
             raise EngineStoppedError("the server is shutting down")
         limit = self.settings.max_queue_size
-        # a cancelled sequence leaves `running` at the next admission, before any waiting one is admitted
-        live_running = sum(1 for s in self.running if s.finished is None and not s.cancelled)
+        # an ended sequence leaves `running` at the next reap, before any waiting one is admitted
+        live_running = sum(1 for s in self.running if s.state is RUNNING)
         free_slots = self.settings.max_batch_size - live_running
         if limit is not None and len(self.waiting) - max(free_slots, 0) >= limit:
             raise QueueFullError(f"the request queue is full ({limit} waiting)")
+        seq.state = WAITING
         self.waiting.append(seq)
         self._wakeup.set()
 
     def abort(self, seq: SequenceState) -> None:
-        """Cancel a request: it leaves the queue now, or the running batch before the next step."""
-        if seq.finished is not None:
-            return
-        seq.cancelled = True
-        if seq in self.waiting:
+        """Cancel a request (its consumer went away, or the server drains): its consumer gets a final
+        ``abort`` output now; it leaves the queue now, or the running batch between steps (releasing its
+        executor state then). Work in flight for it is cancelled where the executors can."""
+        if seq.state is WAITING:
             self.waiting.remove(seq)
-            seq.finished = FinishReason.ABORT
-        elif seq in self.running:
-            # Release now, not after the step: a backend cancels the request's executor work in flight
-            # (TensorRT-LLM: cancel_request); releasing again when the sequence is dropped is harmless.
-            self._release(seq)
-        self._wakeup.set()
+            self._end(seq, RequestState.ABORTED)
+        elif seq.state is RUNNING:
+            self._end(seq, RequestState.ABORTED)
+            for executor in self._cancellers:
+                try:
+                    executor.cancel(seq.request_id)
+                except Exception:  # a failed cancel only costs the rest of that work
+                    log.exception("cancelling request %s in flight failed", seq.request_id)
+            self._wakeup.set()
 
     # ----------------------------------------------------------------- load figures (autoscaling signals)
     def _live(self) -> Iterator[SequenceState]:
-        """Requests still owed tokens. A running sequence that finished or was cancelled stays in ``running``
-        until the next admission, but it is no longer work."""
-        for seq in self.waiting:
-            if seq.finished is None and not seq.cancelled:
-                yield seq
+        """Requests still owed tokens: waiting and running ones. A request that ended stays in ``running``
+        until the loop is between steps, but it is no longer work."""
+        yield from self.waiting
         for seq in self.running:
-            if seq.finished is None and not seq.cancelled:
+            if seq.state is RUNNING:
                 yield seq
 
     @property
     def queue_depth(self) -> int:
-        """Requests waiting plus running (not finished, not cancelled)."""
-        return sum(1 for _ in self._live())
+        """Requests waiting plus running."""
+        return len(self.waiting) + sum(1 for seq in self.running if seq.state is RUNNING)
 
     @property
     def pending_tokens(self) -> int:
@@ -215,43 +201,77 @@ class SpeculativeScheduler:
     # ----------------------------------------------------------------- loop
     async def _loop(self) -> None:
         while True:
+            self._reap()  # between steps: the only place executor state is released
             self._admit()
             if not self.running:
+                if self._closing:
+                    return
                 self._wakeup.clear()
                 if not self.waiting:
                     await self._wakeup.wait()
                 continue
+            batch = list(self.running)
             started = time.perf_counter()
             try:
-                await self._step(list(self.running))
+                await self._step(batch)
             except asyncio.CancelledError:
                 raise
-            except RequestErrors as exc:  # only these sequences failed; the others are stepped again
-                failed = [seq for seq in self.running if seq.request_id in exc.errors]
-                log.warning("step failed for %d of %d requests: %s", len(failed), len(self.running), exc)
-                for seq in failed or list(self.running):
-                    self._fail(seq, exc.errors.get(seq.request_id, exc))
-            except Exception as exc:  # a backend fault fails this batch, not the server
-                log.exception("step failed; failing %d requests", len(self.running))
-                for seq in list(self.running):
-                    self._fail(seq, exc)
+            except Exception as exc:  # a backend fault fails what it can be attributed to, never the server
+                self._step_failed(batch, exc)
+            finally:
+                self._phase = "idle"
             # Consumers run while the executors work (every real step suspends). Only a step that finished
             # without suspending (instant executors) yields explicitly, so the loop cannot starve the server.
             if time.perf_counter() - started < 0.001:
                 await asyncio.sleep(0)
 
     def _admit(self) -> None:
-        for seq in [s for s in self.running if s.cancelled or s.finished is not None]:
-            self._drop(seq, FinishReason.ABORT)
         while self.waiting and len(self.running) < self.settings.max_batch_size:
             seq = self.waiting.popleft()
-            if not seq.cancelled:
-                self.running.append(seq)
+            seq.state = RUNNING
+            self.running.append(seq)
+
+    def _reap(self) -> None:
+        """Drop the sequences that ended from ``running`` and release their executor state."""
+        if not self._ended:
+            return
+        ended, self._ended = self._ended, []
+        gone = set(map(id, ended))
+        self.running = [seq for seq in self.running if id(seq) not in gone]
+        for seq in ended:
+            for executor in (self.target, self.drafter):
+                try:
+                    executor.release(seq.request_id)
+                except Exception:  # a leak in one backend must not stop the loop
+                    log.exception("releasing request %s failed", seq.request_id)
+
+    def _step_failed(self, batch: Sequence[SequenceState], exc: Exception) -> None:
+        """Fail the requests a step's exception is attributed to, or, when it cannot be attributed, the
+        requests of that step that are still running (not the waiting ones, not the server)."""
+        live = [seq for seq in batch if seq.state is RUNNING]
+        context = (
+            f"step {self.stats.steps + 1} ({self._phase}, k={self._k}, {len(batch)} requests: "
+            f"{', '.join(seq.request_id[:8] for seq in batch[:8])}{', ...' if len(batch) > 8 else ''})"
+        )
+        if isinstance(exc, RequestErrors) and any(seq.request_id in exc.errors for seq in batch):
+            failed = [seq for seq in live if seq.request_id in exc.errors]
+            log.warning("%s: the backend failed %d request(s): %s", context, len(failed), exc)
+            for seq in failed:
+                self._fail(seq, exc.errors[seq.request_id])
+            return  # the others committed nothing of this step: they are stepped again
+        log.error(
+            "%s failed and cannot be attributed to a request: failing its %d running request(s)",
+            context,
+            len(live),
+            exc_info=exc,
+        )
+        for seq in live:
+            self._fail(seq, exc)
 
     async def _step(self, batch: list[SequenceState]) -> None:
         clock = self._clock
         t0 = clock()
-        k = self.draft_len.next_k()
+        k = self._k = self.draft_len.next_k()
         # Each sequence drafts at most k, clamped so the step cannot overshoot max_tokens or the context.
         max_model_len = self.settings.max_model_len
         plan = [
@@ -265,18 +285,21 @@ class SpeculativeScheduler:
         ]
         want_probs = self.settings.acceptance == AcceptanceRule.LOGITS
         drafting = any(n > 0 for _, n in plan)
+        self._phase = "draft"
         proposals: list[Proposal] = (
             await self.drafter.propose(plan, want_probs) if drafting else [Proposal([]) for _ in batch]
         )
         t1 = clock()
-        if any(seq.cancelled for seq in batch):  # cancelled while drafting: not worth verifying
-            kept = [(seq, prop) for seq, prop in zip(batch, proposals, strict=True) if not seq.cancelled]
+        if any(seq.state is not RUNNING for seq in batch):  # aborted while drafting: not worth verifying
+            kept = [(seq, prop) for seq, prop in zip(batch, proposals, strict=True) if seq.state is RUNNING]
             batch, proposals = [seq for seq, _ in kept], [prop for _, prop in kept]
         requests = [
             VerifyRequest(seq, prop, self.settings.acceptance)
             for seq, prop in zip(batch, proposals, strict=True)
         ]
+        self._phase = "verify"
         emitted = await self.target.verify(requests) if requests else []
+        self._phase = "account"
         t2 = clock()
         if self.drafter.has_cost and drafting:
             self.draft_len.observe_costs(t1 - t0, max(n for _, n in plan), t2 - t1)
@@ -313,29 +336,32 @@ class SpeculativeScheduler:
         emitted: Sequence[Sequence[int]],
         finished: list[tuple[SequenceState, StepOutput]],
     ) -> int:
-        """Account one step for every sequence; returns the tokens emitted.
+        """Account one step for every sequence still running; returns the tokens emitted.
 
         The output of a sequence that ended goes to ``finished``; the others' go to the undelivered (as
         tuples: their StepOutput is built when they are handed over, off the critical path). Runs for every
-        sequence every step, so per-step lookups are hoisted out of the loop.
+        sequence every step, so per-step lookups are hoisted out of the loop and the observer hears of the
+        step's speculation once, aggregated.
         """
         drafter_observe = self.drafter.observe
         observe_acceptance = self.draft_len.observe_acceptance
-        on_sequence_step = self.observer.on_sequence_step
         max_model_len = self.settings.max_model_len
         undelivered = self._undelivered
+        ended = self._ended
         total = sequence_steps = total_drafted = total_accepted = 0
+        accepted_counts = [0] * (_MAX_ACCEPTED_BUCKET + 1)
         for seq, prop, tokens in zip(batch, proposals, emitted, strict=True):
-            if seq.cancelled or seq.finished is not None:
+            if seq.state is not RUNNING:  # aborted while the step was in flight: its results are dropped
                 continue
             drafted = len(prop.tokens)
             accepted = len(tokens) - 1 if tokens else 0
             drafter_observe(seq, prop, accepted)
             observe_acceptance(drafted, accepted)
-            on_sequence_step(drafted, accepted)
             sequence_steps += 1
-            total_drafted += drafted
-            total_accepted += accepted
+            if drafted:
+                total_drafted += drafted
+                total_accepted += accepted
+                accepted_counts[min(accepted, _MAX_ACCEPTED_BUCKET)] += 1
             # Tokens up to the first stop token, the max_tokens budget or the context length (at least one: a
             # sequence already at its limit still emits the one it was verified for); the common case (none of
             # them reached) takes all tokens at once.
@@ -359,13 +385,20 @@ class SpeculativeScheduler:
             if finish is None:
                 undelivered.append((seq, new, drafted, accepted))
             else:
+                seq.state = RequestState.FINISHED
+                seq.finished = finish
+                ended.append(seq)
+                self.stats.requests_finished += 1
                 finished.append((seq, StepOutput(new, finish, drafted, accepted)))
-                self._drop(seq, finish)
         stats = self.stats
         stats.sequence_steps += sequence_steps
         stats.drafted += total_drafted
         stats.accepted += total_accepted
         stats.emitted += total
+        if sequence_steps:
+            self.observer.on_speculation(
+                StepSpeculation(sequence_steps, total_drafted, total_accepted, accepted_counts)
+            )
         return total
 
     def _flush(self) -> None:
@@ -375,29 +408,20 @@ class SpeculativeScheduler:
         for seq, new, drafted, accepted in pending:
             seq.outputs.put_nowait(StepOutput(new, None, drafted, accepted))
 
-    def _finish(self, seq: SequenceState, reason: FinishReason) -> None:
-        if seq.finished is None:
-            seq.finished = reason
-            if reason == FinishReason.ABORT:
-                self._flush()
-                seq.outputs.put_nowait(StepOutput([], reason, 0, 0))
-
-    def _drop(self, seq: SequenceState, reason: FinishReason) -> None:
-        self._finish(seq, reason)
-        if seq in self.running:
-            self.running.remove(seq)
-        self.stats.requests_finished += 1
-        self._release(seq)
+    def _end(self, seq: SequenceState, state: RequestState, error: BaseException | None = None) -> None:
+        """Move a live request to ``state`` (aborted or failed) and give its consumer the last output; a
+        running one is released at the next reap."""
+        was_running = seq.state is RUNNING
+        seq.state = state
+        seq.finished = FinishReason.ABORT
+        self._flush()  # whatever the consumer is owed comes first
+        seq.outputs.put_nowait(error if error is not None else StepOutput([], FinishReason.ABORT, 0, 0))
+        if was_running:
+            self._ended.append(seq)
+            if state is RequestState.ABORTED:
+                self.stats.requests_finished += 1
 
     def _fail(self, seq: SequenceState, exc: BaseException) -> None:
-        self._flush()
-        if seq.finished is None:
-            seq.finished = FinishReason.ABORT
-            seq.outputs.put_nowait(exc)
-        if seq in self.running:
-            self.running.remove(seq)
-        self._release(seq)
-
-    def _release(self, seq: SequenceState) -> None:
-        self.target.release(seq.request_id)
-        self.drafter.release(seq.request_id)
+        if seq.state.live:
+            self.stats.requests_failed += 1
+            self._end(seq, RequestState.FAILED, exc)

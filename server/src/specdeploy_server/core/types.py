@@ -19,6 +19,25 @@ class FinishReason(enum.StrEnum):
     ABORT = "abort"  # cancelled (client went away, shutdown)
 
 
+class RequestState(enum.Enum):
+    """Where a request is in its life; only the scheduler moves it (waiting -> running -> one of the rest).
+
+    ``FINISHED``, ``ABORTED`` and ``FAILED`` are terminal: the request's consumer has had its last output
+    (a finish reason, an abort, or an exception) and the request no longer counts as load. Its executor state
+    is released by the scheduler between steps, never while a step that includes it is in flight.
+    """
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"  # stop token, max_tokens or the context length
+    ABORTED = "aborted"  # the consumer went away (disconnect, stop string) or the server drained
+    FAILED = "failed"  # the backend failed it (the consumer got the exception)
+
+    @property
+    def live(self) -> bool:
+        return self is RequestState.WAITING or self is RequestState.RUNNING
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the target picks tokens. ``temperature == 0`` means greedy (argmax)."""
@@ -87,8 +106,9 @@ class SequenceState:
     # prompt + generated tokens, the prefix every executor works on
     token_ids: list[int] = field(default_factory=list)
     num_generated: int = 0
+    state: RequestState = RequestState.WAITING
+    #: the finish reason the consumer was given (None while live; ABORT for aborted and failed requests)
     finished: FinishReason | None = None
-    cancelled: bool = False
     stats: SeqStats = field(default_factory=SeqStats)
     arrival: float = field(default_factory=time.monotonic)
     rng: np.random.Generator = field(init=False)
@@ -98,6 +118,11 @@ class SequenceState:
         if not self.token_ids:
             self.token_ids = list(self.prompt_ids)
         self.rng = np.random.default_rng(self.params.seed)
+
+    @property
+    def cancelled(self) -> bool:
+        """Aborted (or otherwise over): executors need not finish work for it, nothing of it will be used."""
+        return not self.state.live
 
     @property
     def remaining_tokens(self) -> int:
