@@ -18,6 +18,18 @@ bin="$(hack/cluster/build.sh)"
 k() { "$bin/kubectl" --kubeconfig "$dir/kubeconfig" "$@"; }
 py=.venv/bin/python
 
+# follow NAME TIMEOUT JSONPATH: print the deployment's status line whenever it changes, until Ready.
+follow() {
+  local last="" line start=$SECONDS
+  while true; do
+    line="$(k get sdep "$1" -n "$namespace" -o jsonpath="$3" 2>/dev/null || true)"
+    if [ "$line" != "$last" ]; then printf '   %3ss  %s\n' "$((SECONDS - start))" "$line"; last="$line"; fi
+    case "$line" in Ready*) return ;; Failed*) echo "FAILED"; k describe sdep "$1" -n "$namespace"; exit 1 ;; esac
+    if [ $((SECONDS - start)) -gt "$2" ]; then echo "timed out"; k describe sdep "$1" -n "$namespace"; exit 1; fi
+    sleep 0.5
+  done
+}
+
 echo "== local control plane: $(k version -o json | $py -c 'import json,sys; print(json.load(sys.stdin)["serverVersion"]["gitVersion"])')"
 echo "== simulated node pools (kwok fake nodes; no real GPUs, no real containers):"
 k get nodes -o custom-columns='NAME:.metadata.name,GPU:.metadata.labels.nvidia\.com/gpu\.product,GPUS:.status.capacity.nvidia\.com/gpu,TAINTS:.spec.taints[*].key,READY:.status.conditions[?(@.type=="Ready")].status'
@@ -52,15 +64,7 @@ echo "   applied speculativedeployment/$name"
 
 echo
 echo "== following $name (phase, ready, engines)"
-last=""
-start=$SECONDS
-while true; do
-  line="$(k get sdep "$name" -n "$namespace" -o jsonpath='{.status.phase} {.status.readyText} target={.status.engines.target.phase} draft={.status.engines.draft.phase}' 2>/dev/null || true)"
-  if [ "$line" != "$last" ]; then printf '   %3ss  %s\n' "$((SECONDS - start))" "$line"; last="$line"; fi
-  case "$line" in Ready*) break ;; Failed*) echo "FAILED"; k describe sdep "$name" -n "$namespace"; exit 1 ;; esac
-  if [ $((SECONDS - start)) -gt 180 ]; then echo "timed out"; k describe sdep "$name" -n "$namespace"; exit 1; fi
-  sleep 0.5
-done
+follow "$name" 180 '{.status.phase} {.status.readyText} target={.status.engines.target.phase} draft={.status.engines.draft.phase}'
 
 echo
 k get sdep -n "$namespace" -o wide
@@ -89,15 +93,7 @@ cpu_example=examples/09-transformers-cpu-tiny.yaml
 .venv/bin/specdeploy validate -f "$cpu_example"
 cpu="$(k apply --server-side -n "$namespace" -f "$cpu_example" -o jsonpath='{.metadata.name}')"
 echo "   applied speculativedeployment/$cpu ($cpu_example: backend transformers on the CPU pool)"
-last=""
-start=$SECONDS
-while true; do
-  line="$(k get sdep "$cpu" -n "$namespace" -o jsonpath='{.status.phase} {.status.readyText}' 2>/dev/null || true)"
-  if [ "$line" != "$last" ]; then printf '   %3ss  %s\n' "$((SECONDS - start))" "$line"; last="$line"; fi
-  case "$line" in Ready*) break ;; Failed*) echo "FAILED"; k describe sdep "$cpu" -n "$namespace"; exit 1 ;; esac
-  if [ $((SECONDS - start)) -gt 300 ]; then echo "timed out"; k describe sdep "$cpu" -n "$namespace"; exit 1; fi
-  sleep 0.5
-done
+follow "$cpu" 300 '{.status.phase} {.status.readyText}'
 echo
 pods_table
 echo
