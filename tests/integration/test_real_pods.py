@@ -218,6 +218,13 @@ def test_a_killed_server_is_restarted_and_the_service_resumes(served: tuple[Serv
     last = live.status.container_statuses[0].last_state.terminated
     assert last is not None
     assert last.exit_code == 128 + signal.SIGKILL
+
+    def reported() -> dict[str, Any] | None:  # the back-off and the restart take >= 10 s: status says so
+        status = s.status()
+        return status if status.get("readyText") == "0/1" and status.get("phase") != "Ready" else None
+
+    outage = wait_for(reported, timeout=30, interval=0.2, what="the deployment's status to show 0/1 ready")
+    print(f"status while the server restarts: phase {outage['phase']}, ready {outage['readyText']}")
     s.wait_ready(timeout=180)
     wait_for(s.endpoints.ready, timeout=60, what="a ready endpoint again")
     api = s.openai()
