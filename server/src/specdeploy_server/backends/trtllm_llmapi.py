@@ -187,7 +187,8 @@ class LlmApiEngine:
         self.executor_stats: Callable[[], list[ExecutorSample]] | None = None
         self._llm = llm
         self._sampling_params = sampling_params
-        self._capacity = None if max_queue_size is None else max_batch_size + max_queue_size
+        # maxQueueSize 0 or None: no limit, as in TensorRT-LLM's executor
+        self._capacity = max_batch_size + max_queue_size if max_queue_size else None
         self._remaining: dict[str, int] = {}  # tokens each active request may still generate
         self._outputs: dict[str, Any] = {}  # the LLM's stream of each active request
         self._idle = asyncio.Event()  # set while no request is active
