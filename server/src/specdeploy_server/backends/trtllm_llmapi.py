@@ -385,11 +385,19 @@ class _StreamCounts:
             self.accepted += new_tokens - 1
 
 
-def build_llmapi_engine(config: ServerConfig) -> LlmApiEngine:
+def settings_problems(config: ServerConfig) -> list[str]:
+    """What this backend refuses before TensorRT-LLM is imported."""
     if config.speculative.acceptance == Acceptance.LOGITS:
-        raise BackendUnavailableError(
+        return [
             f"speculative.acceptance logits is not available with {BACKEND} (TensorRT-LLM decides acceptance)"
-        )
+        ]
+    return []
+
+
+def build_llmapi_engine(config: ServerConfig) -> LlmApiEngine:
+    problems = settings_problems(config)
+    if problems:
+        raise BackendUnavailableError("; ".join(problems))
     ids = config.placement.target_device_ids
     if ids != list(range(len(ids))) and "CUDA_VISIBLE_DEVICES" not in os.environ:
         # The LLM API places ranks on devices 0..TP-1 of what it sees: show it exactly the configured GPUs.
