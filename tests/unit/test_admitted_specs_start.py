@@ -5,7 +5,8 @@ For every spec the API admits (the pydantic models, the same rules as the CRD's 
 validate`), the server configuration the operator renders (the ConfigMap's config.json of `specdeploy render`)
 must pass the server's own configuration checks: `ServerConfig` (what `--config` loading validates) and
 `startup_problems`, every check `build_engine` makes before it loads a model, reads an engine or imports
-TensorRT-LLM.
+TensorRT-LLM; with backend `tensorrt` also the engine checks (`check_engines`, run before TensorRT-LLM is
+imported) on engine directories laid out as the EngineBuilds' `trtllm-build` flags and parallelism make them.
 
 The specs: every example in examples/, plus a deterministic product over backend x method x acceptance x
 placement (device gpu/cpu, draft colocated/dedicated) x target tensor parallelism, and every boundary value
@@ -28,8 +29,10 @@ from specdeploy_operator.api import SpeculativeDeployment, validate_object
 from specdeploy_operator.api.speculative import PromptLookupSpec, RuntimeSpec, ServingSpec, SpeculativeSpec
 from specdeploy_operator.builders import OperatorSettings, render_children
 from specdeploy_operator.builders.serving import CONFIG_FILE
+from specdeploy_server.backends.engine_config import DRAFT_TOKENS_EXTERNAL, EngineConfigError, check_engines
 from specdeploy_server.backends.factory import startup_problems
 from specdeploy_server.cli import load_config
+from specdeploy_server.config import Backend
 
 from tests.unit.api_cases import merge_patch
 
@@ -160,17 +163,76 @@ def generated_specs() -> list[Spec]:
     return out
 
 
+def _flag(flags: list[str], name: str, default: str) -> str:
+    for i, arg in enumerate(flags):
+        if arg == name and i + 1 < len(flags):
+            return flags[i + 1]
+        if arg.startswith(f"{name}="):
+            return arg.split("=", 1)[1]
+    return default
+
+
+def write_engine(directory: Path, build: dict[str, Any]) -> None:
+    """The engine directory trtllm-build leaves for this EngineBuild, as far as the server's start-up checks
+    read it: config.json from its build flags and parallelism (trtllm-build's defaults where a flag is
+    absent, paged context FMHA off), one rank file per GPU. Every model has the same vocabulary."""
+    spec = build["spec"]
+    flags: list[str] = spec.get("buildFlags", [])
+    tp, pp = spec["parallelism"]["tensorParallel"], spec["parallelism"]["pipelineParallel"]
+    mode = _flag(flags, "--speculative_decoding_mode", "none")
+    config = {
+        "pretrained_config": {
+            "architecture": "LlamaForCausalLM",
+            "dtype": "bfloat16",
+            "vocab_size": 128256,
+            "mapping": {"world_size": tp * pp, "tp_size": tp, "pp_size": pp},
+        },
+        "build_config": {
+            "max_batch_size": int(_flag(flags, "--max_batch_size", "2048")),
+            "max_input_len": int(_flag(flags, "--max_input_len", "1024")),
+            "max_seq_len": int(_flag(flags, "--max_seq_len", "8192")),
+            "max_num_tokens": int(_flag(flags, "--max_num_tokens", "8192")),
+            "max_draft_len": int(_flag(flags, "--max_draft_len", "0")),
+            "speculative_decoding_mode": DRAFT_TOKENS_EXTERNAL if mode == "draft_tokens_external" else 1,
+            "gather_generation_logits": "--gather_generation_logits" in flags,
+            "plugin_config": {
+                "use_paged_context_fmha": _flag(flags, "--use_paged_context_fmha", "") == "enable"
+            },
+        },
+    }
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    for rank in range(tp * pp):
+        (directory / f"rank{rank}.engine").write_bytes(b"")
+
+
 def server_refusal(sdep: SpeculativeDeployment, workdir: Path) -> str | None:
     """Why the server would refuse to start with the configuration file the operator mounts (the rendered
-    ConfigMap's file, loaded as `specdeploy-server --config` loads it), or None."""
-    (configmap,) = (o for o in render_children(sdep, OperatorSettings()) if o["kind"] == "ConfigMap")
+    ConfigMap's file, loaded as `specdeploy-server --config` loads it), or None. With backend trtllm-engine
+    the engines the EngineBuilds describe are laid out under `workdir` and the server's engine checks run on
+    them: everything up to where TensorRT-LLM would be imported."""
+    children = render_children(sdep, OperatorSettings())
+    (configmap,) = (o for o in children if o["kind"] == "ConfigMap")
+    rendered = yaml.safe_load(configmap["data"][CONFIG_FILE])
+    builds = {o["spec"]["hash"]: o for o in children if o["kind"] == "EngineBuild"}
+    if rendered["backend"] == "trtllm-engine":
+        for role in ("target", "draft"):
+            if role in rendered["model"]:
+                engine_hash = Path(rendered["model"][role]).name
+                write_engine(workdir / engine_hash, builds[engine_hash])
+                rendered["model"][role] = str(workdir / engine_hash)
     path = workdir / CONFIG_FILE
-    path.write_text(configmap["data"][CONFIG_FILE])
+    path.write_text(json.dumps(rendered))
     try:
         config = load_config(["--config", str(path)])
     except ValueError as exc:  # pydantic's ValidationError included
         return f"configuration: {exc}"
     problems = startup_problems(config)
+    if not problems and config.backend == Backend.TRTLLM_ENGINE:
+        try:
+            check_engines(config)
+        except EngineConfigError as exc:
+            problems = [str(exc)]
     return "; ".join(problems) if problems else None
 
 
