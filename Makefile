@@ -34,7 +34,8 @@ lint: venv ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy operator/src server/src tests benchmarks hack/cluster/localcluster.py hack/cluster/operatorproc.py \
-	  hack/cluster/netguard.py hack/cluster/provisioner.py hack/cluster/podrunner hack/demo_client.py hack/demo_pods.py
+	  hack/cluster/netguard.py hack/cluster/provisioner.py hack/cluster/podrunner hack/demo_client.py hack/demo_pods.py \
+	  hack/docgen.py
 
 .PHONY: fmt
 fmt: venv ## format the code with ruff
@@ -52,6 +53,10 @@ test-unit: venv ## only the tests that need no cluster
 .PHONY: crds
 crds: venv ## regenerate crds/, the chart's crds/ and docs/api.md from the pydantic models (a test fails if they are stale)
 	$(PY) -m specdeploy_operator.crdgen --out-dir crds --out-dir charts/specdeploy/crds --docs docs/api.md
+
+.PHONY: docs
+docs: venv bins ## regenerate the tables of docs/operator.md and docs/install.md from the code and the chart (tests fail if they are stale)
+	$(PY) hack/docgen.py
 
 .PHONY: bench-server
 bench-server: venv ## server benchmarks (orchestration, reference backend, HTTP streaming) -> docs/benchmarks-server.md

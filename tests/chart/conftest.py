@@ -20,6 +20,7 @@ from localcluster import LocalCluster
 __all__ = [
     "CHART",
     "KUBE_VERSION",
+    "KUBE_VERSION_FLOOR",
     "REPO",
     "Helm",
     "render",
@@ -29,6 +30,19 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "specdeploy"
 # The Kubernetes version the project pins (hack/cluster/versions.env) and validates the manifests against.
 KUBE_VERSION = "1.35.4"
+
+
+def _chart_floor() -> str:
+    """The oldest Kubernetes the chart installs on: its `kubeVersion: ">=X.Y.Z-0"`, as X.Y.Z."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    constraint = str(chart["kubeVersion"])
+    assert constraint.startswith(">="), constraint
+    assert constraint.endswith("-0"), constraint
+    return constraint.removeprefix(">=").removesuffix("-0")
+
+
+# The floor is validated too: the manifests must be valid for the oldest Kubernetes the chart admits.
+KUBE_VERSION_FLOOR = _chart_floor()
 
 
 class Helm(Protocol):
@@ -74,11 +88,16 @@ def helm(helm_bin: str, tmp_path_factory: pytest.TempPathFactory) -> Helm:
 
 
 def render(
-    helm: Helm, *, values: Sequence[Path] = (), sets: Sequence[str] = (), namespace: str = "specdeploy-system"
+    helm: Helm,
+    *,
+    values: Sequence[Path] = (),
+    sets: Sequence[str] = (),
+    namespace: str = "specdeploy-system",
+    kube_version: str = KUBE_VERSION,
 ) -> list[dict[str, Any]]:
-    """`helm template` of the chart (CRDs included) as a list of objects."""
+    """`helm template` of the chart (CRDs included) for `kube_version`, as a list of objects."""
     args = ["template", "specdeploy", str(CHART), "--namespace", namespace, "--include-crds"]
-    args += ["--kube-version", KUBE_VERSION]
+    args += ["--kube-version", kube_version]
     for path in values:
         args += ["-f", str(path)]
     for item in sets:

@@ -1,5 +1,6 @@
-"""The Helm chart, offline: lint, rendering validated against the Kubernetes 1.35 JSON schemas, RBAC that is
-least-privilege, pod security, settings as env vars, the values schema, and the CRDs kept in sync."""
+"""The Helm chart, offline: lint, rendering validated against the Kubernetes JSON schemas of 1.35 and of the
+chart's floor (`kubeVersion`, 1.30), RBAC that is least-privilege, pod security, settings as env vars, the
+values schema, and the CRDs kept in sync."""
 
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 from specdeploy_operator.api import SpeculativeDeployment, parse_object
-from specdeploy_operator.builders import METRIC_NAMES, build_deployment, build_engine_builds
+from specdeploy_operator.builders import METRIC_NAMES, build_deployment, build_engine_builds, render_children
 from specdeploy_operator.builders.settings import ENV_PREFIX, OperatorSettings
 from specdeploy_operator.crdgen import render_crds
 
-from tests.chart.conftest import CHART, KUBE_VERSION, REPO, Helm, render
+from tests.chart.conftest import CHART, KUBE_VERSION, KUBE_VERSION_FLOOR, REPO, Helm, render
 
 VALUES_FILES = sorted((CHART / "ci").glob("*-values.yaml"))
 # Kinds that are not part of Kubernetes itself: validated by the apiserver in the integration tests (kopf
@@ -48,28 +49,77 @@ def rules_of(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [rule for o in objs if o["kind"] in ("ClusterRole", "Role") for rule in o["rules"]]
 
 
-def test_helm_lint_strict(helm: Helm) -> None:
+KUBE_VERSIONS = [KUBE_VERSION, KUBE_VERSION_FLOOR]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+
+
+def minor(version: str) -> str:
+    return ".".join(version.split(".")[:2])
+
+
+def test_the_floor_is_1_30_and_kubernetes_validate_has_its_schemas() -> None:
+    """Serving pods stop with `lifecycle.preStop.sleep`: the PodLifecycleSleepAction gate is alpha (off) in
+    1.29 and on by default from 1.30 (KEP-3960), a fact no JSON schema shows (1.29's has the field), so the
+    floor is asserted here; and the floor's schemas exist (validating against a missing version would fall
+    back to another one, which the version check below would catch too)."""
+    assert tuple(int(p) for p in KUBE_VERSION_FLOOR.split(".")[:2]) >= (1, 30)
+    assert minor(KUBE_VERSION_FLOOR) in {minor(v) for v in kubernetes_validate.utils.all_versions()}
+    docs = (REPO / "docs" / "install.md").read_text()
+    assert f"Kubernetes ≥ {minor(KUBE_VERSION_FLOOR)} " in docs, "docs/install.md must state the floor"
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_helm_lint_strict(helm: Helm, kube_version: str) -> None:
     for values in [None, *VALUES_FILES]:
-        args = ["lint", "--strict", str(CHART), "--kube-version", KUBE_VERSION]
+        args = ["lint", "--strict", str(CHART), "--kube-version", kube_version]
         if values is not None:
             args += ["-f", str(values)]
         out = helm(*args)
         assert "0 chart(s) failed" in out.stdout, out.stdout
 
 
+def test_helm_refuses_a_cluster_below_the_floor(helm: Helm) -> None:
+    args = ["template", "x", str(CHART), "--kube-version", "1.29.9"]
+    proc = helm(*args, check=False)
+    assert proc.returncode != 0
+    assert "kubeVersion" in proc.stderr
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 @pytest.mark.parametrize("values", [None, *VALUES_FILES], ids=lambda p: p.stem if p else "defaults")
-def test_rendered_manifests_validate_against_kubernetes_schemas(helm: Helm, values: Path | None) -> None:
-    objs = render(helm, values=[values] if values else [])
+def test_rendered_manifests_validate_against_kubernetes_schemas(
+    helm: Helm, values: Path | None, kube_version: str
+) -> None:
+    objs = render(helm, values=[values] if values else [], kube_version=kube_version)
     validated = []
     for obj in objs:
         if obj["kind"] in NON_CORE_KINDS:
             assert obj["apiVersion"] in ("kopf.dev/v1", "monitoring.coreos.com/v1")
             continue
         # Strict: unknown fields are errors too. The returned version is the schema set actually used.
-        version = kubernetes_validate.validate(obj, KUBE_VERSION, strict=True)
-        assert version == "1.35", f"validated against {version}, not 1.35"
+        version = kubernetes_validate.validate(obj, kube_version, strict=True)
+        assert version == minor(kube_version), f"validated against {version}, not {minor(kube_version)}"
         validated.append(obj["kind"])
     assert {"CustomResourceDefinition", "Deployment", "ServiceAccount"} <= set(validated)
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_what_the_operator_renders_validates_against_kubernetes_schemas(
+    example: Path, kube_version: str
+) -> None:
+    """The objects the operator creates (`specdeploy render`: Jobs, Deployment with its preStop sleep,
+    Service, PodDisruptionBudget, HorizontalPodAutoscaler) are valid for the floor as for 1.35."""
+    for doc in yaml.safe_load_all(example.read_text()):
+        if not doc or doc.get("kind") != "SpeculativeDeployment":
+            continue
+        sdep = parse_object(doc)
+        assert isinstance(sdep, SpeculativeDeployment)
+        for obj in render_children(sdep, OperatorSettings()):
+            if obj["apiVersion"].startswith(("specdeploy.dev/", "keda.sh/")):
+                continue
+            version = kubernetes_validate.validate(obj, kube_version, strict=True)
+            assert version == minor(kube_version)
 
 
 def test_schema_validation_catches_a_broken_manifest(helm: Helm) -> None:

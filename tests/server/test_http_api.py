@@ -209,16 +209,22 @@ def _wait_for(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
 
 
 def test_a_full_queue_answers_503_with_retry_after() -> None:
+    """maxQueueSize 1 on one batch slot: one request runs, one waits, the next is refused."""
     app, engine, _ = _app(
-        SchedulerSettings(max_batch_size=1, max_queue_size=0, draft_len=0), verify_seconds=0.01
+        SchedulerSettings(max_batch_size=1, max_queue_size=1, draft_len=0), verify_seconds=0.01
     )
     with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=10) as http:
-        with http.stream("POST", "/v1/completions", json=_completion(stream=True, max_tokens=1000)) as first:
+        with (
+            http.stream("POST", "/v1/completions", json=_completion(stream=True, max_tokens=1000)) as first,
+            http.stream("POST", "/v1/completions", json=_completion(stream=True, max_tokens=5)) as second,
+        ):
             lines = first.iter_lines()  # kept: dropping the iterator would close the stream
             next(lines)
+            assert _wait_for(lambda: engine.queue_depth == 2)
             busy = http.post("/v1/completions", json=_completion())
             _assert_error(busy, 503, "queue is full")
             assert busy.headers["retry-after"] == "1"
+            del second
         assert _wait_for(lambda: engine.queue_depth == 0)
         assert http.post("/v1/completions", json=_completion()).status_code == 200
 

@@ -17,6 +17,7 @@ from specdeploy_server.api.app import create_app
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.backends.trtllm_llmapi import LlmApiEngine
 from specdeploy_server.config import ServerConfig
+from specdeploy_server.core.scheduler import QueueFullError
 from specdeploy_server.core.types import FinishReason, SamplingParams
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -306,3 +307,30 @@ def test_a_request_the_llm_refuses_up_front_is_an_openai_error_and_frees_its_pla
     assert "trtllm-llmapi executor: The prompt length (20)" in bad.json()["error"]["message"]
     assert engine.queue_depth == 0
     assert trtllm_double.llms[0].requests == []
+
+
+@pytest.mark.parametrize(("max_queue_size", "admitted"), [(0, 6), (None, 6), (2, 3)])
+def test_maxqueuesize_0_is_no_limit_and_a_positive_one_bounds_the_llm_requests(
+    tiny_models: TinyModels, trtllm_double: DoubleState, max_queue_size: int | None, admitted: int
+) -> None:
+    """As in TensorRT-LLM's executor: 0 or null admits every request (they wait in the LLM), N > 0 admits
+    maxBatchSize + N and refuses the next with QueueFullError (503)."""
+    config = _config(tiny_models, method="none")
+    config["runtime"] = {"maxBatchSize": 1, "maxQueueSize": max_queue_size}
+    engine = build_engine(ServerConfig.model_validate(config))
+
+    async def main() -> None:
+        await engine.start()
+        generations = []
+        for _ in range(6):
+            try:
+                generations.append(engine.generate([5, 6, 7], 3, SamplingParams(temperature=0.0)))
+            except QueueFullError:
+                break
+        assert len(generations) == admitted
+        for gen in generations:
+            async for _ in gen.outputs:
+                pass
+        await engine.stop(1)
+
+    asyncio.run(main())

@@ -364,6 +364,12 @@ SCHEMA_CASES = [
         _runtime(secondaryOffloadMinPriority=101),
         "spec.runtime.secondaryOffloadMinPriority",
     ),
+    Case(
+        "runtime-max-seq-len-one",
+        "transformers",
+        _runtime(maxSeqLen=1),
+        "spec.runtime.maxSeqLen",
+    ),
     Case("port-zero", "none", _spec(serving={"port": 0}), "spec.serving.port"),
     Case("port-too-large", "none", _spec(serving={"port": 70000}), "spec.serving.port"),
     Case(
@@ -762,6 +768,20 @@ RULE_CASES = [
         _speculative(acceptance="logits"),
         "spec.speculative.acceptance",
         "logits-need-draft-target",
+    ),
+    Case(
+        "logits-on-pytorch",
+        "draftTarget",
+        {
+            "spec": {
+                "backend": "pytorch",
+                "target": {"build": None, "quantization": None},
+                "draft": {"build": None, "quantization": None},
+                "speculative": {"acceptance": "logits"},
+            }
+        },
+        "spec.speculative.acceptance",
+        "logits-not-on-pytorch",
     ),
     Case("eagle-missing", "eagle3", _speculative(eagle=None), "spec.speculative.eagle", "eagle-required"),
     Case(

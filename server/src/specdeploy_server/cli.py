@@ -74,7 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cpu-threads", type=int)
     g = p.add_argument_group("runtime")
     g.add_argument("--max-batch-size", type=int)
-    g.add_argument("--max-queue-size", type=int)
+    g.add_argument(
+        "--max-queue-size", type=int, help="requests waiting beyond the batch before 503; 0 (default): no cap"
+    )
     g.add_argument("--kv-cache-free-gpu-mem-fraction", type=float)
     g = p.add_argument_group("serving")
     g.add_argument("--host")

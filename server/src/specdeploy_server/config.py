@@ -127,7 +127,13 @@ class PlacementConfig(_Model):
 class RuntimeConfig(_Model):
     max_batch_size: int = Field(default=64, ge=1, description="Sequences stepped together.")
     max_queue_size: int | None = Field(
-        default=1024, ge=0, description="Waiting requests beyond the batch before 503; null = unbounded."
+        default=0,
+        ge=0,
+        description=(
+            "Requests waiting beyond the running batch before new ones get 503. 0 (the default) or null:"
+            " no limit, as TensorRT-LLM's executor and llgtrt read max_queue_size 0 or unset; a positive"
+            " number N: at most N waiting."
+        ),
     )
     max_num_tokens: int = Field(default=8192, ge=1, description="TensorRT-LLM: tokens per engine iteration.")
     kv_cache_free_gpu_mem_fraction: float = Field(

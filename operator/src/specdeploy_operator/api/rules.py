@@ -258,6 +258,14 @@ SPEC_RULES: Rules = (
         check=lambda s: s.speculative.method not in ("eagle3", "mtp") or s.backend == "pytorch",
     ),
     Rule["SpeculativeDeploymentSpec"](
+        name="logits-not-on-pytorch",
+        cel="self.speculative.acceptance != 'logits' || self.backend != 'pytorch'",
+        message="spec.speculative.acceptance logits needs spec.backend tensorrt or transformers "
+        "(with pytorch TensorRT-LLM decides acceptance itself: use tokenMatch)",
+        field_path=".speculative.acceptance",
+        check=lambda s: s.speculative.acceptance != "logits" or s.backend != "pytorch",
+    ),
+    Rule["SpeculativeDeploymentSpec"](
         name="kv-cache-reuse-for-draft-tokens",
         cel="!(self.speculative.method in ['draftTarget', 'promptLookup']) || "
         "self.runtime.enableKvCacheReuse",

@@ -183,7 +183,8 @@ class SpeculativeSpec(ApiModel):
     `max_draft_len` of the PyTorch backend's `speculative_config`."""
     acceptance: Literal["tokenMatch", "logits"] = "tokenMatch"
     """How draft tokens are accepted: `tokenMatch` compares tokens with the target's; `logits` uses rejection
-    sampling on draft and target logits (`use_logits`), `draftTarget` only."""
+    sampling on draft and target logits (`use_logits`), `draftTarget` with backend `tensorrt` or
+    `transformers` only (with `pytorch`, TensorRT-LLM's LLM API decides acceptance itself)."""
     prompt_lookup: PromptLookupSpec | None = None
     """Settings of `promptLookup`; only with that method."""
     eagle: EagleSpec | None = None
@@ -240,10 +241,15 @@ class RuntimeSpec(ApiModel):
     max_num_tokens: Annotated[int, Field(ge=1, le=16777216)] | None = None
     """Most tokens per executor step (`max_num_tokens`)."""
     max_queue_size: Annotated[int, Field(ge=0)] | None = None
-    """Most requests waiting in the executor queue (`max_queue_size`)."""
-    max_seq_len: Annotated[int, Field(ge=1, le=16777216)] | None = None
-    """Longest sequence in tokens, backends `pytorch` and `transformers` (the server's `maxModelLen`; unset:
-    the target's `max_position_embeddings`). With `tensorrt` the engine fixes it: `build.maxSeqLen`."""
+    """Most requests waiting for a batch slot beyond the `maxBatchSize` running ones (`max_queue_size`). 0 or
+    unset: no limit, as in TensorRT-LLM's executor (`Executor::Impl::enqueueRequests` rejects only when
+    `maxQueueSize > 0`; cpp/tensorrt_llm/executor/executorImpl.cpp) and llgtrt (`runtime.json` default 0), so
+    a burst waits and the queue is visible to autoscaling. A positive number N asks for a bound: the server
+    answers 503 (`queue_full`, `Retry-After: 1`) to a request that would make more than N wait."""
+    max_seq_len: Annotated[int, Field(ge=2, le=16777216)] | None = None
+    """Longest sequence in tokens, prompt and output together, at least 2 (one of each); backends `pytorch`
+    and `transformers` (the server's `maxModelLen`; unset: the target's `max_position_embeddings`). With
+    `tensorrt` the engine fixes it: `build.maxSeqLen`."""
     guaranteed_no_evict: bool | None = None
     """Schedule only requests whose KV cache is guaranteed to fit (`GUARANTEED_NO_EVICT`) instead of
     maximising utilisation (`guaranteed_no_evict`)."""

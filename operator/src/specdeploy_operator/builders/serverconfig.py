@@ -149,7 +149,9 @@ def build_server_config(
     rt = spec.runtime
     for key, value in (
         ("maxBatchSize", rt.max_batch_size),
-        ("maxQueueSize", rt.max_queue_size),
+        # Always written: 0 (also for unset) is "no limit" in the server as in TensorRT-LLM's executor, N > 0
+        # a bound (503 beyond N waiting); the rendered file says it whatever the server's default.
+        ("maxQueueSize", rt.max_queue_size or 0),
         ("maxNumTokens", rt.max_num_tokens),
         ("kvCacheFreeGpuMemFraction", rt.kv_cache_free_gpu_mem_fraction),
         ("draftKvCacheFreeGpuMemFraction", rt.draft_kv_cache_free_gpu_mem_fraction),

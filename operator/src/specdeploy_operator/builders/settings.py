@@ -19,7 +19,7 @@ ENV_PREFIX: Final = "SPECDEPLOY_"
 class OperatorSettings(BaseModel):
     """Defaults the operator applies where a SpeculativeDeployment leaves something unset."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     server_image: str = "ghcr.io/specdeploy/server:0.1.0"
     """Inference server image (`SPECDEPLOY_SERVER_IMAGE`, built from Dockerfile.server), unless

@@ -168,13 +168,35 @@ def _check_engine(facts: EngineFacts, device_ids: list[int], field: str, problem
         )
 
 
+def _method_problem(config: ServerConfig) -> str | None:
+    method = config.method
+    if method not in (Method.DRAFT_TARGET, Method.PROMPT_LOOKUP, Method.NONE):
+        return f"speculative.method {method.value} is not available with engines: use backend trtllm-llmapi"
+    return None
+
+
+def _kv_reuse_problem(config: ServerConfig) -> str | None:
+    method = config.method
+    if method != Method.NONE and not config.runtime.enable_kv_cache_reuse:
+        return (
+            f"runtime.enableKvCacheReuse is false; speculative.method {method.value} re-sends the whole "
+            "prefix every step and needs KV cache block reuse"
+        )
+    return None
+
+
+def settings_problems(config: ServerConfig) -> list[str]:
+    """The rules of the engine backend that need no engine: what `check_engines` refuses whatever the
+    engines' config.json says."""
+    return [p for p in (_method_problem(config), _kv_reuse_problem(config)) if p is not None]
+
+
 def check_engines(config: ServerConfig) -> EngineSetup:
     """Every rule of the engine backend; raises EngineConfigError listing all that fail."""
     method = config.method
-    if method not in (Method.DRAFT_TARGET, Method.PROMPT_LOOKUP, Method.NONE):
-        raise EngineConfigError(
-            [f"speculative.method {method.value} is not available with engines: use backend trtllm-llmapi"]
-        )
+    method_problem = _method_problem(config)
+    if method_problem is not None:
+        raise EngineConfigError([method_problem])
     target = read_engine(config.model.target, "target")
     draft: EngineFacts | None = None
     if method == Method.DRAFT_TARGET:
@@ -212,11 +234,9 @@ def check_engines(config: ServerConfig) -> EngineSetup:
                     target.max_draft_len,
                 )
             max_draft_len = min(max_draft_len, target.max_draft_len)
-        if not runtime.enable_kv_cache_reuse:
-            problems.append(
-                f"runtime.enableKvCacheReuse is false; speculative.method {method.value} re-sends the whole "
-                "prefix every step and needs KV cache block reuse"
-            )
+        kv_reuse_problem = _kv_reuse_problem(config)
+        if kv_reuse_problem is not None:
+            problems.append(kv_reuse_problem)
         for facts in (target, draft):
             if facts is not None and not facts.use_paged_context_fmha:
                 problems.append(

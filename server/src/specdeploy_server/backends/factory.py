@@ -34,14 +34,38 @@ def scheduler_settings(config: ServerConfig, max_model_len: int) -> SchedulerSet
     )
 
 
+def _backend_problem(config: ServerConfig, backend: Backend) -> str | None:
+    if config.method in LLMAPI_ONLY_METHODS and backend != Backend.TRTLLM_LLMAPI:
+        method = config.method.value
+        return f"speculative.method {method} runs only on backend trtllm-llmapi, not {backend.value}"
+    return None
+
+
+def startup_problems(config: ServerConfig) -> list[str]:
+    """What `build_engine` refuses before it loads a model, reads an engine or imports TensorRT-LLM: the
+    checks of a valid ServerConfig that depend on nothing but the configuration (the operator's tests hold
+    every configuration it renders to these)."""
+    backend = resolve_backend(config)
+    problem = _backend_problem(config, backend)
+    if problem is not None:
+        return [problem]
+    if backend == Backend.TRTLLM_ENGINE:
+        from specdeploy_server.backends import engine_config  # noqa: PLC0415
+
+        return engine_config.settings_problems(config)
+    if backend == Backend.TRTLLM_LLMAPI:
+        from specdeploy_server.backends import trtllm_llmapi  # noqa: PLC0415
+
+        return trtllm_llmapi.settings_problems(config)
+    return []
+
+
 def build_engine(config: ServerConfig, observer: SchedulerObserver | None = None) -> EngineClient:
     """The engine of the configured backend; TensorRT-LLM is imported only by its backends."""
     backend = resolve_backend(config)
-    if config.method in LLMAPI_ONLY_METHODS and backend != Backend.TRTLLM_LLMAPI:
-        raise BackendUnavailableError(
-            f"speculative.method {config.method.value} runs only on backend trtllm-llmapi, "
-            f"not {backend.value}"
-        )
+    problem = _backend_problem(config, backend)
+    if problem is not None:
+        raise BackendUnavailableError(problem)
     if backend == Backend.TRTLLM_ENGINE:
         from specdeploy_server.backends.trtllm_engine import build_trtllm_engine  # noqa: PLC0415
 

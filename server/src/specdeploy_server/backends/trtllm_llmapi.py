@@ -187,7 +187,8 @@ class LlmApiEngine:
         self.executor_stats: Callable[[], list[ExecutorSample]] | None = None
         self._llm = llm
         self._sampling_params = sampling_params
-        self._capacity = None if max_queue_size is None else max_batch_size + max_queue_size
+        # maxQueueSize 0 or None: no limit, as in TensorRT-LLM's executor
+        self._capacity = max_batch_size + max_queue_size if max_queue_size else None
         self._remaining: dict[str, int] = {}  # tokens each active request may still generate
         self._outputs: dict[str, Any] = {}  # the LLM's stream of each active request
         self._idle = asyncio.Event()  # set while no request is active
@@ -384,11 +385,19 @@ class _StreamCounts:
             self.accepted += new_tokens - 1
 
 
-def build_llmapi_engine(config: ServerConfig) -> LlmApiEngine:
+def settings_problems(config: ServerConfig) -> list[str]:
+    """What this backend refuses before TensorRT-LLM is imported."""
     if config.speculative.acceptance == Acceptance.LOGITS:
-        raise BackendUnavailableError(
+        return [
             f"speculative.acceptance logits is not available with {BACKEND} (TensorRT-LLM decides acceptance)"
-        )
+        ]
+    return []
+
+
+def build_llmapi_engine(config: ServerConfig) -> LlmApiEngine:
+    problems = settings_problems(config)
+    if problems:
+        raise BackendUnavailableError("; ".join(problems))
     ids = config.placement.target_device_ids
     if ids != list(range(len(ids))) and "CUDA_VISIBLE_DEVICES" not in os.environ:
         # The LLM API places ranks on devices 0..TP-1 of what it sees: show it exactly the configured GPUs.

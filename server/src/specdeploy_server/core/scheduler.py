@@ -137,7 +137,7 @@ class SpeculativeScheduler:
         # an ended sequence leaves `running` at the next reap, before any waiting one is admitted
         live_running = sum(1 for s in self.running if s.state is RUNNING)
         free_slots = self.settings.max_batch_size - live_running
-        if limit is not None and len(self.waiting) - max(free_slots, 0) >= limit:
+        if limit and len(self.waiting) - max(free_slots, 0) >= limit:
             raise QueueFullError(f"the request queue is full ({limit} waiting)")
         seq.state = WAITING
         self.waiting.append(seq)

@@ -14,7 +14,7 @@ from specdeploy_server.core.types import FinishReason
 
 
 class QueueFullError(Exception):
-    """The waiting queue is at ``maxQueueSize``."""
+    """The waiting queue is at ``maxQueueSize`` (a positive bound; 0 or None set no bound)."""
 
 
 class EngineStoppedError(Exception):
@@ -24,7 +24,9 @@ class EngineStoppedError(Exception):
 @dataclass(frozen=True)
 class SchedulerSettings:
     max_batch_size: int = 64
-    max_queue_size: int | None = 1024  # waiting (not yet running) requests; None = unbounded
+    #: waiting (not yet running) requests beyond the batch before QueueFullError; 0 or None: no limit
+    #: (TensorRT-LLM's executor and llgtrt read max_queue_size 0 or unset the same way)
+    max_queue_size: int | None = None
     max_model_len: int = 4096
     acceptance: str = AcceptanceRule.TOKEN_MATCH
     draft_len: int | None = 4  # None = adaptive
