@@ -13,8 +13,12 @@ cache="${SPECDEPLOY_CACHE:-$HOME/.cache/specdeploy}"
 key="$( { cat "$here/versions.env" "$here"/gomod/*/go.mod "$here"/gomod/*/go.sum "$here"/gomod/*/main.go; go version; } \
         | sha256sum | cut -c1-16)"
 bin="$cache/bin/$key"
+# KEDA's CRDs (its Go module ships them): the ScaledObject schema the tests validate against and install. Fetched
+# here, with everything else this project downloads, so that no test reaches the module proxy. Not part of the key.
+KEDA_VERSION="${KEDA_VERSION:-v2.18.1}"
 # Caches made before helm got its release ldflags, or before kwok's CRDs were kept, complete those alone.
-if [[ -f "$bin/.complete" && -f "$bin/.helm-release-ldflags" && -f "$bin/kwok-crds/.complete" ]]; then
+if [[ -f "$bin/.complete" && -f "$bin/.helm-release-ldflags" && -f "$bin/kwok-crds/.complete" ]] \
+  && [[ "$(cat "$bin/keda-crds/.complete" 2>/dev/null)" == "$KEDA_VERSION" ]]; then
   echo "$bin"
   exit 0
 fi
@@ -23,7 +27,8 @@ mkdir -p "$bin"
 # One build per cache key at a time (two checkouts, or a test that calls this while `make` does).
 exec 9>"$bin.lock"
 flock 9
-if [[ -f "$bin/.complete" && -f "$bin/.helm-release-ldflags" && -f "$bin/kwok-crds/.complete" ]]; then
+if [[ -f "$bin/.complete" && -f "$bin/.helm-release-ldflags" && -f "$bin/kwok-crds/.complete" ]] \
+  && [[ "$(cat "$bin/keda-crds/.complete" 2>/dev/null)" == "$KEDA_VERSION" ]]; then
   echo "$bin"
   exit 0
 fi
@@ -96,6 +101,14 @@ if [[ ! -x "$bin/cluster-autoscaler" ]]; then
   (cd "$here/gomod/cluster-autoscaler" \
     && go build -trimpath -tags kwok -ldflags "-s -w" -o "$bin/cluster-autoscaler.tmp" k8s.io/autoscaler/cluster-autoscaler \
     && mv "$bin/cluster-autoscaler.tmp" "$bin/cluster-autoscaler")
+fi
+if [[ "$(cat "$bin/keda-crds/.complete" 2>/dev/null)" != "$KEDA_VERSION" ]]; then
+  log "KEDA $KEDA_VERSION CRDs"
+  keda_src="$(go mod download -json "github.com/kedacore/keda/v2@$KEDA_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [[ -f "$keda_src/config/crd/bases/keda.sh_scaledobjects.yaml" ]] || { log "no KEDA CRDs in $keda_src"; exit 1; }
+  rm -rf "$bin/keda-crds" && mkdir -p "$bin/keda-crds"
+  cp "$keda_src"/config/crd/bases/*.yaml "$bin/keda-crds/"
+  echo "$KEDA_VERSION" > "$bin/keda-crds/.complete"
 fi
 log "built in $((SECONDS - start))s into $bin"
 touch "$bin/.complete"
