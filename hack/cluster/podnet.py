@@ -35,6 +35,7 @@ __all__ = [
     "claim_slot",
     "create_pod_netns",
     "delete_pod_netns",
+    "netns_exec",
     "netns_name",
     "release_slot",
     "slot_ranges",
@@ -120,6 +121,11 @@ def release_slot(cluster_dir: Path) -> None:
 def netns_name(uid: str) -> str:
     """The pod's network namespace; also its host-side veth name (at most 15 characters)."""
     return f"sdp{uid.replace('-', '')[:12]}"
+
+
+def netns_exec(name: str, argv: list[str]) -> list[str]:
+    """`argv` run inside the pod network namespace `name`."""
+    return ["ip", "netns", "exec", name, *argv]
 
 
 def create_pod_netns(uid: str, pod_ip: str) -> str:

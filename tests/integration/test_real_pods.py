@@ -202,7 +202,9 @@ def test_the_config_the_server_loaded_is_the_config_the_operator_rendered(
     assert f'config_sha256="{config_digest(rendered)}"' in info
 
 
-def test_a_killed_server_is_restarted_and_the_service_resumes(served: tuple[Served, Path]) -> None:
+def test_a_killed_server_is_restarted_and_the_service_resumes(
+    served: tuple[Served, Path], kubectl: Kubectl
+) -> None:
     s, models = served
     pod = s.pods()[0]
     pid = int(pod.status.container_statuses[0].container_id.removeprefix("podrunner://"))
@@ -226,6 +228,11 @@ def test_a_killed_server_is_restarted_and_the_service_resumes(served: tuple[Serv
     outage = wait_for(reported, timeout=30, interval=0.2, what="the deployment's status to show 0/1 ready")
     print(f"status while the server restarts: phase {outage['phase']}, ready {outage['readyText']}")
     s.wait_ready(timeout=180)
+    # The killed run's log is `--previous`; the current log is the restarted process's alone.
+    previous = kubectl("logs", "-n", s.namespace, pod.metadata.name, "--previous").stdout
+    assert "serving target on 0.0.0.0:8000" in previous, previous[-2000:]
+    current = kubectl("logs", "-n", s.namespace, pod.metadata.name).stdout
+    assert current.count("serving target on 0.0.0.0:8000") == 1, current[-2000:]
     wait_for(s.endpoints.ready, timeout=60, what="a ready endpoint again")
     api = s.openai()
     got = api.completions.create(

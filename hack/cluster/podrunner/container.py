@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import IO, Any
 
 from kubernetes import client
+from podnet import netns_exec
 
 from .selection import ImageDefaults
 from .volumes import Mount, PodNotReady, PodSources, UnsupportedPod, field_value
 
-__all__ = ["command_line", "container_env", "in_netns", "launch"]
+__all__ = ["command_line", "container_env", "launch"]
 
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$\(")
@@ -133,11 +134,6 @@ def _mount_script(mounts: list[Mount], workdir: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def in_netns(netns: str, argv: list[str]) -> list[str]:
-    """`argv` run inside the pod's network namespace."""
-    return ["ip", "netns", "exec", netns, *argv]
-
-
 def _copy_lines(stream: IO[bytes], name: str, log: IO[bytes], lock: threading.Lock) -> None:
     """CRI log lines (`<RFC3339Nano> <stream> <F|P> <text>`), the format kwok and `kubectl logs` read."""
     for line in iter(stream.readline, b""):
@@ -167,7 +163,7 @@ def launch(
     as a shell reports it."""
     script.write_text(_mount_script(mounts, workdir))
     proc = subprocess.Popen(
-        in_netns(netns, ["unshare", "--mount", "--propagation", "private", "sh", str(script), *argv]),
+        netns_exec(netns, ["unshare", "--mount", "--propagation", "private", "sh", str(script), *argv]),
         env=dict(env),
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from podnet import netns_exec
+
 __all__ = ["ProbeState", "run_handler"]
 
 
@@ -56,7 +58,7 @@ def run_handler(
             ):
                 return True
         if "exec" in handler:
-            argv = ["ip", "netns", "exec", netns, *handler["exec"]["command"]]
+            argv = netns_exec(netns, handler["exec"]["command"])
             result = subprocess.run(argv, env=dict(env), capture_output=True, timeout=timeout, check=False)
             return result.returncode == 0
         if "sleep" in handler:

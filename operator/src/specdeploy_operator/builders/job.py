@@ -129,6 +129,11 @@ def _checkpoint_argv(
     return argv
 
 
+def _marker(hash_: str, engine_dir: str) -> str:
+    """The shell command that writes the completion marker, last step of every build or staging Job."""
+    return f"echo {hash_} > {shlex.quote(engine_dir)}/{COMPLETION_MARKER}"
+
+
 def build_commands(engine_build: dict[str, Any], settings: OperatorSettings) -> BuildCommands:
     """The command lines of the build of `engine_build` (an EngineBuild dict)."""
     spec = engine_build["spec"]
@@ -141,12 +146,11 @@ def build_commands(engine_build: dict[str, Any], settings: OperatorSettings) -> 
         download, _, _ = download_step(source, out_dir)
         if download is None:
             raise ValueError(f"{source.uri}: a pvc:// checkpoint is mounted, not staged")
-        marker = f"set -e; echo {hash_} > {shlex.quote(out_dir)}/{COMPLETION_MARKER}"
         return BuildCommands(
             download=download,
             checkpoint=None,
             build=None,
-            complete=["sh", "-c", marker],
+            complete=["sh", "-c", f"set -e; {_marker(hash_, out_dir)}"],
             model_dir=out_dir,
             engine_dir=out_dir,
         )
@@ -165,7 +169,7 @@ def build_commands(engine_build: dict[str, Any], settings: OperatorSettings) -> 
         f"set -e; mkdir -p {dst}/tokenizer; "
         f"for f in {src}/*token* {src}/generation_config.json {src}/config.json; "
         f'do if [ -f "$f" ]; then cp "$f" {dst}/tokenizer/; fi; done; '
-        f"echo {hash_} > {dst}/{COMPLETION_MARKER}"
+        f"{_marker(hash_, out_dir)}"
     )
     return BuildCommands(
         download=download,
