@@ -416,3 +416,77 @@ def test_rendered_engine_builds_are_valid_api_objects() -> None:
                 assert errors == [], (path.name, errors)
                 assert isinstance(parsed, EngineBuild)
                 assert parsed.spec.hash == parsed.spec.content_hash()
+
+
+def test_a_mig_deployment_builds_its_engines_on_the_mig_slices_it_serves_on() -> None:
+    """Build pods and serving pods request the same extended resource: with `placement.gpuResource:
+    nvidia.com/mig-3g.40gb`, a build that asked for `nvidia.com/gpu` would never schedule on the MIG pool."""
+    from specdeploy_operator.api import SpeculativeDeployment
+    from specdeploy_operator.builders import (
+        OperatorSettings,
+        build_deployment,
+        build_engine_builds,
+        build_job,
+    )
+
+    doc = {
+        "apiVersion": "specdeploy.dev/v1alpha1",
+        "kind": "SpeculativeDeployment",
+        "metadata": {"name": "mig", "namespace": "ns", "uid": "u"},
+        "spec": {
+            "target": {"model": {"uri": "hf://org/target-8b"}},
+            "speculative": {"method": "promptLookup"},
+            "placement": {
+                "gpuProduct": "NVIDIA-H100-80GB-HBM3",
+                "gpuResource": "nvidia.com/mig-3g.40gb",
+                "tolerations": [
+                    {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}
+                ],
+            },
+        },
+    }
+    sdep = SpeculativeDeployment.model_validate(doc)
+    settings = OperatorSettings()
+    (engine,) = build_engine_builds(sdep, settings)
+    job_pod = build_job({**engine, "metadata": {**engine["metadata"], "uid": "e"}}, settings)["spec"][
+        "template"
+    ]
+    gpu_steps = [c for c in job_pod["spec"]["initContainers"] if "resources" in c]
+    assert gpu_steps
+    for step in gpu_steps:
+        assert step["resources"]["limits"] == {"nvidia.com/mig-3g.40gb": "1"}
+    serving = build_deployment(sdep, [engine], settings)["spec"]["template"]["spec"]
+    assert serving["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-3g.40gb": "1"}
+    # One helper: the same selector and tolerations for both kinds of pods.
+    assert job_pod["spec"]["nodeSelector"] == serving["nodeSelector"]
+    assert job_pod["spec"]["tolerations"] == serving["tolerations"]
+    # Where the build runs is not what it builds: the same engine (hash) as on whole GPUs.
+    whole = SpeculativeDeployment.model_validate(
+        {**doc, "spec": {**doc["spec"], "placement": {"gpuProduct": "NVIDIA-H100-80GB-HBM3"}}}
+    )
+    assert build_engine_builds(whole, settings)[0]["spec"]["hash"] == engine["spec"]["hash"]
+
+
+def test_the_pod_template_rolls_when_the_inline_chat_template_changes() -> None:
+    from specdeploy_operator.api import SpeculativeDeployment
+    from specdeploy_operator.builders import OperatorSettings, build_deployment
+
+    def template_annotations(chat_template: str) -> dict[str, str]:
+        sdep = SpeculativeDeployment.model_validate(
+            {
+                "apiVersion": "specdeploy.dev/v1alpha1",
+                "kind": "SpeculativeDeployment",
+                "metadata": {"name": "t", "namespace": "ns"},
+                "spec": {
+                    "backend": "transformers",
+                    "target": {"model": {"uri": "pvc://models/target"}},
+                    "speculative": {"method": "promptLookup"},
+                    "placement": {"device": "cpu"},
+                    "serving": {"chatTemplate": chat_template},
+                },
+            }
+        )
+        meta = build_deployment(sdep, [], OperatorSettings())["spec"]["template"]["metadata"]
+        return dict(meta["annotations"])
+
+    assert template_annotations("{{ a }}") != template_annotations("{{ b }}")

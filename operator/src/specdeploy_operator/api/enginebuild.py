@@ -17,7 +17,15 @@ from pydantic import Field, StringConstraints
 
 from .base import GROUP, VERSION, ApiModel, PrinterColumn, ResourceInfo, Rule, Rules
 from .checkpoint import ModelSource, QuantizationSpec
-from .meta import CONDITIONS_LIST_EXTRAS, Condition, DnsSubdomain, LabelValue, ObjectMeta
+from .meta import (
+    CONDITIONS_LIST_EXTRAS,
+    Condition,
+    DnsSubdomain,
+    LabelValue,
+    ObjectMeta,
+    QualifiedName,
+    Toleration,
+)
 
 __all__ = [
     "ENGINE_BUILD",
@@ -94,6 +102,12 @@ class EngineBuildSpec(ApiModel):
     gpu_product: LabelValue | None = None
     """GPU product the engine is built on and for (node label `nvidia.com/gpu.product`); unset for a staged
     checkpoint, whose Job needs no GPU."""
+    gpu_resource: QualifiedName | None = None
+    """Extended resource the build pod requests its GPUs as (the deployment's `placement.gpuResource`, e.g.
+    `nvidia.com/mig-3g.40gb`); unset means `nvidia.com/gpu`. Where to build, not what: not in the hash."""
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = None
+    """Tolerations of the build pod besides the GPU taint's (the deployment's `placement.tolerations`); not in
+    the hash. An engine shared by several deployments is scheduled as the first of them asked."""
     cache: EngineCacheLocation
     """Where the engine is stored."""
 
@@ -106,6 +120,9 @@ class EngineBuildSpec(ApiModel):
         content["cache"].pop("path", None)
         # The credentials secret does not change the bytes of the engine.
         content["model"].pop("credentialsSecret", None)
+        # Where the build runs does not change the engine either (the product does, and is kept).
+        content.pop("gpuResource", None)
+        content.pop("tolerations", None)
         canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

@@ -17,12 +17,13 @@ from specdeploy_operator.api import (
 )
 
 from .common import ENGINE_HASH_LABEL, ENGINE_ROLE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, dns_label
+from .layout import builder_image, engine_dir
+from .scheduling import DEFAULT_GPU_RESOURCE
 from .settings import OperatorSettings
 
 __all__ = [
     "build_engine_builds",
     "engine_build_name",
-    "engine_dir",
     "engine_models",
     "gpu_product",
     "is_staged",
@@ -74,11 +75,6 @@ def cache_pvc_name(sdep: SpeculativeDeployment, settings: OperatorSettings) -> s
     return settings.cache_pvc_name
 
 
-def engine_dir(hash_: str) -> str:
-    """Directory of an engine inside the cache claim."""
-    return f"engines/{hash_}"
-
-
 def engine_build_name(model_uri: str, role: EngineRole, hash_: str) -> str:
     """`<model>-<role>-<hash>`: the last path segment of the URI, shortened so the name stays a DNS-1123
     label of at most 63 characters; the hash keeps it unique."""
@@ -90,7 +86,6 @@ def _engine_build(
     sdep: SpeculativeDeployment, role: EngineRole, model: ModelSpec, settings: OperatorSettings
 ) -> dict[str, Any]:
     spec = sdep.spec
-    builder_image = (spec.images.builder if spec.images else None) or settings.builder_image
     flags = render_build_flags(spec, role) if spec.backend == "tensorrt" else []
     staged = is_staged(sdep)
     draft = EngineBuildSpec(
@@ -103,10 +98,14 @@ def _engine_build(
         build_flags=flags,
         stage_only=True if staged else None,
         hash=_HASH_PLACEHOLDER,
-        builder_image=builder_image,
+        builder_image=builder_image(sdep, settings),
         # A staged checkpoint is the same on every device: its Job needs no GPU, and GPU and CPU deployments
         # share it.
         gpu_product=None if staged else gpu_product(sdep, settings),
+        gpu_resource=None
+        if staged or spec.placement.gpu_resource == DEFAULT_GPU_RESOURCE
+        else spec.placement.gpu_resource,
+        tolerations=None if staged else spec.placement.tolerations,
         cache=EngineCacheLocation(pvc_name=cache_pvc_name(sdep, settings), path="pending"),
     )
     hash_ = draft.content_hash()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Final
 
 from specdeploy_operator.api import EngineBuild, ModelSource
@@ -19,7 +20,10 @@ from .common import (
     NAME_LABEL,
     dns_label,
     owner_reference,
+    short_hash,
 )
+from .layout import COMPLETION_MARKER, CREDENTIALS_MOUNT, SOURCE_MOUNT, TOKENIZER_DIR, CacheLayout, pvc_source
+from .scheduling import DEFAULT_GPU_RESOURCE, GpuScheduling
 from .settings import OperatorSettings
 
 __all__ = [
@@ -29,17 +33,12 @@ __all__ = [
     "build_commands",
     "build_job",
     "download_step",
-    "gpu_scheduling",
+    "build_scheduling",
     "job_name",
 ]
 
-COMPLETION_MARKER: Final = ".specdeploy-complete"
-"""File written into the engine directory once the engine is complete."""
-CREDENTIALS_MOUNT: Final = "/var/run/secrets/specdeploy/model"
-"""Where the model's credentials Secret is mounted (read-only files, never env values)."""
-SOURCE_MOUNT: Final = "/model-source"
-GPU_TOLERATION: Final = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-GPU_PRODUCT_LABEL: Final = "nvidia.com/gpu.product"
+RETRY_ANNOTATION: Final = "specdeploy.dev/retry"
+"""Set (to any new value) on a `Failed` EngineBuild to build it again: the retry gets a Job of its own."""
 
 
 @dataclass(frozen=True)
@@ -55,14 +54,17 @@ class BuildCommands:
     engine_dir: str
 
 
-def job_name(engine_build: dict[str, Any]) -> str:
+def job_name(engine_build: Mapping[str, Any]) -> str:
     """`<engine build name>-build`, shortened so it stays a 63-character label (the Job controller copies it
-    into the `job-name` pod label)."""
+    into the `job-name` pod label). A retry (`specdeploy.dev/retry` annotation) is another attempt with a Job
+    of its own: `-build-<hash of the annotation's value>`."""
     spec = engine_build["spec"]
     name: str = engine_build["metadata"]["name"]
     role = spec["role"]
     stem = name.removesuffix(f"-{role}-{spec['hash']}")
-    return dns_label(stem, f"{role}-{spec['hash']}-build")
+    retry = ((engine_build["metadata"].get("annotations")) or {}).get(RETRY_ANNOTATION)
+    suffix = f"-{short_hash(str(retry), length=6)}" if retry else ""
+    return dns_label(stem, f"{role}-{spec['hash']}-build{suffix}")
 
 
 def download_step(source: ModelSource, dest: str) -> tuple[list[str] | None, str, list[dict[str, str]]]:
@@ -72,9 +74,9 @@ def download_step(source: ModelSource, dest: str) -> tuple[list[str] | None, str
     uri = source.uri
     scheme, _, rest = uri.partition("://")
     env: list[dict[str, str]] = []
-    if scheme == "pvc":
-        _, _, path = rest.partition("/")
-        return None, f"{SOURCE_MOUNT}/{path}".rstrip("/"), env
+    claim = pvc_source(source)
+    if claim is not None:
+        return None, claim.under(SOURCE_MOUNT), env
     if scheme == "hf":
         argv = ["huggingface-cli", "download", rest, "--local-dir", dest]
         if source.revision:
@@ -134,13 +136,13 @@ def _marker(hash_: str, engine_dir: str) -> str:
     return f"echo {hash_} > {shlex.quote(engine_dir)}/{COMPLETION_MARKER}"
 
 
-def build_commands(engine_build: dict[str, Any], settings: OperatorSettings) -> BuildCommands:
+def build_commands(engine_build: Mapping[str, Any], settings: OperatorSettings) -> BuildCommands:
     """The command lines of the build of `engine_build` (an EngineBuild dict)."""
     spec = engine_build["spec"]
     hash_ = spec["hash"]
-    cache = settings.cache_mount_path
-    work = f"{cache}/work/{hash_}"
-    out_dir = f"{cache}/{spec['cache']['path']}"
+    layout = CacheLayout.of(settings)
+    work = layout.work(hash_)
+    out_dir = layout.engine(spec["cache"]["path"])
     source = ModelSource.model_validate(spec["model"])
     if spec.get("stageOnly"):
         download, _, _ = download_step(source, out_dir)
@@ -166,9 +168,9 @@ def build_commands(engine_build: dict[str, Any], settings: OperatorSettings) -> 
     # Keep the tokenizer next to the engine (the server loads it from there), then write the marker.
     src, dst = shlex.quote(model_dir), shlex.quote(out_dir)
     script = (
-        f"set -e; mkdir -p {dst}/tokenizer; "
+        f"set -e; mkdir -p {dst}/{TOKENIZER_DIR}; "
         f"for f in {src}/*token* {src}/generation_config.json {src}/config.json; "
-        f'do if [ -f "$f" ]; then cp "$f" {dst}/tokenizer/; fi; done; '
+        f'do if [ -f "$f" ]; then cp "$f" {dst}/{TOKENIZER_DIR}/; fi; done; '
         f"{_marker(hash_, out_dir)}"
     )
     return BuildCommands(
@@ -181,16 +183,20 @@ def build_commands(engine_build: dict[str, Any], settings: OperatorSettings) -> 
     )
 
 
-def gpu_scheduling(product: str, gpus: int, resource: str = "nvidia.com/gpu") -> dict[str, Any]:
-    """Pod spec fields that put a pod on `gpus` GPUs of `product`."""
-    return {
-        "nodeSelector": {GPU_PRODUCT_LABEL: product},
-        "tolerations": [dict(GPU_TOLERATION)],
-        "resources": {"limits": {resource: str(gpus)}, "requests": {resource: str(gpus)}},
-    }
+def build_scheduling(spec: Mapping[str, Any]) -> GpuScheduling:
+    """Where the build of an EngineBuild spec runs: its parallelism's GPUs, of the deployment's GPU resource
+    (a MIG slice where the deployment serves on MIG), on its GPU product, with the deployment's tolerations."""
+    parallelism = spec.get("parallelism", {})
+    gpus = int(parallelism.get("tensorParallel", 1)) * int(parallelism.get("pipelineParallel", 1))
+    return GpuScheduling(
+        product=spec["gpuProduct"],
+        count=gpus,
+        resource=spec.get("gpuResource") or DEFAULT_GPU_RESOURCE,
+        tolerations=tuple(spec.get("tolerations") or ()),
+    )
 
 
-def build_job(engine_build: dict[str, Any], settings: OperatorSettings | None = None) -> dict[str, Any]:
+def build_job(engine_build: Mapping[str, Any], settings: OperatorSettings | None = None) -> dict[str, Any]:
     """The Job that builds `engine_build`, owned by it (the uid placeholder is filled in by the handler)."""
     settings = settings or OperatorSettings()
     spec = engine_build["spec"]
@@ -203,10 +209,10 @@ def build_job(engine_build: dict[str, Any], settings: OperatorSettings | None = 
     volumes: list[dict[str, Any]] = [
         {"name": "engine-cache", "persistentVolumeClaim": {"claimName": spec["cache"]["pvcName"]}}
     ]
-    if source.uri.startswith("pvc://"):
-        claim = source.uri.removeprefix("pvc://").split("/", 1)[0]
+    claim = pvc_source(source)
+    if claim is not None:
         volumes.append(
-            {"name": "model-source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+            {"name": "model-source", "persistentVolumeClaim": {"claimName": claim.claim, "readOnly": True}}
         )
         mounts.append({"name": "model-source", "mountPath": SOURCE_MOUNT, "readOnly": True})
     download_mounts = list(mounts)
@@ -231,15 +237,13 @@ def build_job(engine_build: dict[str, Any], settings: OperatorSettings | None = 
     if commands.checkpoint is not None:
         # Quantizing, converting and building run on the GPUs of the product the engine is for; staging a
         # checkpoint is a download, and needs none.
-        parallelism = spec.get("parallelism", {})
-        gpus = int(parallelism.get("tensorParallel", 1)) * int(parallelism.get("pipelineParallel", 1))
-        scheduling = gpu_scheduling(spec["gpuProduct"], gpus)
+        scheduling = build_scheduling(spec)
         pod_scheduling = {
-            "nodeSelector": scheduling["nodeSelector"],
-            "tolerations": scheduling["tolerations"],
+            "nodeSelector": scheduling.node_selector(),
+            "tolerations": scheduling.pod_tolerations(),
         }
         step_name = "quantize" if "quantize" in commands.checkpoint[1] else "convert"
-        gpu_step = {"resources": scheduling["resources"], "volumeMounts": mounts}
+        gpu_step = {"resources": scheduling.resources(), "volumeMounts": mounts}
         steps.append({"name": step_name, "image": image, "command": commands.checkpoint, **gpu_step})
         if commands.build is not None:
             steps.append({"name": "build", "image": image, "command": commands.build, **gpu_step})

@@ -12,6 +12,7 @@ from specdeploy_operator.api import EngineRole, ModelSource, ModelSpec, Speculat
 from .common import quantity_value
 from .engines import engine_models
 from .job import download_step
+from .layout import MODELS_MOUNT, SOURCE_MOUNT, CacheLayout, served_source_mount
 from .settings import OperatorSettings
 
 __all__ = [
@@ -30,7 +31,6 @@ __all__ = [
 
 API_KEY_MOUNT: Final = "/var/run/secrets/specdeploy/api-key"
 CHAT_TEMPLATE_MOUNT: Final = "/etc/specdeploy/chat-template"
-MODELS_MOUNT: Final = "/models"
 _BACKENDS: Final = {
     "tensorrt": "trtllm-engine",
     "pytorch": "trtllm-llmapi",
@@ -76,7 +76,7 @@ def _engine_path(
     engine = engines.get(role)
     if engine is None:
         return None
-    return f"{settings.cache_mount_path}/{engine['spec']['cache']['path']}"
+    return CacheLayout.of(settings).engine(engine["spec"]["cache"]["path"])
 
 
 def _model_path(
@@ -99,7 +99,7 @@ def _source_path(source: ModelSource, role: str) -> str:
     """Where a checkpoint the pod loads directly is found: downloaded by an init container into
     `/models/<role>`, or mounted from its claim at `/models/source-<role>`."""
     _, path, _ = download_step(source, f"{MODELS_MOUNT}/{role}")
-    return path.replace("/model-source", f"{MODELS_MOUNT}/source-{role}", 1)
+    return path.replace(SOURCE_MOUNT, served_source_mount(role), 1)
 
 
 def direct_sources(sdep: SpeculativeDeployment, built: set[str]) -> list[tuple[str, ModelSource]]:
@@ -130,7 +130,7 @@ def build_server_config(
     if spec.speculative.method == "eagle3" and spec.speculative.eagle is not None:
         model["speculativeModel"] = _source_path(spec.speculative.eagle.model, "eagle")
     if "target" in by_role and spec.backend == "tensorrt":
-        model["tokenizer"] = f"{model['target']}/tokenizer"
+        model["tokenizer"] = CacheLayout.of(settings).tokenizer(by_role["target"]["spec"]["cache"]["path"])
     if spec.backend == "transformers" and spec.runtime.max_seq_len is not None:
         model["maxModelLen"] = spec.runtime.max_seq_len
     model["servedModelName"] = spec.target.model.uri.rstrip("/").rsplit("/", 1)[-1]

@@ -23,11 +23,12 @@ from .common import (
     selector_string,
 )
 from .engines import cache_pvc_name, gpu_product
-from .job import CREDENTIALS_MOUNT, GPU_PRODUCT_LABEL, GPU_TOLERATION, download_step
+from .job import download_step
+from .layout import CREDENTIALS_MOUNT, MODELS_MOUNT, builder_image, pvc_source, served_source_mount
+from .scheduling import GpuScheduling
 from .serverconfig import (
     API_KEY_MOUNT,
     CHAT_TEMPLATE_MOUNT,
-    MODELS_MOUNT,
     PRESTOP_SECONDS,
     build_server_config,
     cpu_resources,
@@ -81,6 +82,16 @@ def endpoint(sdep: SpeculativeDeployment) -> str:
 
 def configmap_name(sdep: SpeculativeDeployment) -> str:
     return dns_label(_name(sdep), "server-config")
+
+
+def config_digest(configmap: dict[str, Any]) -> str:
+    """The digest of a server ConfigMap's data: the pod template carries it, so a changed configuration (or
+    inline chat template) rolls the pods."""
+    data = configmap["data"]
+    content = json.dumps(json.loads(data[CONFIG_FILE]), sort_keys=True)
+    if "template.jinja" in data:
+        content += "\x00" + data["template.jinja"]
+    return hashlib.sha256(content.encode()).hexdigest()[:16]
 
 
 def build_configmap(
@@ -137,21 +148,26 @@ def _volumes(
     built = {engine["spec"]["role"] for engine in engines}
     for role, source in direct_sources(sdep, built):
         argv, _, env = download_step(source, f"{MODELS_MOUNT}/{role}")
-        if argv is None:
-            claim = source.uri.removeprefix("pvc://").split("/", 1)[0]
+        claim = pvc_source(source)
+        if argv is None and claim is not None:
             volumes.append(
-                {"name": f"source-{role}", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+                {
+                    "name": f"source-{role}",
+                    "persistentVolumeClaim": {"claimName": claim.claim, "readOnly": True},
+                }
             )
             mounts.append(
-                {"name": f"source-{role}", "mountPath": f"{MODELS_MOUNT}/source-{role}", "readOnly": True}
+                {"name": f"source-{role}", "mountPath": served_source_mount(role), "readOnly": True}
             )
             continue
+        if argv is None:
+            raise ValueError(f"{source.uri}: no download step and no claim")
         volumes.append({"name": f"model-{role}", "emptyDir": {}})
         mount: dict[str, Any] = {"name": f"model-{role}", "mountPath": f"{MODELS_MOUNT}/{role}"}
         mounts.append({**mount, "readOnly": True})
         step: dict[str, Any] = {
             "name": f"download-{role}",
-            "image": _builder_image(sdep, settings),
+            "image": builder_image(sdep, settings),
             "command": argv,
         }
         if env:
@@ -204,8 +220,15 @@ def _volumes(
     return volumes, mounts, init
 
 
-def _builder_image(sdep: SpeculativeDeployment, settings: OperatorSettings) -> str:
-    return (sdep.spec.images.builder if sdep.spec.images else None) or settings.builder_image
+def serving_scheduling(sdep: SpeculativeDeployment, settings: OperatorSettings) -> GpuScheduling:
+    """The GPUs of one serving replica: `gpusPerReplica` of `placement.gpuResource` on the GPU product."""
+    spec = sdep.spec
+    return GpuScheduling(
+        product=gpu_product(sdep, settings),
+        count=spec.gpus_per_replica,
+        resource=spec.placement.gpu_resource,
+        tolerations=tuple(t.to_dict() for t in spec.placement.tolerations or ()),
+    )
 
 
 def _scheduling(
@@ -221,14 +244,14 @@ def _scheduling(
     if spec.placement.device == "cpu":
         resources = cpu_resources(sdep, settings)
     else:
-        gpus, resource = str(spec.gpus_per_replica), spec.placement.gpu_resource
-        resources = {"limits": {resource: gpus}, "requests": {resource: gpus}}
+        gpus = serving_scheduling(sdep, settings)
+        resources = dict(gpus.resources())
         if spec.serving.resources is not None:
             extra = spec.serving.resources.to_dict()
             for key in ("requests", "limits"):
                 resources[key] = {**extra.get(key, {}), **resources[key]}
-        node_selector[GPU_PRODUCT_LABEL] = gpu_product(sdep, settings)
-        tolerations.append(dict(GPU_TOLERATION))
+        node_selector.update(gpus.node_selector())
+        tolerations = gpus.pod_tolerations()
     for toleration in spec.placement.tolerations or []:
         item = toleration.to_dict()
         if item not in tolerations:
@@ -237,11 +260,18 @@ def _scheduling(
 
 
 def build_deployment(
-    sdep: SpeculativeDeployment, engines: list[dict[str, Any]], settings: OperatorSettings | None = None
+    sdep: SpeculativeDeployment,
+    engines: list[dict[str, Any]],
+    settings: OperatorSettings | None = None,
+    *,
+    configmap: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The Deployment of the serving pods. With backend `tensorrt`, `engines` must hold the EngineBuild of
-    every model (`ValueError` otherwise)."""
+    every model (`ValueError` otherwise). `configmap`: the deployment's `build_configmap`, when the caller
+    rendered it already (the configuration is rendered once)."""
     settings = settings or OperatorSettings()
+    if configmap is None:
+        configmap = build_configmap(sdep, engines, settings)
     spec = sdep.spec
     name = _name(sdep)
     port = spec.serving.port
@@ -275,8 +305,7 @@ def build_deployment(
     pod_spec["containers"] = [container]
     pod_spec["volumes"] = volumes
     # A changed configuration (runtime, serving) or a new engine changes the pod template: pods roll.
-    config = json.dumps(build_server_config(sdep, engines, settings), sort_keys=True)
-    annotations = {CONFIG_HASH_ANNOTATION: hashlib.sha256(config.encode()).hexdigest()[:16]}
+    annotations = {CONFIG_HASH_ANNOTATION: config_digest(configmap)}
     if hashes:
         annotations[ENGINE_HASHES_ANNOTATION] = hashes
     template_meta: dict[str, Any] = {"labels": labels(name, COMPONENT), "annotations": annotations}
