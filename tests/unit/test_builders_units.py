@@ -429,7 +429,7 @@ def test_a_mig_deployment_builds_its_engines_on_the_mig_slices_it_serves_on() ->
         build_job,
     )
 
-    doc = {
+    doc: dict[str, Any] = {
         "apiVersion": "specdeploy.dev/v1alpha1",
         "kind": "SpeculativeDeployment",
         "metadata": {"name": "mig", "namespace": "ns", "uid": "u"},

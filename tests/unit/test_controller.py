@@ -1,5 +1,5 @@
-"""The controller's pure parts: status from observations, condition transitions, rollback engines, the
-applied-hash skip and the work queue."""
+"""The controller's pure parts: status from observations, condition transitions, rollback engines and the
+work queue."""
 
 from __future__ import annotations
 
@@ -9,12 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from specdeploy_operator.controller.queue import WorkQueue
-from specdeploy_operator.controller.reconciler import (
-    APPLIED_HASH_ANNOTATION,
-    applied_hash,
-    merge_patch,
-    with_applied_hash,
-)
+from specdeploy_operator.controller.reconciler import merge_patch
 from specdeploy_operator.controller.status import (
     ConditionSpec,
     EngineObservation,
@@ -209,6 +204,7 @@ def test_deployment_is_ready_when_every_replica_is_updated_and_ready() -> None:
         "Available": ("True", "MinimumReplicasAvailable"),
         "Progressing": ("False", "RolloutComplete"),
         "Degraded": ("False", "AsExpected"),
+        "Synced": ("True", "ReconcileSuccess"),
     }
     assert status["readyText"] == "2/2"
 
@@ -303,19 +299,6 @@ def test_previous_engines_keep_one_per_role_and_drop_engines_in_use_again() -> N
     assert previous_engines(old, new, keep=1) == ["t1", "t0"]
     assert previous_engines(old, {"target": {"name": "t1"}}, keep=1) == ["d1"]
     assert previous_engines(old, new, keep=0) == []
-
-
-# -- applied hash ------------------------------------------------------------------------------------------
-
-
-def test_applied_hash_changes_with_the_object_and_not_with_key_order() -> None:
-    a = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x"}, "spec": {"a": 1, "b": 2}}
-    b = {"kind": "Service", "apiVersion": "v1", "metadata": {"name": "x"}, "spec": {"b": 2, "a": 1}}
-    assert applied_hash(a) == applied_hash(b)
-    assert applied_hash(a) != applied_hash({**a, "spec": {"a": 2, "b": 2}})
-    annotated = with_applied_hash(a)
-    assert annotated["metadata"]["annotations"][APPLIED_HASH_ANNOTATION] == applied_hash(a)
-    assert "annotations" not in a["metadata"], "the desired object is not modified"
 
 
 # -- work queue --------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ rendered command lines are exactly the seed's (`build_commands`)."""
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 from specdeploy_operator.api import EngineBuild, ModelSource
@@ -32,8 +32,8 @@ __all__ = [
     "BuildCommands",
     "build_commands",
     "build_job",
-    "download_step",
     "build_scheduling",
+    "download_step",
     "job_name",
 ]
 
@@ -184,8 +184,9 @@ def build_commands(engine_build: Mapping[str, Any], settings: OperatorSettings) 
 
 
 def build_scheduling(spec: Mapping[str, Any]) -> GpuScheduling:
-    """Where the build of an EngineBuild spec runs: its parallelism's GPUs, of the deployment's GPU resource
-    (a MIG slice where the deployment serves on MIG), on its GPU product, with the deployment's tolerations."""
+    """Where the build of an EngineBuild spec runs: its parallelism's GPUs, of the deployment's GPU
+    resource (a MIG slice where the deployment serves on MIG), on its GPU product, with the deployment's
+    tolerations."""
     parallelism = spec.get("parallelism", {})
     gpus = int(parallelism.get("tensorParallel", 1)) * int(parallelism.get("pipelineParallel", 1))
     return GpuScheduling(

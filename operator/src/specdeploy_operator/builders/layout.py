@@ -1,7 +1,7 @@
 """Where things are, in the engine cache and in the pods: the one place that says so.
 
-The build Job writes an engine (or a staged checkpoint) into the cache claim; the serving Deployment mounts the
-claim and the server configuration points the server at the same paths. Those three builders (`job.py`,
+The build Job writes an engine (or a staged checkpoint) into the cache claim; the serving Deployment mounts
+the claim and the server configuration points the server at the same paths. Those three builders (`job.py`,
 `serving.py`, `serverconfig.py`) agree because they all read this module, not because each spells the same
 strings. The server reads the paths from its rendered configuration (`model.target`, `model.tokenizer`), never
 from a convention of its own.

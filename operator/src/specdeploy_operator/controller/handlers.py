@@ -15,7 +15,7 @@ import kopf
 from specdeploy_operator.api import GROUP, VERSION
 from specdeploy_operator.builders.common import MANAGED_BY, MANAGED_BY_LABEL
 
-from .reconciler import Reconciler, owner_names
+from .reconciler import Reconciler, engines_used, owner_names
 
 __all__ = ["register"]
 
@@ -52,13 +52,14 @@ def _key(kw: Mapping[str, Any]) -> tuple[str, str]:
     return (str(kw["namespace"]), str(kw["name"]))
 
 
-def register(registry: kopf.OperatorRegistry) -> None:
-    """Register every index and handler of the operator in `registry`. Handlers take `**kw` (kopf passes
-    everything by keyword) and read what they need."""
-    sdep = (GROUP, VERSION, "speculativedeployments")
-    engine = (GROUP, VERSION, "enginebuilds")
+SDEP: Final = (GROUP, VERSION, "speculativedeployments")
+ENGINE: Final = (GROUP, VERSION, "enginebuilds")
 
-    # -- indexes: key -> snapshot -------------------------------------------------------------------------
+
+def register_indexes(registry: kopf.OperatorRegistry) -> None:
+    """The reconciler's read cache: one kopf index per kind it reads (`reconciler.INDEX_IDS`)."""
+    sdep, engine = SDEP, ENGINE
+
     def by_name(id_: str, group: str, version: str, plural: str, *parts: str, managed: bool = True) -> None:
         labels = MANAGED if managed else None
 
@@ -66,19 +67,31 @@ def register(registry: kopf.OperatorRegistry) -> None:
         async def index(**kw: Any) -> dict[Any, Any]:
             return {_key(kw): _snapshot(kw["body"], *parts)}
 
+    # The content of every owned object is indexed (not only its metadata): the reconciler compares it with
+    # what it renders, so another actor's change is seen and reverted on its watch event.
     by_name("sdeps", *sdep, "metadata", "spec", "status", managed=False)
     by_name("enginebuilds", *engine, "metadata", "spec", "status", managed=False)
     for id_, resource, parts in (
         ("jobs", ("batch", "v1", "jobs"), ("metadata", "status")),
         ("deployments", ("apps", "v1", "deployments"), ("metadata", "spec", "status")),
-        ("configmaps", ("", "v1", "configmaps"), ("metadata",)),
-        ("services", ("", "v1", "services"), ("metadata",)),
-        ("pdbs", ("policy", "v1", "poddisruptionbudgets"), ("metadata",)),
-        ("hpas", ("autoscaling", "v2", "horizontalpodautoscalers"), ("metadata", "status")),
+        ("configmaps", ("", "v1", "configmaps"), ("metadata", "data")),
+        ("services", ("", "v1", "services"), ("metadata", "spec")),
+        ("pdbs", ("policy", "v1", "poddisruptionbudgets"), ("metadata", "spec")),
+        ("hpas", ("autoscaling", "v2", "horizontalpodautoscalers"), ("metadata", "spec", "status")),
     ):
         by_name(id_, *resource, *parts)
     # Every claim, not only ours: a user's claim named like the default one must not be overwritten.
-    by_name("pvcs", "", "v1", "persistentvolumeclaims", "metadata", managed=False)
+    by_name("pvcs", "", "v1", "persistentvolumeclaims", "metadata", "spec", managed=False)
+
+    @kopf.index(*sdep, id="engine_users", registry=registry)
+    async def engine_users(**kw: Any) -> dict[Any, Any]:
+        """EngineBuild -> the deployments that use it (garbage collection and EngineBuild events look a
+        deployment up here instead of scanning them all)."""
+        namespace, name = _key(kw)
+        used = engines_used(
+            _snapshot(kw["body"], "metadata", "spec", "status"), kw["memo"].reconciler.settings
+        )
+        return {(namespace, engine): name for engine in used}
 
     @kopf.index("", "v1", "pods", id="pods", labels=MANAGED, registry=registry)
     async def pods(**kw: Any) -> dict[Any, Any]:
@@ -93,13 +106,21 @@ def register(registry: kopf.OperatorRegistry) -> None:
             return {}
         return {key: _snapshot(kw["body"], "metadata", "status")}
 
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Register every index and handler of the operator in `registry`. Handlers take `**kw` (kopf passes
+    everything by keyword) and read what they need."""
+    sdep, engine = SDEP, ENGINE
+    register_indexes(registry)
+
     # -- events -> work queue -------------------------------------------------------------------------
     @kopf.on.event(*sdep, registry=registry)
     async def on_deployment(**kw: Any) -> None:
         reconciler = _reconciler(kw["memo"], kw)
         namespace, name = _key(kw)
         if kw["type"] == "DELETED":
-            reconciler.deployment_deleted(namespace, name, _plain(kw["body"].get("status") or {}))
+            body = _snapshot(kw["body"], "metadata", "spec", "status")
+            reconciler.deployment_deleted(namespace, name, body)
         else:
             reconciler.deployment_changed(namespace, name)
 

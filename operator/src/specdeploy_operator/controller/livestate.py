@@ -28,7 +28,7 @@ METADATA_FIELDS: Final = ("labels", "annotations", "ownerReferences")
 
 
 def _empty(value: Any) -> bool:
-    return value is None or value == {} or value == []
+    return value is None or (isinstance(value, dict | list) and not value)
 
 
 def _same_scalar(live: Any, desired: Any, quantity: bool) -> bool:

@@ -1,11 +1,17 @@
 """A work queue of object keys, in the manner of controller-runtime's: a key is queued at most once, never
 processed by two workers at a time, re-queued when it is added again while being processed, and retried
-with exponential backoff when processing fails. Delays are timers on the event loop: nothing sleeps."""
+with exponential backoff when processing fails. Delays are timers on the event loop: nothing sleeps.
+
+Retries are rate-limited as controller-runtime's default controller rate limiter does: the larger of a
+per-key exponential backoff (5 ms, doubling, at most 1000 s) and an overall token bucket (10 retries per
+second, bursts of 100), so a failure that hits every object (an API server refusing writes, a webhook down)
+cannot turn into a storm of requests."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Generic, TypeVar
 
@@ -18,6 +24,25 @@ log = logging.getLogger(__name__)
 K = TypeVar("K", bound=Hashable)
 
 
+class TokenBucket:
+    """`rate` tokens per second, at most `burst` saved up; `reserve()` takes one and says how long to wait
+    for it (like golang.org/x/time/rate's Reserve)."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = rate
+        self.burst = burst
+        self._clock = clock
+        self._tokens = float(burst)
+        self._last = clock()
+
+    def reserve(self) -> float:
+        now = self._clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.rate)
+        self._last = now
+        self._tokens -= 1.0
+        return 0.0 if self._tokens >= 0 else -self._tokens / self.rate
+
+
 class WorkQueue(Generic[K]):
     """`process(key)` returns None when done, or seconds after which to look at the key again."""
 
@@ -26,13 +51,16 @@ class WorkQueue(Generic[K]):
         process: Callable[[K], Awaitable[float | None]],
         *,
         workers: int = 4,
-        base_backoff: float = 0.5,
-        max_backoff: float = 60.0,
+        base_backoff: float = 0.005,
+        max_backoff: float = 1000.0,
+        retry_rate: float = 10.0,
+        retry_burst: int = 100,
     ) -> None:
         self._process = process
         self._workers = workers
         self._base_backoff = base_backoff
         self._max_backoff = max_backoff
+        self._bucket = TokenBucket(retry_rate, retry_burst)
         self._queue: asyncio.Queue[K] = asyncio.Queue()
         self._queued: set[K] = set()
         self._active: set[K] = set()
@@ -100,6 +128,15 @@ class WorkQueue(Generic[K]):
         """Nothing queued and nothing being processed (timers may be pending)."""
         return not self._queued and not self._active
 
+    def failures(self, key: K) -> int:
+        """How many times in a row processing `key` failed (0 after a success)."""
+        return self._failures.get(key, 0)
+
+    def retry_delay(self, failures: int) -> float:
+        """When to retry after the `failures`-th failure in a row: per-key backoff, overall bucket."""
+        backoff: float = min(self._max_backoff, self._base_backoff * 2.0 ** min(failures - 1, 64))
+        return max(backoff, self._bucket.reserve())
+
     async def _work(self) -> None:
         while True:
             key = await self._queue.get()
@@ -113,7 +150,7 @@ class WorkQueue(Generic[K]):
             except Exception:
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
-                delay = min(self._max_backoff, self._base_backoff * 2 ** (failures - 1))
+                delay = self.retry_delay(failures)
                 log.exception("reconcile failed; retrying", extra={"key": str(key), "retry_in": delay})
                 self._active.discard(key)
                 self.add_after(key, delay)

@@ -1,84 +1,59 @@
-"""Reconciliation: observe (kopf's indexes) -> build desired (pure builders) -> apply what differs
-(server-side apply, field manager `specdeploy`) -> write status only when it changes.
+"""Reconciliation: observe (kopf's indexes of the live objects) -> build desired (pure builders) -> apply what
+the live object lacks (server-side apply, field manager `specdeploy`) -> write status only when it changes.
 
-Two kinds of keys go through one work queue: `("sdep", namespace, name)` for SpeculativeDeployments and
-`("engine", namespace, name)` for EngineBuilds. Handlers only enqueue; everything here is level-triggered, so
-a restart (or a missed event) converges to the same state, and deterministic names make every write
-idempotent: a retry never creates a second Job or Deployment.
+Two kinds of keys go through one work queue: `("sdep", namespace, name)` for SpeculativeDeployments
+(`deployments.py`) and `("engine", namespace, name)` for EngineBuilds (`enginebuilds.py`). Handlers only
+enqueue; everything is level-triggered and decided from live state, so a restart, a missed event or another
+actor's edit converges to the same state, and deterministic names make every write idempotent.
+
+The only memory of its own the operator keeps is read-your-writes: kopf's index shows an object one watch
+event after the operator wrote it, and until then the object the write returned stands in for it (so a second
+reconcile in between does not write the same thing again). It is keyed by the resourceVersion the write was
+made against and expires after `OWN_WRITE_TTL`; it never hides a change made by anyone else.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
 from pydantic import ValidationError
 
-from specdeploy_operator.api import API_VERSION, SpeculativeDeployment
-from specdeploy_operator.builders import (
-    METRIC_NAMES,
-    OperatorSettings,
-    build_autoscaler,
-    build_cache_pvc,
-    build_configmap,
-    build_default_cache_pvc,
-    build_deployment,
-    build_engine_builds,
-    build_job,
-    build_pdb,
-    build_service,
-    cache_pvc_name,
-    endpoint,
-    job_name,
-    quantity,
-    status_selector,
-)
-from specdeploy_operator.builders.autoscaling import KEDA_API_VERSION
+from specdeploy_operator.api import SpeculativeDeployment
+from specdeploy_operator.builders import OperatorSettings, build_engine_builds
 
 from . import metrics
+from .deployments import reconcile_deployment
+from .enginebuilds import reconcile_engine
+from .indexes import Obj, one, resource_version
 from .kube import ApiError, Kube, ObjectRef, ref_of
+from .livestate import difference
 from .queue import WorkQueue
-from .status import (
-    ConditionSpec,
-    EngineObservation,
-    ServingObservation,
-    deployment_status,
-    engine_build_status,
-    hpa_report,
-    merge_conditions,
-    rfc3339,
-)
 
 __all__ = [
-    "APPLIED_HASH_ANNOTATION",
     "INDEX_IDS",
-    "UNREFERENCED_ANNOTATION",
     "Key",
     "Reconciler",
+    "engines_used",
     "merge_patch",
+    "owner_names",
 ]
 
 log = logging.getLogger(__name__)
 
-APPLIED_HASH_ANNOTATION: Final = "specdeploy.dev/applied-hash"
-"""Hash of the object as the operator last rendered it: equal hash, nothing to apply."""
-UNREFERENCED_ANNOTATION: Final = "specdeploy.dev/unreferenced-since"
-"""When an EngineBuild stopped being used by any deployment (garbage collection after the grace period)."""
-RECENT_WRITE_TTL: Final = 30.0
-AUTOSCALER_RETRY_SECONDS: Final = 60.0
-"""How soon a ScaledObject that could not be created (KEDA not installed) is tried again."""
+OWN_WRITE_TTL: Final = 30.0
+"""How long an object this process wrote stands in for the index's older copy, at most."""
 
 Key = tuple[Literal["sdep", "engine"], str, str]
-Obj = Mapping[str, Any]
 
 INDEX_IDS: Final = (
     "sdeps",
+    "engine_users",
     "enginebuilds",
     "jobs",
     "pods",
@@ -91,44 +66,21 @@ INDEX_IDS: Final = (
 )
 """The kopf indexes the reconciler reads (registered in `handlers`)."""
 
+INDEX_OF_KIND: Final = {
+    "SpeculativeDeployment": "sdeps",
+    "EngineBuild": "enginebuilds",
+    "Job": "jobs",
+    "Deployment": "deployments",
+    "ConfigMap": "configmaps",
+    "Service": "services",
+    "PodDisruptionBudget": "pdbs",
+    "PersistentVolumeClaim": "pvcs",
+    "HorizontalPodAutoscaler": "hpas",
+}
+
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-def _one(index: Any, key: object) -> Obj | None:
-    if index is None or key not in index:
-        return None
-    for value in index[key]:
-        return dict(value)
-    return None
-
-
-def _all(index: Any, key: object) -> list[Obj]:
-    if index is None or key not in index:
-        return []
-    return [dict(value) for value in index[key]]
-
-
-def applied_hash(obj: Obj) -> str:
-    """Hash of a rendered object (before the hash annotation is added)."""
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
-
-
-def with_applied_hash(obj: Mapping[str, Any]) -> dict[str, Any]:
-    """`obj` with `metadata.annotations[specdeploy.dev/applied-hash]` set."""
-    digest = applied_hash(obj)
-    out = dict(obj)
-    meta = dict(out["metadata"])
-    meta["annotations"] = {**(meta.get("annotations") or {}), APPLIED_HASH_ANNOTATION: digest}
-    out["metadata"] = meta
-    return out
-
-
-def _hash_of(observed: Obj | None) -> str | None:
-    if observed is None:
-        return None
-    return ((observed.get("metadata") or {}).get("annotations") or {}).get(APPLIED_HASH_ANNOTATION)
 
 
 def engine_names_in_status(status: Obj | None) -> set[str]:
@@ -138,6 +90,26 @@ def engine_names_in_status(status: Obj | None) -> set[str]:
     }
     names.update(str(n) for n in engines.get("previous") or ())
     return names
+
+
+def engines_used(body: Obj, settings: OperatorSettings) -> set[str]:
+    """EngineBuild names a deployment uses: those its spec renders now, and those its status still lists (in
+    use by running pods, or kept for rollback). The `engine_users` index is built from this."""
+    names = engine_names_in_status(body.get("status"))
+    try:
+        sdep = SpeculativeDeployment.model_validate(body)
+    except ValidationError:
+        return names
+    return names | {e["metadata"]["name"] for e in build_engine_builds(sdep, settings)}
+
+
+@dataclass(frozen=True, slots=True)
+class OwnWrite:
+    """An object as this process wrote it, against the live version `against`."""
+
+    against: str | None
+    result: Obj
+    at: float
 
 
 class Reconciler:
@@ -157,17 +129,12 @@ class Reconciler:
         self.clock = clock
         self.queue: WorkQueue[Key] = WorkQueue(self._process, workers=workers)
         self.indices: Mapping[str, Any] = {}
-        # (namespace, deployment) -> EngineBuild names it currently needs (filled by its reconciliation).
-        self.desired_engines: dict[tuple[str, str], set[str]] = {}
         self._resync: asyncio.TimerHandle | None = None
-        # What this process wrote last, per object: (resourceVersion seen before the write, what was
-        # written, when). kopf's index lags behind our own writes by one watch event; while it still shows
-        # the version we wrote against, we trust the memo instead of writing the same thing again.
-        self._recent: dict[tuple[str, str, str, str], tuple[str | None, Any, float]] = {}
+        self._own_writes: dict[tuple[str, str, str, str], OwnWrite] = {}
         # ScaledObjects have no index (KEDA may not be installed, and kopf cannot watch a resource that does
-        # not exist): (namespace, name) -> hash applied by this process; cleared by the periodic resync, so
+        # not exist): (namespace, name) -> the spec this process applied; cleared by the periodic resync, so
         # a hand-edited or deleted ScaledObject is repaired within `resync_seconds`.
-        self._scaled_objects: dict[tuple[str, str], str] = {}
+        self.scaled_objects: dict[tuple[str, str], Obj] = {}
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def bind(self, kwargs: Mapping[str, Any]) -> None:
@@ -189,9 +156,9 @@ class Reconciler:
         self._resync = loop.call_later(self.settings.resync_seconds, self._resync_all)
 
     def _resync_all(self) -> None:
-        """Periodic safety net: look at everything again (costs no request when nothing changed, but one
-        apply per ScaledObject, which has no index to compare with)."""
-        self._scaled_objects.clear()
+        """Periodic safety net: look at everything again (no request when nothing changed, but one apply per
+        ScaledObject, which has no index to compare with)."""
+        self.scaled_objects.clear()
         for namespace, name in list(self.indices["sdeps"]):
             self.queue.add(("sdep", namespace, name))
         for namespace, name in list(self.indices["enginebuilds"]):
@@ -207,38 +174,17 @@ class Reconciler:
         for user in self.users_of(namespace, name):
             self.queue.add(("sdep", namespace, user))
 
-    def deployment_deleted(self, namespace: str, name: str, status: Obj | None) -> None:
+    def deployment_deleted(self, namespace: str, name: str, body: Obj) -> None:
         """A deleted deployment's engines may have become garbage."""
-        engines = self.desired_engines.pop((namespace, name), set()) | engine_names_in_status(status)
-        for engine in engines:
+        for engine in engines_used(body, self.settings):
             self.queue.add(("engine", namespace, engine))
 
     def users_of(self, namespace: str, engine: str) -> list[str]:
-        """Deployments that need `engine` now, or keep it for rollback."""
-        users: list[str] = []
-        for ns, name in list(self.indices.get("sdeps") or ()):
-            if ns != namespace:
-                continue
-            body = _one(self.indices["sdeps"], (ns, name))
-            if body is None:
-                continue
-            if engine in self._needed(body) or engine in engine_names_in_status(body.get("status")):
-                users.append(name)
-        return users
-
-    def _needed(self, body: Obj) -> set[str]:
-        """EngineBuild names a deployment needs: remembered from its last reconciliation, or rendered now
-        (after a restart, before its first reconciliation)."""
-        key = (body["metadata"]["namespace"], body["metadata"]["name"])
-        if key not in self.desired_engines:
-            try:
-                sdep = SpeculativeDeployment.model_validate(body)
-            except ValidationError:
-                return set()
-            self.desired_engines[key] = {
-                e["metadata"]["name"] for e in build_engine_builds(sdep, self.settings)
-            }
-        return self.desired_engines[key]
+        """Deployments that use `engine` (the `engine_users` index: a lookup, not a scan)."""
+        users = self.indices.get("engine_users")
+        if users is None or (namespace, engine) not in users:
+            return []
+        return sorted({str(name) for name in users[(namespace, engine)]})
 
     # -- processing ----------------------------------------------------------------------------------------
     async def _process(self, key: Key) -> float | None:
@@ -246,9 +192,9 @@ class Reconciler:
         started = time.perf_counter()
         try:
             if kind == "sdep":
-                result = await self.reconcile_deployment(namespace, name)
+                result = await reconcile_deployment(self, namespace, name)
             else:
-                result = await self.reconcile_engine(namespace, name)
+                result = await reconcile_engine(self, namespace, name)
         except Exception:
             metrics.RECONCILES.labels(kind, "error").inc()
             raise
@@ -257,191 +203,60 @@ class Reconciler:
         metrics.RECONCILES.labels(kind, "ok").inc()
         return result
 
-    def _wrote_already(self, what: str, obj: Obj, observed: Obj | None, value: Any) -> bool:
-        """Whether this process just wrote `value` to `obj` and the index has not caught up yet."""
-        meta = obj["metadata"]
-        key = (what, obj["kind"], meta.get("namespace") or "", meta["name"])
-        memo = self._recent.get(key)
-        if memo is None:
-            return False
-        version = ((observed or {}).get("metadata") or {}).get("resourceVersion")
-        if memo[0] == version and memo[1] == value and time.monotonic() - memo[2] < RECENT_WRITE_TTL:
-            return True
-        del self._recent[key]
-        return False
+    # -- reading live state ----------------------------------------------------------------------------------
+    def observe(self, kind: str, namespace: str, name: str) -> Obj | None:
+        """The live object: kopf's index copy, or this process's own newer write while the index lags."""
+        live = one(self.indices.get(INDEX_OF_KIND[kind]), (namespace, name))
+        key = ("object", kind, namespace, name)
+        write = self._own_writes.get(key)
+        if write is None:
+            return live
+        if time.monotonic() - write.at < OWN_WRITE_TTL and resource_version(live) == write.against:
+            return write.result
+        del self._own_writes[key]
+        return live
 
-    def _forget(self, what: str, obj: Obj) -> None:
-        meta = obj["metadata"]
-        self._recent.pop((what, obj["kind"], meta.get("namespace") or "", meta["name"]), None)
+    # -- writing -------------------------------------------------------------------------------------------
+    async def ensure(self, desired: Mapping[str, Any]) -> tuple[Obj, bool]:
+        """Apply `desired` unless the live object already holds every field of it; (object, applied?)."""
+        meta = desired["metadata"]
+        kind, namespace, name = str(desired["kind"]), str(meta.get("namespace") or ""), str(meta["name"])
+        live = self.observe(kind, namespace, name)
+        changed = "(new)" if live is None else difference(live, desired)
+        if changed is None and live is not None:
+            return live, False
+        return await self._apply(desired, live, str(changed)), True
 
-    def _remember(self, what: str, obj: Obj, observed: Obj | None, value: Any) -> None:
-        meta = obj["metadata"]
-        key = (what, obj["kind"], meta.get("namespace") or "", meta["name"])
-        version = ((observed or {}).get("metadata") or {}).get("resourceVersion")
-        self._recent[key] = (version, value, time.monotonic())
+    async def create_if_absent(self, desired: Mapping[str, Any]) -> tuple[Obj, bool]:
+        """Apply `desired` only when no such object exists: for objects whose spec is immutable and shared
+        (EngineBuilds) or that may be a user's (the default cache claim)."""
+        meta = desired["metadata"]
+        live = self.observe(str(desired["kind"]), str(meta.get("namespace") or ""), str(meta["name"]))
+        if live is not None:
+            return live, False
+        return await self._apply(desired, None, "(new)"), True
 
-    async def _ensure(self, desired: Mapping[str, Any], observed: Obj | None) -> tuple[Obj, bool]:
-        """Apply `desired` unless the observed object already carries its hash; (object, applied?)."""
-        rendered = with_applied_hash(desired)
-        digest = rendered["metadata"]["annotations"][APPLIED_HASH_ANNOTATION]
-        if observed is not None and _hash_of(observed) == digest:
-            return observed, False
-        if self._wrote_already("apply", rendered, observed, digest):
-            return observed or rendered, False
-        # Remembered before the request: deployments that share a new EngineBuild (or the default claim) are
+    async def _apply(self, desired: Mapping[str, Any], live: Obj | None, changed: str) -> Obj:
+        meta = desired["metadata"]
+        key = ("object", str(desired["kind"]), str(meta.get("namespace") or ""), str(meta["name"]))
+        against = resource_version(live)
+        # Recorded before the request: deployments that share a new EngineBuild (or the default claim) are
         # reconciled concurrently, and only the first of them needs to apply it.
-        self._remember("apply", rendered, observed, digest)
+        self._own_writes[key] = OwnWrite(against, desired, time.monotonic())
         metrics.APPLIES.labels(desired["kind"]).inc()
         try:
-            result = await self.kube.apply(rendered)
+            result = await self.kube.apply(desired)
         except BaseException:
-            self._forget("apply", rendered)
+            self._own_writes.pop(key, None)
             raise
-        log.info("applied", extra={"object": str(ref_of(rendered)), "hash": digest})
-        return result, True
-
-    async def reconcile_deployment(self, namespace: str, name: str) -> float | None:
-        body = _one(self.indices["sdeps"], (namespace, name))
-        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
-            return None
-        meta = body["metadata"]
-        previous_status = body.get("status") or {}
-        try:
-            sdep = SpeculativeDeployment.model_validate(body)
-        except ValidationError as error:
-            await self._write_invalid(body, error)
-            return None
-        now = self.clock()
-        settings = self.settings
-
-        # Engines: create the EngineBuilds that do not exist yet (shared ones are found by name).
-        desired_engines = build_engine_builds(sdep, settings)
-        self.desired_engines[(namespace, name)] = {e["metadata"]["name"] for e in desired_engines}
-        engines: list[EngineObservation] = []
-        for engine in desired_engines:
-            engine_name = engine["metadata"]["name"]
-            observed = _one(self.indices["enginebuilds"], (namespace, engine_name))
-            if observed is None:
-                observed, _ = await self._ensure(engine, None)
-                self.queue.add(("engine", namespace, engine_name))
-            engines.append(
-                EngineObservation(engine["spec"]["role"], engine_name, engine["spec"]["hash"], observed)
-            )
-        engines_built = all(e.phase == "Succeeded" for e in engines)
-
-        # The engine cache: the deployment's own claim, or the operator's shared default claim.
-        own_claim = build_cache_pvc(sdep, settings)
-        claim_name = cache_pvc_name(sdep, settings)
-        observed_claim = _one(self.indices["pvcs"], (namespace, claim_name))
-        if own_claim is not None:
-            await self._ensure(own_claim, observed_claim)
-        elif claim_name == settings.cache_pvc_name and observed_claim is None:
-            await self._ensure(build_default_cache_pvc(namespace, settings), None)
-
-        deployment = _one(self.indices["deployments"], (namespace, name))
-        current = False
-        if engines_built:
-            for child in (
-                build_configmap(sdep, desired_engines, settings),
-                build_service(sdep),
-                build_pdb(sdep),
-            ):
-                index = {"ConfigMap": "configmaps", "Service": "services", "PodDisruptionBudget": "pdbs"}
-                observed_child = _one(
-                    self.indices[index[child["kind"]]], (namespace, child["metadata"]["name"])
-                )
-                await self._ensure(child, observed_child)
-            desired_deployment = build_deployment(sdep, desired_engines, settings)
-            replicas_differ = (
-                deployment is not None
-                and (deployment.get("spec") or {}).get("replicas") != sdep.spec.replicas
-            )
-            before = _hash_of(deployment)
-            result, applied = await self._ensure(desired_deployment, None if replicas_differ else deployment)
-            new_hash = _hash_of(result)
-            if applied and before != new_hash and self._template_changed(deployment, desired_deployment):
-                await self.kube.event(
-                    body,
-                    "Normal",
-                    "RolloutStarted",
-                    f"rolling out {desired_deployment['metadata']['name']} "
-                    f"({sdep.spec.replicas} replicas, {sdep.spec.gpus_per_replica} GPUs each)",
-                )
-            if applied:
-                deployment = result
-            current = self._deployment_current(deployment, new_hash)
-        elif deployment is not None and (deployment.get("spec") or {}).get("replicas") != sdep.spec.replicas:
-            # Engines are being rebuilt: the old pods keep serving, but a scale change applies now.
-            await self.kube.patch(ref_of(deployment), {"spec": {"replicas": sdep.spec.replicas}})
-
-        autoscaler, retry = await self._reconcile_autoscaler(body, sdep)
-        pods = _all(self.indices["pods"], (namespace, "serving", name))
-        status = deployment_status(
-            generation=meta.get("generation"),
-            desired_replicas=sdep.spec.replicas,
-            engines=engines,
-            serving=ServingObservation(deployment, current, pods),
-            selector=status_selector(sdep),
-            endpoint=endpoint(sdep),
-            gpus_per_replica=sdep.spec.gpus_per_replica,
-            gpu_resource=sdep.spec.placement.gpu_resource,
-            autoscaler=autoscaler,
-            previous=previous_status,
-            keep_previous=settings.keep_previous_engines,
-            now=now,
+        self._own_writes[key] = OwnWrite(against, result, time.monotonic())
+        log.info(
+            "applied" if live is None else "applied (live object differed)",
+            extra={"object": str(ref_of(desired)), "field": changed},
         )
-        await self._write_status(body, previous_status, status)
-        return retry
+        return result
 
-    async def _reconcile_autoscaler(
-        self, body: Obj, sdep: SpeculativeDeployment
-    ) -> tuple[dict[str, Any] | None, float | None]:
-        """Create or update the autoscaler `spec.autoscaling` asks for and delete one it no longer asks for.
-        Returns `status.autoscaler` and, when creating it failed, when to try again."""
-        meta = body["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        desired = build_autoscaler(sdep, self.settings)
-        kind = desired["kind"] if desired is not None else None
-        hpa = _one(self.indices["hpas"], (namespace, name))
-        if hpa is not None and kind != "HorizontalPodAutoscaler":
-            await self._delete(ref_of(hpa), (hpa.get("metadata") or {}).get("uid"))
-        previous = (body.get("status") or {}).get("autoscaler") or {}
-        if previous.get("kind") == "ScaledObject" and kind != "ScaledObject":
-            self._scaled_objects.pop((namespace, name), None)
-            await self._delete(ObjectRef(KEDA_API_VERSION, "ScaledObject", namespace, str(previous["name"])))
-        auto = sdep.spec.autoscaling
-        if desired is None or auto is None:
-            return None, None
-        report: dict[str, Any] = {
-            "kind": kind,
-            "name": name,
-            "metric": METRIC_NAMES[auto.metric],
-            "target": quantity(auto.target_value),
-        }
-        if kind == "HorizontalPodAutoscaler":
-            result, applied = await self._ensure(desired, hpa)
-            report.update(hpa_report(hpa if not applied else result))
-            return report, None
-        digest = applied_hash(desired)
-        if self._scaled_objects.get((namespace, name)) == digest:
-            return report, None
-        try:
-            await self.kube.apply(with_applied_hash(desired))
-        except ApiError as error:
-            if error.status not in (403, 404):
-                raise
-            why = "not served by the cluster (is KEDA installed?)" if error.status == 404 else "forbidden"
-            report["message"] = (
-                f"ScaledObject {name} cannot be created: {KEDA_API_VERSION} ScaledObject is {why}"
-            )
-            if previous.get("message") != report["message"]:
-                await self.kube.event(body, "Warning", "AutoscalerFailed", report["message"])
-            return report, AUTOSCALER_RETRY_SECONDS
-        metrics.APPLIES.labels("ScaledObject").inc()
-        self._scaled_objects[(namespace, name)] = digest
-        return report, None
-
-    async def _delete(self, ref: ObjectRef, uid: str | None = None) -> None:
+    async def delete(self, ref: ObjectRef, uid: str | None = None) -> None:
         """Delete `ref`; one that is already gone is fine."""
         try:
             await self.kube.delete(ref, uid=uid)
@@ -451,58 +266,22 @@ class Reconciler:
             return
         log.info("deleted", extra={"object": str(ref)})
 
-    @staticmethod
-    def _template_changed(observed: Obj | None, desired: Obj) -> bool:
-        if observed is None:
-            return True
-        old = ((observed.get("spec") or {}).get("template") or {}).get("metadata") or {}
-        new = desired["spec"]["template"]["metadata"]
-        return bool((old.get("annotations") or {}) != new.get("annotations"))
-
-    @staticmethod
-    def _deployment_current(deployment: Obj | None, digest: str | None) -> bool:
-        """Whether the Deployment carries the desired template and its controller has seen it."""
-        if deployment is None or digest is None or _hash_of(deployment) != digest:
-            return False
-        generation = (deployment.get("metadata") or {}).get("generation") or 0
-        observed = (deployment.get("status") or {}).get("observedGeneration") or 0
-        return bool(observed >= generation)
-
-    async def _write_invalid(self, body: Obj, error: ValidationError) -> None:
-        """A spec the API server admitted but the operator's model rejects (e.g. an older CRD version):
-        report it in status instead of crashing, and touch nothing else."""
-        message = "; ".join(
-            f"spec{''.join(f'.{p}' for p in e['loc'][1:]) if e['loc'][:1] == ('spec',) else ''}: {e['msg']}"
-            for e in error.errors()
-        )
-        previous = body.get("status") or {}
-        generation = body["metadata"].get("generation")
-        status = dict(previous)
-        status["phase"] = "Failed"
-        status["observedGeneration"] = generation
-        status["conditions"] = merge_conditions(
-            previous.get("conditions"),
-            [ConditionSpec("Degraded", "True", "InvalidSpec", message)],
-            self.clock(),
-            generation,
-        )
-        await self._write_status(body, previous, status)
-
-    async def _write_status(self, body: Obj, previous: Obj, status: dict[str, Any]) -> None:
-        """Write `status` if it differs from the last known one (the index's, or our own write that the
-        index has not caught up with), then post the milestone events of the change."""
+    async def write_status(self, body: Obj, status: dict[str, Any]) -> bool:
+        """Write `status` if it differs from the live one (or from our own write the index has not caught up
+        with); True when written."""
         meta = body["metadata"]
-        key = ("status", body["kind"], meta["namespace"], meta["name"])
-        memo = self._recent.get(key)
+        key = ("status", str(body["kind"]), str(meta["namespace"]), str(meta["name"]))
+        previous: Obj = body.get("status") or {}
         last = previous
-        if memo is not None:
-            fresh = time.monotonic() - memo[2] < RECENT_WRITE_TTL
-            if fresh and memo[0] == meta.get("resourceVersion"):
-                last = memo[1]
+        write = self._own_writes.get(key)
+        if write is not None:
+            fresh = time.monotonic() - write.at < OWN_WRITE_TTL
+            if fresh and write.against == meta.get("resourceVersion"):
+                last = write.result
             else:
-                del self._recent[key]
+                del self._own_writes[key]
         if status == last:
-            return
+            return False
         ref = ObjectRef(body["apiVersion"], body["kind"], meta["namespace"], meta["name"])
         # Merge patch (RFC 7386): fields that disappeared, at any depth, are nulled; lists are replaced whole.
         patch = merge_patch({**previous, **last}, status)
@@ -511,9 +290,9 @@ class Reconciler:
             await self.kube.patch(ref, {"status": patch}, subresource="status")
         except ApiError as error:
             if error.status == 404:  # deleted meanwhile
-                return
+                return False
             raise
-        self._recent[key] = (meta.get("resourceVersion"), status, time.monotonic())
+        self._own_writes[key] = OwnWrite(meta.get("resourceVersion"), status, time.monotonic())
         log.info(
             "status written",
             extra={
@@ -523,6 +302,7 @@ class Reconciler:
             },
         )
         await self._events_for(body, last, status)
+        return True
 
     async def _events_for(self, body: Obj, previous: Obj, status: Obj) -> None:
         """Milestone events, posted when the phase changes, or when a Degraded deployment is degraded for
@@ -559,53 +339,6 @@ class Reconciler:
         if new in reasons:
             type_, reason, message = reasons[str(new)]
             await self.kube.event(body, type_, reason, str(message))
-
-    # -- EngineBuilds --------------------------------------------------------------------------------------
-    async def reconcile_engine(self, namespace: str, name: str) -> float | None:
-        body = _one(self.indices["enginebuilds"], (namespace, name))
-        if body is None or (body.get("metadata") or {}).get("deletionTimestamp"):
-            return None
-        collect_in = await self._collect_garbage(body)
-        if collect_in is not None:
-            return collect_in if collect_in > 0 else None
-        previous = body.get("status") or {}
-        if previous.get("phase") == "Succeeded":
-            return None  # built; its Job may already be gone (ttlSecondsAfterFinished)
-        job_key = (namespace, job_name(dict(body)))
-        job = _one(self.indices["jobs"], job_key)
-        if job is None and previous.get("phase") != "Failed":
-            job, _ = await self._ensure(build_job(dict(body), self.settings), None)
-        pods = _all(self.indices["pods"], (namespace, "job", job_key[1]))
-        status = engine_build_status(job, pods, previous, self.clock())
-        await self._write_status(body, previous, status)
-        return None
-
-    async def _collect_garbage(self, body: Obj) -> float | None:
-        """None when the EngineBuild is in use; otherwise seconds until it may be deleted (0: deleted now).
-        The moment it became unused is stored on it, so a restart does not restart the grace period."""
-        meta = body["metadata"]
-        namespace, name = meta["namespace"], meta["name"]
-        ref = ObjectRef(API_VERSION, "EngineBuild", namespace, name)
-        since = (meta.get("annotations") or {}).get(UNREFERENCED_ANNOTATION)
-        if self.users_of(namespace, name):
-            if since is not None:
-                await self.kube.patch(ref, {"metadata": {"annotations": {UNREFERENCED_ANNOTATION: None}}})
-            return None
-        now = self.clock()
-        if since is None:
-            await self.kube.patch(ref, {"metadata": {"annotations": {UNREFERENCED_ANNOTATION: rfc3339(now)}}})
-            remaining = float(self.settings.gc_grace_seconds)
-        else:
-            try:
-                began = datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
-            except ValueError:
-                began = now
-            remaining = self.settings.gc_grace_seconds - (now - began).total_seconds()
-        if remaining > 0:
-            return remaining + 0.5
-        await self.kube.delete(ref, uid=meta.get("uid"))
-        log.info("deleted unused EngineBuild", extra={"object": f"{namespace}/{name}"})
-        return 0.0
 
 
 def merge_patch(old: Obj, new: Obj) -> dict[str, Any]:

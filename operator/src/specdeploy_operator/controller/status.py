@@ -339,8 +339,10 @@ def deployment_status(
     previous: Obj | None,
     keep_previous: int,
     now: datetime,
+    sync_error: str | None = None,
 ) -> dict[str, Any]:
-    """The SpeculativeDeployment status for what is observed; `autoscaler` is `status.autoscaler`."""
+    """The SpeculativeDeployment status for what is observed; `autoscaler` is `status.autoscaler`;
+    `sync_error` says why the last reconcile could not write what it wanted (condition `Synced`)."""
     previous = previous or {}
     engines_cond, engine_phase = _engines_condition(engines)
     dep_status: Obj = (serving.deployment or {}).get("status") or {}
@@ -382,8 +384,13 @@ def deployment_status(
     status: dict[str, Any] = {"phase": phase}
     if generation is not None:
         status["observedGeneration"] = generation
+    synced = (
+        ConditionSpec("Synced", "False", "ReconcileError", sync_error)
+        if sync_error is not None
+        else ConditionSpec("Synced", "True", "ReconcileSuccess", "")
+    )
     status["conditions"] = merge_conditions(
-        previous.get("conditions"), [engines_cond, available, progressing, degraded], now, generation
+        previous.get("conditions"), [engines_cond, available, progressing, degraded, synced], now, generation
     )
     refs: dict[str, Any] = {}
     for engine in engines:
