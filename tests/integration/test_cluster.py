@@ -1,7 +1,8 @@
 """The local cluster is a real Kubernetes: real scheduler, controllers, garbage collection, CRDs.
 
 These tests run against whatever ``kubeconfig`` names (the local cluster by default) and need the default
-node pools of ``hack/cluster/nodepools.yaml``: 2 x 8 H100 nodes, 1 x 8 H200 node, 1 CPU node.
+node pools of ``hack/cluster/nodepools.yaml``: 2 x 8 H100 nodes, 1 x 8 H200 node, 1 H100 node split into 16
+MIG 3g.40gb slices, 1 CPU node.
 """
 
 from __future__ import annotations
@@ -92,9 +93,13 @@ def test_apiserver_reports_the_pinned_kubernetes_version(api_client: client.ApiC
 def test_default_gpu_pools_expose_capacity_labels_and_taint(core: client.CoreV1Api) -> None:
     # The static pools; nodes the Cluster Autoscaler added for another test may still be on their way out.
     nodes = {n.metadata.name: n for n in core.list_node(label_selector=f"!{NODE_GROUP_LABEL}").items}
-    gpu_nodes = [n for n in nodes.values() if "nvidia.com/gpu.product" in (n.metadata.labels or {})]
+    gpu_nodes = [n for n in nodes.values() if "nvidia.com/gpu" in (n.status.capacity or {})]
     products = sorted(n.metadata.labels["nvidia.com/gpu.product"] for n in gpu_nodes)
     assert products == [H100, H100, H200]
+    mig = [n for n in nodes.values() if "nvidia.com/mig-3g.40gb" in (n.status.capacity or {})]
+    assert [n.metadata.labels["nvidia.com/gpu.product"] for n in mig] == [H100]
+    assert mig[0].status.allocatable["nvidia.com/mig-3g.40gb"] == "16"
+    assert [(t.key, t.effect) for t in mig[0].spec.taints or []] == [("nvidia.com/gpu", "NoSchedule")]
     for node in gpu_nodes:
         assert node.status.capacity["nvidia.com/gpu"] == "8"
         assert node.status.allocatable["nvidia.com/gpu"] == "8"

@@ -82,6 +82,17 @@ class FakeKube:
             raise ApiError("PATCH", path, 403, f'{{"message": "{self.refuse[(kind, name)]}"}}')
         live = self.store.get(self.key(obj))
         merged = _merge(copy.deepcopy(live) if live else {}, dict(obj))
+        if live is not None and obj["kind"] == "Service":
+            # Server-side apply keeps list items another manager owns (ports are keyed by port and protocol).
+            mine = {(p["port"], p.get("protocol", "TCP")) for p in obj["spec"].get("ports", [])}
+            theirs = [
+                p for p in live["spec"].get("ports", []) if (p["port"], p.get("protocol", "TCP")) not in mine
+            ]
+            merged["spec"]["ports"] = theirs + copy.deepcopy(obj["spec"].get("ports", []))
+            names = [p.get("name") for p in merged["spec"]["ports"]]
+            if len(set(names)) != len(names):
+                path = ref_of(obj).path()
+                raise ApiError("PATCH", path, 422, '{"message": "spec.ports[1].name: Duplicate value"}')
         merged["metadata"].setdefault("uid", f"uid-{name}")
         server_defaults(merged)
         self._bump(merged, live is None or live.get("spec") != merged.get("spec"))

@@ -490,3 +490,30 @@ def test_the_pod_template_rolls_when_the_inline_chat_template_changes() -> None:
         return dict(meta["annotations"])
 
     assert template_annotations("{{ a }}") != template_annotations("{{ b }}")
+
+
+def test_the_serving_pod_checks_each_engines_completion_marker_before_the_server_starts(
+    tmp_path: Path,
+) -> None:
+    """The script the `verify-engines` init container runs, run here by sh against a cache directory."""
+    import subprocess
+
+    from specdeploy_operator.builders.layout import COMPLETION_MARKER, CacheLayout, verify_script
+
+    layout = CacheLayout(str(tmp_path))
+    engines = [("target", "aaaa", "engines/aaaa"), ("draft", "bbbb", "engines/bbbb")]
+    script = verify_script(layout, engines)
+
+    def check() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=False)
+
+    for _, _, relative in engines:
+        (tmp_path / relative).mkdir(parents=True)
+    (tmp_path / "engines/aaaa" / COMPLETION_MARKER).write_text("aaaa\n")
+    result = check()
+    assert result.returncode == 1
+    assert "the draft engine bbbb is incomplete" in result.stderr
+    (tmp_path / "engines/bbbb" / COMPLETION_MARKER).write_text("cccc\n")
+    assert check().returncode == 1, "a marker of another build"
+    (tmp_path / "engines/bbbb" / COMPLETION_MARKER).write_text("bbbb\n")
+    assert check().returncode == 0

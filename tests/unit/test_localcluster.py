@@ -24,10 +24,13 @@ from localcluster import (
 )
 
 
-def test_default_pools_are_two_h100_nodes_one_h200_node_and_a_cpu_node() -> None:
+def test_default_pools_are_two_h100_nodes_one_h200_node_one_mig_node_and_a_cpu_node() -> None:
     nodes = node_manifests(load_nodepools(DEFAULT_NODEPOOLS))
     by_name = {n["metadata"]["name"]: n for n in nodes}
-    assert sorted(by_name) == ["cpu-0", "h100-0", "h100-1", "h200-0"]
+    assert sorted(by_name) == ["cpu-0", "h100-0", "h100-1", "h100-mig-0", "h200-0"]
+    mig = by_name["h100-mig-0"]
+    assert mig["status"]["capacity"]["nvidia.com/mig-3g.40gb"] == "16"
+    assert "nvidia.com/gpu" not in mig["status"]["capacity"]
     h100 = by_name["h100-0"]
     assert h100["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert h100["metadata"]["labels"]["nvidia.com/gpu.count"] == "8"
@@ -87,7 +90,7 @@ def test_default_autoscaled_pools_are_h100_up_to_four_and_h200_up_to_two() -> No
     assert (pools["h100-autoscaled"].min_nodes, pools["h100-autoscaled"].max_nodes) == (0, 4)
     assert (pools["h200-autoscaled"].min_nodes, pools["h200-autoscaled"].max_nodes) == (0, 2)
     # The static pools are what they were: autoscaled pools add no node at start.
-    assert [p.name for p in load_nodepools(DEFAULT_NODEPOOLS)] == ["h100", "h200", "cpu"]
+    assert [p.name for p in load_nodepools(DEFAULT_NODEPOOLS)] == ["h100", "h200", "h100-mig", "cpu"]
 
 
 def test_node_templates_look_like_static_nodes_of_the_same_product_plus_group_label_and_bounds() -> None:

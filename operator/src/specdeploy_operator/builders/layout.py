@@ -16,6 +16,7 @@ Cache claim layout (mounted at `OperatorSettings.cache_mount_path`, `/cache` by 
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Final
 
@@ -35,6 +36,7 @@ __all__ = [
     "engine_dir",
     "pvc_source",
     "served_source_mount",
+    "verify_script",
 ]
 
 COMPLETION_MARKER: Final = ".specdeploy-complete"
@@ -99,6 +101,22 @@ def pvc_source(source: ModelSource) -> PvcSource | None:
         return None
     claim, _, path = rest.partition("/")
     return PvcSource(claim, path)
+
+
+def verify_script(layout: CacheLayout, engines: list[tuple[str, str, str]]) -> str:
+    """A shell script that exits 1, saying which, unless every engine's completion marker holds its hash:
+    `engines` is (role, hash, path in the claim). The serving pod runs it before the server, so an engine the
+    cache lost (a replaced claim, a cleaned directory) stops the pod with that message instead of a server
+    loading half an engine."""
+    checks = []
+    for role, hash_, relative in engines:
+        marker = shlex.quote(layout.marker(relative))
+        checks.append(
+            f'if [ "$(cat {marker} 2>/dev/null)" != {shlex.quote(hash_)} ]; then '
+            f"echo 'the {role} engine {hash_} is incomplete in the cache: its completion marker "
+            f"{layout.marker(relative)} is missing or names another build' >&2; exit 1; fi"
+        )
+    return "; ".join(checks)
 
 
 def served_source_mount(role: str) -> str:

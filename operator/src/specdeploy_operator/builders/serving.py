@@ -24,7 +24,15 @@ from .common import (
 )
 from .engines import cache_pvc_name, gpu_product
 from .job import download_step
-from .layout import CREDENTIALS_MOUNT, MODELS_MOUNT, builder_image, pvc_source, served_source_mount
+from .layout import (
+    CREDENTIALS_MOUNT,
+    MODELS_MOUNT,
+    CacheLayout,
+    builder_image,
+    pvc_source,
+    served_source_mount,
+    verify_script,
+)
 from .scheduling import GpuScheduling
 from .serverconfig import (
     API_KEY_MOUNT,
@@ -300,6 +308,17 @@ def build_deployment(
         pod_spec["affinity"] = spec.placement.affinity.to_dict()
     if spec.placement.priority_class_name:
         pod_spec["priorityClassName"] = spec.placement.priority_class_name
+    if engines:
+        # Trust a built engine only once its completion marker is there (written last by its build Job).
+        built = [(e["spec"]["role"], e["spec"]["hash"], e["spec"]["cache"]["path"]) for e in engines]
+        verify = {
+            "name": "verify-engines",
+            "image": image,
+            "command": ["sh", "-c", verify_script(CacheLayout.of(settings), built)],
+            "volumeMounts": [m for m in mounts if m["name"] == "engine-cache"],
+            "terminationMessagePolicy": "FallbackToLogsOnError",
+        }
+        init = [verify, *init]
     if init:
         pod_spec["initContainers"] = init
     pod_spec["containers"] = [container]

@@ -225,7 +225,20 @@ class Reconciler:
         changed = "(new)" if live is None else difference(live, desired)
         if changed is None and live is not None:
             return live, False
-        return await self._apply(desired, live, str(changed)), True
+        try:
+            result = await self._apply(desired, live, str(changed))
+        except ApiError as error:
+            if live is None or error.status != 422:
+                raise
+            # Merged with list items another manager owns, the object is invalid (two Service ports named
+            # `http` after a person's `kubectl patch` of the port): replace the rendered fields instead.
+            return await self._replace(desired, live, str(changed)), True
+        left = difference(result, desired)
+        if left is not None:
+            # Server-side apply keeps list items another manager owns next to ours (lists keyed by name or
+            # port): replace the rendered fields, so what is left is exactly what is rendered.
+            result = await self._replace(desired, live, left)
+        return result, True
 
     async def create_if_absent(self, desired: Mapping[str, Any]) -> tuple[Obj, bool]:
         """Apply `desired` only when no such object exists: for objects whose spec is immutable and shared
@@ -253,6 +266,20 @@ class Reconciler:
         log.info(
             "applied" if live is None else "applied (live object differed)",
             extra={"object": str(ref_of(desired)), "field": changed},
+        )
+        return result
+
+    async def _replace(self, desired: Mapping[str, Any], live: Obj | None, changed: str) -> Obj:
+        """Merge-patch the rendered top-level fields (`spec`, `data`) onto the object: a merge patch replaces
+        lists whole, so list items of other managers go."""
+        meta = desired["metadata"]
+        key = ("object", str(desired["kind"]), str(meta.get("namespace") or ""), str(meta["name"]))
+        body = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind", "metadata", "status")}
+        metrics.APPLIES.labels(desired["kind"]).inc()
+        result = await self.kube.patch(ref_of(desired), body)
+        self._own_writes[key] = OwnWrite(resource_version(live), result, time.monotonic())
+        log.info(
+            "replaced fields another manager held", extra={"object": str(ref_of(desired)), "field": changed}
         )
         return result
 
