@@ -37,6 +37,7 @@ RESULTS = REPO / "benchmarks" / "results"
 DOCS = REPO / "docs"
 
 Record = dict[str, Any]
+EXCLUDED_FROM_DIRTY = (":(exclude)docs", ":(exclude)benchmarks/results")
 Renderer = Callable[[Sequence[Record]], str]
 
 
@@ -217,16 +218,17 @@ def command_line(argv: Sequence[str]) -> str:
 
 
 def git_facts(repo: Path = REPO) -> dict[str, Any]:
+    """The commit, and whether the code differs from it: changes under docs/ and benchmarks/results/ (which
+    the measuring commands write themselves) and untracked files do not count."""
+
     def git(*args: str) -> str:
         return subprocess.run(
             ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
         ).stdout.strip()
 
     try:
-        return {
-            "commit": git("rev-parse", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        }
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", *EXCLUDED_FROM_DIRTY)
+        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(changed)}
     except (OSError, subprocess.CalledProcessError):
         return {"commit": None, "dirty": None}
 
@@ -315,7 +317,8 @@ def provenance(record: Record) -> str:
         f"{record['seconds']:.0f} s in all). Machine: {m['cpu_cores']} CPU cores{cpu}{memory}, "
         f"{m['system']}, Python {m['python']}{', ' + versions if versions else ''}; 1-minute load average "
         f"{m['load_start']:.1f} at the start and {m.get('load_end', float('nan')):.1f} at the end "
-        "(the machine is shared: other people's builds and tests may have run during the measurement)."
+        "(the machine is shared: other people's builds and tests may have run during the measurement; the "
+        "load at the end includes the measurement's own processes)."
     )
 
 

@@ -95,6 +95,11 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         "cluster-no-autoscaling", "the local cluster with `AUTOSCALING=0` (5 processes)", " AUTOSCALING=0"
     ),
     Measurement(
+        "test-server",
+        "`tests/server` (the server with tiny real models, no cluster)",
+        (Step("pytest", ".venv/bin/python -m pytest -q tests/server"),),
+    ),
+    Measurement(
         "test-cluster",
         "`tests/integration/test_cluster.py` (its own cluster)",
         (Step("pytest", ".venv/bin/python -m pytest -q tests/integration/test_cluster.py"),),
@@ -164,9 +169,10 @@ def _details(results: Sequence[Mapping[str, Any]]) -> str:
     return "; ".join(parts)
 
 
-def rows(record: Record) -> list[list[str]]:
-    """One row per step of the record's measurement: what, command, time, details, when."""
-    measurement = BY_NAME.get(str(record["name"]).removeprefix("timing-"))
+def rows(record: Record, measurement: Measurement | None = None) -> list[list[str]]:
+    """One row per step of the record's measurement (by default the one its name says): what, command, time,
+    details, when."""
+    measurement = measurement or BY_NAME.get(str(record["name"]).removeprefix("timing-"))
     if measurement is None:
         raise ValueError(f"no measurement for the record {record['name']!r}")
     rounds: list[list[dict[str, Any]]] = record["figures"]["rounds"]
