@@ -182,12 +182,14 @@ def pending_note(command: str) -> str:
 
 def drop_pending_rows(text: str, name: str, token: str) -> str:
     """`text` with the lines of the PENDING block `name` that contain `token` removed (a pending table's rows
-    that a record now replaces)."""
+    that a record now replaces); the whole block once no row of its table is left."""
     span = _span(text, begin_pending(name), end_pending(name))
     if span is None:
         return text
     inner = text[span[0] : span[1]].split("\n")
     kept = [line for line in inner if token not in line]
+    if sum(line.startswith("|") for line in kept) <= 2:  # only the table's header is left: the block goes
+        return text[: span[0]] + text[span[1] :].removeprefix("\n\n")
     return text[: span[0]] + "\n".join(kept) + text[span[1] :]
 
 
@@ -376,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"stale: {name} (run `python -m benchmarks.records`)", file=sys.stderr)
         return 1 if stale else 0
     names = [b for block in blocks() for b in block.records]
-    for path in update_docs(names):
+    for path in sorted(set(update_docs(names))):
         print(f"wrote {path.relative_to(REPO)}")
     return 0
 

@@ -100,11 +100,10 @@ def test_measured_tables_are_all_inside_blocks(doc: Path) -> None:
 
 
 def test_hand_typed_timings_name_the_measurement_that_replaces_them_and_it_has_no_record() -> None:
-    [(_, _, body)] = [
-        b for b in blocks_of(records.CLUSTER_DOC) if b[:2] == ("PENDING", "local-cluster-times")
-    ]
-    rows = [line for line in body.splitlines() if line.startswith("| ") and not line.startswith("| what |")]
-    assert rows
+    pending = [b for b in blocks_of(records.CLUSTER_DOC) if b[:2] == ("PENDING", "local-cluster-times")]
+    rows = [line for _, _, body in pending for line in body.splitlines() if line.startswith("| ")]
+    rows = [row for row in rows if not row.startswith("| what |")]
+    assert rows or not pending, "an empty PENDING block is left"
     for row in rows:
         names = re.findall(r"`make measure NAME=([\w-]+)`", row)
         assert names or BY_HAND in row, row
@@ -128,13 +127,20 @@ def test_a_command_turns_its_pending_block_into_a_measured_one_and_keeps_the_res
 def test_a_record_drops_only_the_pending_rows_that_name_it() -> None:
     token = "`make measure NAME=cluster`"
     text = (
-        f"| outside {token} |\n{records.begin_pending('t')}\n| a | {token} |\n"
+        f"| outside {token} |\n{records.begin_pending('t')}\n| what | by |\n|---|---|\n| a | {token} |\n"
         f"| b | `make measure NAME=cluster-no-autoscaling` |\n{records.end_pending('t')}\n"
     )
     dropped = records.drop_pending_rows(text, "t", token)
     assert "| a |" not in dropped
     assert "| b |" in dropped
     assert f"| outside {token} |" in dropped
+
+
+def test_the_pending_block_goes_with_its_last_row() -> None:
+    token = "`make measure NAME=demo`"
+    pending = f"{records.begin_pending('t')}\n> note\n\n| what | by |\n|---|---|\n| x | {token} |\n"
+    text = f"a\n\n{pending}{records.end_pending('t')}\n\nb\n"
+    assert records.drop_pending_rows(text, "t", token) == "a\n\nb\n"
 
 
 def test_runs_of_a_section_render_as_medians_with_each_run() -> None:
