@@ -31,6 +31,7 @@ if str(REPO) not in sys.path:
 from benchmarks import records, timings  # noqa: E402
 
 PENDING_BLOCK = "local-cluster-times"
+MAKE_VARIABLES = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
 # pytest's last line, with or without -q: "==== 1066 passed, 3 skipped in 783.21s (0:13:03) ====".
 PYTEST_SUMMARY = re.compile(r"^=*\s*(?P<counts>\d+ \w+(?:, \d+ \w+)*) in [\d.]+s(?: \([\d:]+\))?\s*=*$")
 PYTEST_COUNT = re.compile(r"(\d+) (\w+)")
@@ -52,8 +53,14 @@ def phase_seconds(marks: Mapping[str, float], total: float) -> dict[str, float]:
     """Each phase's duration from the times its first line appeared: until the next phase's start, the last
     one until the end of the step."""
     ordered = sorted(marks.items(), key=lambda kv: kv[1])
-    ends = [t for _, t in ordered[1:]] + [total]
+    ends = [t for _, t in ordered[1:]] + [total] if ordered else []
     return {label: round(end - start, 1) for (label, start), end in zip(ordered, ends, strict=True)}
+
+
+def user_environment() -> dict[str, str]:
+    """This process's environment without what `make measure` itself adds: a measured `make test` runs as if
+    typed (no inherited MAKEFLAGS with NAME=..., MAKELEVEL 0)."""
+    return {k: v for k, v in os.environ.items() if k not in MAKE_VARIABLES}
 
 
 def run_step(
@@ -67,7 +74,7 @@ def run_step(
     with subprocess.Popen(
         ["bash", "-c", command],
         cwd=cwd,
-        env={**os.environ, **env},
+        env={**user_environment(), **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

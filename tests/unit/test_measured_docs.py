@@ -189,6 +189,14 @@ def test_the_timing_wrapper_times_steps_splits_phases_and_keeps_test_counts(tmp_
     assert row[3] == "7 passed"
 
 
+def test_a_measured_command_runs_as_if_typed_not_inside_make(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MAKEFLAGS", " -- NAME=test-warm")
+    monkeypatch.setenv("MAKELEVEL", "1")
+    m = timings.Measurement("unit", "env", (timings.Step("x", 'test -z "$MAKEFLAGS$MAKELEVEL"'),))
+    [[result]] = measure.measure(m, ["make", "measure", "NAME=unit"])["figures"]["rounds"]
+    assert result["seconds"] < 5
+
+
 def test_a_failed_step_ends_the_measurement_before_any_record(tmp_path: Path) -> None:
     m = timings.Measurement(
         "unit", "fails", (timings.Step("x", "echo half; exit 3"), timings.Step("y", f"touch {tmp_path}/ran"))
