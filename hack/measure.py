@@ -83,6 +83,7 @@ def run_step(
         assert proc.stdout is not None
         for line in proc.stdout:
             sys.stdout.write(line)
+            sys.stdout.flush()
             now = time.monotonic() - started
             for label, pattern in patterns:
                 if label not in marks and pattern.search(line):
@@ -130,6 +131,8 @@ def measure(m: timings.Measurement, argv: Sequence[str]) -> records.Record:
         records.machine_facts(**({"go": go} if go else {})),
         {"rounds": m.rounds, "steps": [fill(s.command, values) for s in m.steps], "env": dict(m.env)},
     )
+    if m.cwd != "{repo}":  # it runs in a fresh clone of the commit: this checkout's changes are not in it
+        record["git"]["dirty"] = False
     rounds: list[list[dict[str, Any]]] = []
     try:
         for command in m.setup:
