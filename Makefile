@@ -35,7 +35,7 @@ lint: venv ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy operator/src server/src tests benchmarks hack/cluster/localcluster.py hack/cluster/operatorproc.py \
 	  hack/cluster/netguard.py hack/cluster/provisioner.py hack/cluster/podrunner hack/demo_client.py hack/demo_pods.py \
-	  hack/docgen.py
+	  hack/docgen.py hack/measure.py
 
 .PHONY: fmt
 fmt: venv ## format the code with ruff
@@ -55,12 +55,14 @@ crds: venv ## regenerate crds/, the chart's crds/ and docs/api.md from the pydan
 	$(PY) -m specdeploy_operator.crdgen --out-dir crds --out-dir charts/specdeploy/crds --docs docs/api.md
 
 .PHONY: docs
-docs: venv bins ## regenerate the tables of docs/operator.md and docs/install.md from the code and the chart (tests fail if they are stale)
+docs: venv bins ## regenerate the docs' tables from the code, the chart and the measurement records (tests fail if they are stale)
 	$(PY) hack/docgen.py
+	$(PY) -m benchmarks.records
 
+# Each measuring command writes its record, benchmarks/results/<name>.json, and the doc block rendered from it.
 .PHONY: bench-server
-bench-server: venv ## server benchmarks (orchestration, reference backend, HTTP streaming) -> docs/benchmarks-server.md
-	$(PY) -m benchmarks.server
+bench-server: venv ## server benchmarks (RUNS=3 for medians) -> benchmarks/results/server-*.json, docs/benchmarks-server.md
+	$(PY) -m benchmarks.server $(if $(RUNS),--runs $(RUNS))
 
 .PHONY: bench-operator
 bench-operator: venv bins ## operator at scale on its own simulated cluster (100 deployments, 2 min steady state) -> docs/benchmarks.md
@@ -69,6 +71,11 @@ bench-operator: venv bins ## operator at scale on its own simulated cluster (100
 .PHONY: bench-autoscaling
 bench-autoscaling: venv bins ## load to a new Ready replica on a new GPU node and back, vs a Deployment+HPA -> docs/benchmarks.md
 	$(PY) -m benchmarks.autoscaling
+
+.PHONY: measure
+measure: ## time NAME (make test, a cold .ci/run, make demo, build.sh ...; `python3 hack/measure.py --list`) -> docs/local-cluster.md
+	@test -n "$(NAME)" || { $(PYTHON) hack/measure.py --list; echo 'usage: make measure NAME=<name>'; exit 2; }
+	$(PYTHON) hack/measure.py $(NAME)
 
 .PHONY: cluster-up
 cluster-up: venv bins ## start the local control plane + kwok GPU node pools; kubeconfig in .cluster/kubeconfig

@@ -1,8 +1,9 @@
 """Autoscaling on the simulated GPU cluster: how long from load to a new Ready replica, and from no load to
-the GPU node gone; writes the "Autoscaling" section of docs/benchmarks.md.
+the GPU node gone; writes its record, benchmarks/results/autoscaling.json, and the autoscaling block of
+docs/benchmarks.md rendered from it (benchmarks/autoscaling_report.py, benchmarks/records.py).
 
 python -m benchmarks.autoscaling              # 3 rounds per path (~8 min with the cluster start)
-python -m benchmarks.autoscaling --rounds 1 --no-write     # a smoke run
+python -m benchmarks.autoscaling --rounds 1 --no-write     # a smoke run: no record, docs untouched
 
 One run on its own local cluster (a temporary directory) with the custom metrics test adapter and the Cluster
 Autoscaler (kwok provider). Every replica takes a whole 8-GPU H200 node: the one static H200 node holds the
@@ -26,10 +27,10 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import functools
 import json
 import shutil
-import statistics
 import sys
 import tempfile
 import threading
@@ -55,11 +56,10 @@ from specdeploy_operator.builders import (  # noqa: E402
     build_hpa,
 )
 
-from benchmarks.operator import GROUP_PATH, Bench, machine, start_cluster, wait  # noqa: E402
+from benchmarks import records  # noqa: E402
+from benchmarks.autoscaling_report import render  # noqa: E402
+from benchmarks.operator import GROUP_PATH, Bench, start_cluster, wait  # noqa: E402
 
-OUT = REPO / "docs" / "benchmarks.md"
-BEGIN = "<!-- autoscaling figures: written by python -m benchmarks.autoscaling -->"
-END = "<!-- end of autoscaling figures -->"
 METRIC = "specdeploy_queue_seconds"
 TARGET = 10
 H200 = "NVIDIA-H200"
@@ -202,8 +202,7 @@ def one_round(cluster: LocalCluster, target: Target, timeout: float) -> Round:
     return Round(target.path, seconds)
 
 
-def run(rounds: int, timeout: float, keep: bool) -> tuple[list[Round], str, float]:
-    began = time.monotonic()
+def run(rounds: int, timeout: float, keep: bool) -> list[Round]:
     state = Path(tempfile.mkdtemp(prefix="specdeploy-bench-scale-"))
     cluster = LocalCluster(state)
     operator: OperatorProcess | None = None
@@ -236,7 +235,7 @@ def run(rounds: int, timeout: float, keep: bool) -> tuple[list[Round], str, floa
                 result = one_round(cluster, target, timeout)
                 print("  " + ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items()), flush=True)
                 results.append(result)
-        return results, machine(), time.monotonic() - began
+        return results
     finally:
         if operator is not None:
             operator.stop()
@@ -277,54 +276,8 @@ def unpark(bench: Bench, target: Target) -> None:
         bench.apply_list([doc])
 
 
-# -- report -------------------------------------------------------------------------------------------------
-
-
-def median(results: list[Round], path: str, phase: str) -> float:
-    values = [r.seconds[phase] for r in results if r.path == path]
-    return statistics.median(values) if values else float("nan")
-
-
-def report(results: list[Round], where: str, total: float) -> str:
-    labels = {
-        "hpa": "HPA reaction (metric above target -> replicas raised)",
-        "node": "node provisioning (-> the new GPU node exists)",
-        "pod": "pod start (-> new replica Ready); total scale-up",
-        "down": "scale-down (metric below target -> one replica)",
-        "node_gone": "node removal (-> emptied GPU node deleted)",
-    }
-    rows = [
-        "| Step (seconds since the load changed, median) | Reference (Deployment + HPA) | Operator | Ratio |"
-    ]
-    rows.append("|---|---:|---:|---:|")
-    for phase, label in labels.items():
-        ref, op = median(results, "reference", phase), median(results, "operator", phase)
-        rows.append(f"| {label} | {ref:.1f} | {op:.1f} | {op / ref:.2f}x |")
-    n = len([r for r in results if r.path == "operator"])
-    up_ref, up_op = median(results, "reference", "up"), median(results, "operator", "up")
-    return (
-        f"{BEGIN}\n\n"
-        f"{n} rounds per path; {where}; the whole run took {total / 60:.1f} min. Local timers: HPA sync 5 s, "
-        "Cluster Autoscaler scan 2 s, unneeded time 10 s; scale-down stabilization window 10 s "
-        "(the default is 600 s).\n\n" + "\n".join(rows) + "\n\n"
-        f"From the metric crossing its target to the new replica Ready the operator path takes {up_op:.1f} s "
-        f"against {up_ref:.1f} s for a Deployment scaled directly by an HPA (**{up_op / up_ref:.2f}x**). "
-        "Node provisioning is simulated (kwok makes a node Ready at once), so on a real cluster the minutes "
-        "a GPU node takes to boot dominate both paths equally.\n\n"
-        f"{END}"
-    )
-
-
-def write(section: str, path: Path) -> None:
-    text = path.read_text()
-    if BEGIN in text and END in text:
-        text = text.split(BEGIN)[0] + section + text.split(END, 1)[1]
-    else:
-        raise SystemExit(f"{path} has no autoscaling markers ({BEGIN!r} ... {END!r})")
-    path.write_text(text)
-
-
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.autoscaling",
         description=__doc__,
@@ -332,15 +285,24 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--rounds", type=int, default=3, help="rounds per path (default 3)")
     parser.add_argument("--timeout", type=float, default=240, help="seconds allowed per step")
-    parser.add_argument("--no-write", action="store_true", help="print the figures, leave docs/ alone")
+    parser.add_argument("--no-write", action="store_true", help="print only: no record, docs untouched")
     parser.add_argument("--keep", action="store_true", help="keep the cluster directory (logs)")
     args = parser.parse_args(argv)
-    results, where, total = run(args.rounds, args.timeout, args.keep)
-    section = report(results, where, total)
-    print(section)
+    started = records.now()
+    record = records.new_record(
+        "autoscaling",
+        records.command_line(["python", "-m", "benchmarks.autoscaling", *argv]),
+        started,
+        records.machine_facts(),
+        {"rounds": args.rounds, "timeout": args.timeout},
+    )
+    results = run(args.rounds, args.timeout, args.keep)
+    records.finish(record, started, {"rounds": [dataclasses.asdict(r) for r in results]})
+    print(render([record]))
     if not args.no_write:
-        write(section, OUT)
-        print(f"wrote {OUT}")
+        path = records.save(record)
+        docs = records.update_docs([record["name"]])
+        print(f"wrote {path.relative_to(REPO)} and {', '.join(str(d.relative_to(REPO)) for d in docs)}")
     return 0
 
 

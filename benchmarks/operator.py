@@ -1,7 +1,8 @@
-"""The operator at scale on the simulated GPU cluster; writes docs/benchmarks.md.
+"""The operator at scale on the simulated GPU cluster; writes its record, benchmarks/results/operator.json,
+and the operator block of docs/benchmarks.md rendered from it (benchmarks/operator_report.py, records.py).
 
 python -m benchmarks.operator                      # 100 deployments, 2 min steady state (~4 min)
-python -m benchmarks.operator --count 20 --steady 20 --no-write   # a smoke run
+python -m benchmarks.operator --count 20 --steady 20 --no-write   # a smoke run: no record, docs untouched
 
 What it does, in one run on its own local cluster (a temporary directory, started and stopped here):
 
@@ -26,8 +27,6 @@ import argparse
 import copy
 import datetime as dt
 import json
-import os
-import platform
 import shutil
 import statistics
 import subprocess
@@ -58,7 +57,9 @@ from specdeploy_operator.builders import (  # noqa: E402
     build_service,
 )
 
-OUT = REPO / "docs" / "benchmarks.md"
+from benchmarks import records  # noqa: E402
+from benchmarks.operator_report import render  # noqa: E402
+
 GROUP_PATH = "/apis/specdeploy.dev/v1alpha1"
 EXAMPLE_DRAFT = REPO / "examples" / "02-draft-target-llama8b-1b-h100.yaml"
 EXAMPLE_LOOKUP = REPO / "examples" / "05-prompt-lookup-llama13b.yaml"
@@ -71,7 +72,6 @@ OPERATOR_ENV = {
     "SPECDEPLOY_RESYNC_SECONDS": "60",
 }
 METRIC = "specdeploy_operator_api_requests_total"
-MARKER = "<!-- figures below are written by python -m benchmarks.operator -->"
 
 
 # -- the workload -------------------------------------------------------------------------------------------
@@ -416,8 +416,6 @@ class Results:
     job_pods: int
     log_problems: Counter[str]
     log_lines: list[str]
-    machine: str
-    total_seconds: float
 
 
 def measure_reference(
@@ -469,7 +467,6 @@ def inventory(bench: Bench, ns: str) -> tuple[list[dict[str, Any]], int, int]:
 
 
 def run(count: int, steady: float, timeout: float, keep: bool) -> Results:
-    began = time.monotonic()
     settings = OperatorSettings()
     ns, ref_ns = "bench", "bench-reference"
     docs = workload(count, ns)
@@ -550,8 +547,6 @@ def run(count: int, steady: float, timeout: float, keep: bool) -> Results:
             job_pods=job_pods,
             log_problems=problems,
             log_lines=lines,
-            machine=machine(),
-            total_seconds=time.monotonic() - began,
         )
     finally:
         if operator is not None:
@@ -563,56 +558,12 @@ def run(count: int, steady: float, timeout: float, keep: bool) -> Results:
             shutil.rmtree(state, ignore_errors=True)
 
 
-def machine() -> str:
-    mem = ""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                mem = f", {int(line.split()[1]) / 1024**2:.0f} GiB memory"
-    except OSError:
-        pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (
-        f"{os.cpu_count()} CPU cores{mem}, {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}; load average {load:.1f} when the run ended "
-        "(other work was running on the machine)"
-    )
-
-
-# -- report -------------------------------------------------------------------------------------------------
-
-
 def pct(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
     return (
         statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
     )
-
-
-def request_table(entries: list[AuditEntry], metric: Counter[tuple[str, str]], per: int) -> str:
-    audit = by_verb_resource(e for e in entries if e.verb != "watch")
-    keys = sorted(set(audit) | set(metric), key=lambda k: (-audit.get(k, 0), k))
-    rows = ["| verb | resource | audit log | per deployment | operator metric |", "|---|---|---:|---:|---:|"]
-    for verb_res in keys:
-        verb, res = verb_res
-        rows.append(
-            f"| {verb} | {res} | {audit.get(verb_res, 0)} | {audit.get(verb_res, 0) / per:.2f} | "
-            f"{metric.get(verb_res, 0) or '-'} |"
-        )
-    total_audit = sum(audit.values())
-    rows.append(
-        f"| **all but watch** | | **{total_audit}** | **{total_audit / per:.2f}** | "
-        f"**{sum(metric.values())}** |"
-    )
-    return "\n".join(rows)
-
-
-def watch_table(entries: list[AuditEntry]) -> str:
-    watches = Counter(e.resource for e in entries if e.verb == "watch")
-    if not watches:
-        return "none opened"
-    return ", ".join(f"{res} {n}" for res, n in sorted(watches.items()))
 
 
 def normalise_metric(metric: Counter[tuple[str, str]]) -> Counter[tuple[str, str]]:
@@ -624,189 +575,98 @@ def normalise_metric(metric: Counter[tuple[str, str]]) -> Counter[tuple[str, str
     return out
 
 
-def report(r: Results) -> str:
-    ref, op = r.reference, r.operator
-    ratio = op.seconds / ref.seconds if ref.seconds else float("nan")
-    shared = r.plan.engines
-    steady_requests = [e for e in r.audit_steady if e.verb != "watch"]
-    steady_status = [e for e in steady_requests if e.resource.endswith("/status")]
-    lines = [
-        f"Run: {dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')}, "
-        f"{r.total_seconds / 60:.1f} min in all. Machine: {r.machine}.",
-        "",
-        f"Workload: {r.count} SpeculativeDeployments, {r.replicas} replicas of one GPU, "
-        f"{r.plan.gpus} GPUs by product; {len(shared)} distinct engines "
-        f"(deployments per engine: {', '.join(str(n) for n in sorted(shared.values(), reverse=True))}). "
-        "Extra simulated nodes: "
-        + ", ".join(f"{p.name} {p.nodes} x {p.gpu.count if p.gpu else 0} GPUs" for p in r.pools)
-        + " next to the default pools.",
-        "",
-        "### Time to Ready",
-        "",
-        "| | all Ready | `kubectl apply` took | per object p50 / p90 / max | not Ready |",
-        "|---|---:|---:|---:|---:|",
-        f"| reference: kubectl applies the rendered serving objects | {ref.seconds:.1f} s | "
-        f"{ref.apply_seconds:.1f} s | {pct(ref.per_object, 50):.1f} / {pct(ref.per_object, 90):.1f} / "
-        f"{max(ref.per_object, default=float('nan')):.1f} s | {len(ref.not_ready)} |",
-        f"| operator: {r.count} SpeculativeDeployments | {op.seconds:.1f} s | {op.apply_seconds:.1f} s | "
-        f"{pct(op.per_object, 50):.1f} / {pct(op.per_object, 90):.1f} / "
-        f"{max(op.per_object, default=float('nan')):.1f} s | {len(op.not_ready)} |",
-        f"| **ratio operator / reference** | **{ratio:.2f}** | | | |",
-        "",
-        "Both clocks start when `kubectl apply` of the whole list starts and stop at the poll (every 0.5 s) "
-        "that sees the last object ready. The operator's path also holds the engine builds (kwok completes a "
-        "build pod 2 s after it runs) before any serving object exists.",
-        "",
+def request_rows(entries: list[AuditEntry], metric: Counter[tuple[str, str]]) -> list[dict[str, Any]]:
+    """Requests other than watches by verb and resource, audit log next to the operator's counter, most
+    frequent first."""
+    audit = by_verb_resource(e for e in entries if e.verb != "watch")
+    metric = normalise_metric(metric)
+    keys = sorted(set(audit) | set(metric), key=lambda k: (-audit.get(k, 0), k))
+    return [
+        {
+            "verb": verb,
+            "resource": res,
+            "audit": audit.get((verb, res), 0),
+            "metric": metric.get((verb, res), 0),
+        }
+        for verb, res in keys
     ]
-    if op.not_ready:
-        lines += ["Not Ready at the timeout:", ""]
-        lines += [f"- `{n}`: {what}" for n, what in list(op.not_ready.items())[:10]]
-        lines.append("")
-    lines += [
-        "### Shared builds",
-        "",
-        f"EngineBuilds: **{r.engine_builds}** (expected from the builders: {len(shared)}; phases "
-        f"{dict(r.engine_phases)}), build Jobs: **{r.jobs}**, build pods: {r.job_pods}, for {r.count} "
-        "deployments.",
-        "",
-        f"### API requests while {r.count} deployments roll out (per deployment = / {r.count})",
-        "",
-        "From the audit log (every request of the operator's identity, received between the start of "
-        "`kubectl apply` and the moment all were Ready), next to the operator's own counter "
-        f"`{METRIC}` over the same interval (it counts the operator's writes only; kopf's lists and "
-        "watches are not in it).",
-        "",
-        request_table(r.audit_rollout, normalise_metric(r.metric_rollout), r.count),
-        "",
-        f"Watches opened in that interval (long-lived, counted apart): {watch_table(r.audit_rollout)}. "
-        f"At operator start-up, before any deployment existed: "
-        f"{sum(1 for e in r.audit_startup if e.verb != 'watch')} requests "
-        f"({dict(Counter(e.verb for e in r.audit_startup if e.verb != 'watch'))}) and watches "
-        f"{watch_table(r.audit_startup)}.",
-        "",
-        "Status writes (operator metric `specdeploy_operator_status_writes_total`): "
-        f"{r.status_writes_rollout}.",
-        "",
-        f"### Steady state ({r.steady_seconds:.0f} s after all were Ready, resync every "
-        f"{OPERATOR_ENV['SPECDEPLOY_RESYNC_SECONDS']} s)",
-        "",
-        f"Requests other than watches in the audit log: **{len(steady_requests)}**, of which status writes: "
-        f"**{len(steady_status)}**; the operator's counter: {sum(r.metric_steady.values())} writes, status "
-        f"writes by kind {r.status_writes_steady}.",
-        "",
-    ]
-    if steady_requests:
-        lines += [request_table(r.audit_steady, normalise_metric(r.metric_steady), r.count), ""]
-    steady_watches = [e for e in r.audit_steady if e.verb == "watch"]
-    lines += [
-        f"Watches opened (re-opened by kopf) in the window: {len(steady_watches)}.",
-        "",
-        "### Operator log",
-        "",
-    ]
-    if r.log_problems:
-        lines += [f"- {n} x {msg}" for msg, n in r.log_problems.most_common(10)]
-        lines += ["", "First lines:", "", "```", *r.log_lines, "```", ""]
-    else:
-        lines += ["No warning or error in the operator's log.", ""]
-    return "\n".join(lines)
 
 
-HEADER = """# Operator benchmark
-
-Command: `python -m benchmarks.operator` (or `make bench-operator`; about 4 minutes on 2 CPU cores). The
-script rewrites everything below the marker; the text above it is kept.
-
-**Method.** One run on its own local cluster (`hack/cluster/localcluster.py` in a temporary directory: a real
-etcd, kube-apiserver, controller-manager and scheduler, kwok playing the kubelet of simulated GPU nodes; see
-[local-cluster.md](local-cluster.md)), started and stopped by the benchmark. Extra simulated GPU nodes are
-added so that every replica fits. The workload is 100 SpeculativeDeployments derived from
-[examples/02](../examples/02-draft-target-llama8b-1b-h100.yaml) (draft-target Llama 3.1 8B + 3.2 1B, three
-engine variants: H100 with `maxDraftLen` 10 or 8, H200) and
-[examples/05](../examples/05-prompt-lookup-llama13b.yaml) (prompt lookup on Llama 2 13B, two engine
-variants), each with its own runtime settings and `draftLen`, every tenth with 2 replicas; one GPU per
-replica. Deployments that need the same engine (as the operator's builders hash it) share one EngineBuild
-and one build Job; the figures give how many distinct engines that makes.
-
-1. *Reference* (the ratio's denominator, measured in the same run): `kubectl apply --server-side` of the
-   serving objects the operator's builders render for the same 100 deployments (ConfigMap, Service,
-   PodDisruptionBudget, Deployment: the same pods), in a namespace of their own, without the operator; time
-   until every Deployment has all replicas Ready. That is what the cluster itself (apiserver, controllers,
-   scheduler, kwok) costs for these pods. The namespace is then deleted and its pods waited out.
-2. *Operator*: `python -m specdeploy_operator` as a child process (as the integration tests run it, with
-   its own identity; production settings but a 60 s resync), then one `kubectl apply --server-side` of the 100
-   SpeculativeDeployments; time until every one shows `status.phase: Ready` for its current generation. On
-   this path the operator creates the EngineBuilds, their Jobs (kwok completes a build pod 2 s after it runs),
-   then the serving objects.
-3. *Steady state*: nothing changes for 2 minutes; every request the operator makes is counted.
-
-Requests are counted from the kube-apiserver's audit log, which records only the operator's identity (one line
-per request at `ResponseComplete`; watches are long-lived and listed apart), split by verb and resource, and
-compared with the operator's own counter `specdeploy_operator_api_requests_total` (its writes; kopf's lists
-and watches are not in it). Figures are those of one run on a shared 2-core machine: the times move with the
-machine's load from run to run, the request counts do not.
-"""
+def watch_counts(entries: list[AuditEntry]) -> dict[str, int]:
+    return dict(sorted(Counter(e.resource for e in entries if e.verb == "watch").items()))
 
 
-def write(markdown: str, path: Path, interpretation: str) -> None:
-    existing = path.read_text() if path.exists() else ""
-    head = existing.split(MARKER)[0].rstrip() + "\n" if MARKER in existing else HEADER
-    path.write_text(f"{head}\n{MARKER}\n\n## Figures\n\n{markdown}\n{interpretation}")
+def rollout_figures(rollout: Rollout) -> dict[str, Any]:
+    return {
+        "seconds": round(rollout.seconds, 2),
+        "apply_seconds": round(rollout.apply_seconds, 2),
+        "p50": round(pct(rollout.per_object, 50), 2),
+        "p90": round(pct(rollout.per_object, 90), 2),
+        "max": round(max(rollout.per_object, default=float("nan")), 2),
+        "not_ready": rollout.not_ready,
+    }
 
 
-def interpret(r: Results) -> str:
-    ratio = r.operator.seconds / r.reference.seconds if r.reference.seconds else float("nan")
-    rollout = [e for e in r.audit_rollout if e.verb != "watch"]
-    steady = [e for e in r.audit_steady if e.verb != "watch"]
-    reads = sum(1 for e in rollout if e.verb in ("get", "list"))
-    n = by_verb_resource(rollout)
-    children = sum(n[("patch", k)] for k in ("configmaps", "services", "poddisruptionbudgets", "deployments"))
-    parts = [
-        "## Interpretation",
-        "",
-        f"- Time: the operator brought {r.count} deployments to Ready in {r.operator.seconds:.1f} s, "
-        f"{ratio:.2f} x the {r.reference.seconds:.1f} s the cluster needs for the same pods applied "
-        "directly. "
-        "The difference is the operator's own path: engine builds first (Job, kwok's 2 s, status roll-up), "
-        "then the serving objects, then the readiness roll-up into status.",
-        f"- Requests: {len(rollout) / r.count:.2f} per deployment while rolling out ({len(rollout)} in all, "
-        f"{reads} of them reads: the operator reads from kopf's watch-fed indexes). Per deployment: "
-        f"{children / r.count:.2f} applies of its serving objects (ConfigMap, Service, PDB, Deployment), "
-        f"{n[('patch', 'speculativedeployments/status')] / r.count:.2f} status writes, "
-        f"{n[('create', 'events')] / r.count:.2f} events (milestones). Shared: "
-        f"{n[('patch', 'enginebuilds')]} EngineBuild applies for {r.engine_builds} EngineBuilds, "
-        f"{n[('patch', 'enginebuilds/status')]} EngineBuild status writes, {n[('patch', 'jobs')]} Job "
-        f"applies, {n[('patch', 'persistentvolumeclaims')]} applies of the one shared cache claim. Applies "
-        "beyond one per EngineBuild or claim come from deployments that needed the same new object before "
-        "the operator's watch showed it; server-side apply makes them idempotent (extra requests, no "
-        "duplicate objects).",
-        f"- Shared builds: {r.engine_builds} EngineBuilds and {r.jobs} Jobs for {r.count} deployments "
-        f"({len(r.plan.engines)} distinct engines by the builders).",
-        f"- Steady state: {len(steady)} requests other than watches in {r.steady_seconds:.0f} s"
-        + (" - status is written only when it changes and resyncs cost nothing." if not steady else "."),
-        "",
-    ]
-    return "\n".join(parts)
+def figures(r: Results) -> dict[str, Any]:
+    """What the record keeps of a run (JSON): the counts and times the docs render, no raw audit log."""
+    return {
+        "count": r.count,
+        "replicas": r.replicas,
+        "gpus_by_product": dict(sorted(r.plan.gpus.items())),
+        "deployments_per_engine": sorted(r.plan.engines.values(), reverse=True),
+        "extra_pools": [
+            {"name": p.name, "nodes": p.nodes, "gpus": p.gpu.count if p.gpu else 0} for p in r.pools
+        ],
+        "reference": rollout_figures(r.reference),
+        "operator": rollout_figures(r.operator),
+        "reference_cleanup_seconds": round(r.ref_cleanup_seconds, 2),
+        "requests_rollout": request_rows(r.audit_rollout, r.metric_rollout),
+        "watches_rollout": watch_counts(r.audit_rollout),
+        "startup_requests_by_verb": dict(
+            sorted(Counter(e.verb for e in r.audit_startup if e.verb != "watch").items())
+        ),
+        "watches_startup": watch_counts(r.audit_startup),
+        "requests_steady": request_rows(r.audit_steady, r.metric_steady),
+        "watches_steady": sum(1 for e in r.audit_steady if e.verb == "watch"),
+        "metric_writes_steady": sum(r.metric_steady.values()),
+        "status_writes_rollout": dict(sorted(r.status_writes_rollout.items())),
+        "status_writes_steady": dict(sorted(r.status_writes_steady.items())),
+        "steady_seconds": round(r.steady_seconds, 1),
+        "resync_seconds": int(OPERATOR_ENV["SPECDEPLOY_RESYNC_SECONDS"]),
+        "engine_builds": r.engine_builds,
+        "engine_phases": dict(sorted(r.engine_phases.items())),
+        "jobs": r.jobs,
+        "job_pods": r.job_pods,
+        "log_problems": [[msg, n] for msg, n in r.log_problems.most_common(10)],
+        "log_lines": r.log_lines,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m benchmarks.operator", description=__doc__.split("\n")[0])
     parser.add_argument("--count", type=int, default=100, help="SpeculativeDeployments to create")
     parser.add_argument("--steady", type=float, default=120.0, help="seconds of steady state to watch")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for Ready")
-    parser.add_argument("--output", type=Path, default=OUT, help="markdown file to write")
-    parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--no-write", action="store_true", help="print only: no record, docs untouched")
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory (logs)")
     args = parser.parse_args(argv)
+    started = records.now()
+    record = records.new_record(
+        "operator",
+        records.command_line(["python", "-m", "benchmarks.operator", *argv]),
+        started,
+        records.machine_facts(),
+        {"count": args.count, "steady": args.steady, "timeout": args.timeout, "operator_env": OPERATOR_ENV},
+    )
     results = run(args.count, args.steady, args.timeout, args.keep)
-    markdown = report(results)
-    interpretation = interpret(results)
+    records.finish(record, started, figures(results))
     print()
-    print(markdown)
-    print(interpretation)
+    print(render([record]))
     if not args.no_write:
-        write(markdown, args.output, interpretation)
-        print(f"wrote {args.output}")
+        path = records.save(record)
+        docs = records.update_docs([record["name"]])
+        print(f"wrote {path.relative_to(REPO)} and {', '.join(str(d.relative_to(REPO)) for d in docs)}")
     return 0
 
 

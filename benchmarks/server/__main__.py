@@ -1,88 +1,154 @@
-"""Run the server benchmarks and write docs/benchmarks-server.md.
+"""Run the server benchmarks: each section writes its record, benchmarks/results/server-<section>.json, and
+its block of docs/benchmarks-server.md is rendered from that record (benchmarks/records.py).
 
-python -m benchmarks.server                 # all five (about 5-6 minutes on 2 CPU cores)
+python -m benchmarks.server                 # all five, one run each (about 5-6 minutes on 2 CPU cores)
+python -m benchmarks.server --runs 3        # three runs of each: medians, and each run's key figure
 python -m benchmarks.server --only 1,3      # a subset
-python -m benchmarks.server --quick         # shorter runs, for a smoke check
+python -m benchmarks.server --quick         # shorter runs, for a smoke check (records say --quick)
+python -m benchmarks.server --no-write      # print only: no record, docs untouched
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
+import dataclasses
 import sys
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
-OUT = Path(__file__).resolve().parents[2] / "docs" / "benchmarks-server.md"
+from benchmarks import records
+
 ALL = "1,2,3,4,5"
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.server", description=__doc__)
-    parser.add_argument("--only", default=ALL, help="comma-separated benchmark numbers")
-    parser.add_argument("--quick", action="store_true", help="shorter runs")
-    parser.add_argument("--output", type=Path, default=OUT, help="markdown file to write")
-    args = parser.parse_args(argv)
-    only = {int(x) for x in args.only.split(",") if x}
-    sections: list[str] = []
+@dataclass(frozen=True)
+class Section:
+    number: int
+    name: str  # the record is server-<name>, rendered by benchmarks.server.render.<name with _>
+    title: str
+    run: Callable[[bool], Sequence[Any]]  # quick -> result dataclasses
+    parameters: Callable[[bool], dict[str, Any]]
 
-    if 1 in only:
-        from benchmarks.server import orchestration  # noqa: PLC0415
 
-        results = orchestration.run(seconds=1.5 if args.quick else 4.0)
-        sections.append(
-            "## 1. Orchestration efficiency (stand-in executors)\n\n" + orchestration.table(results)
-        )
-        print(sections[-1], flush=True)
-    if 2 in only:
-        from benchmarks.server import assisted  # noqa: PLC0415
+def _orchestration(quick: bool) -> Sequence[Any]:
+    from benchmarks.server import orchestration  # noqa: PLC0415
 
-        res2 = assisted.run(prompts=4 if args.quick else 8, max_new=32 if args.quick else 64)
-        sections.append(
-            "## 2. Reference backend vs transformers assisted generation (CPU)\n\n" + assisted.table(res2)
-        )
-        print(sections[-1], flush=True)
-    if 3 in only:
-        from benchmarks.server import http_stream  # noqa: PLC0415
+    return orchestration.run(seconds=1.5 if quick else 4.0)
 
-        res3 = http_stream.run(streams=8, tokens=500 if args.quick else 2000)
-        sections.append("## 3. HTTP streaming throughput (instant engine)\n\n" + http_stream.table(res3))
-        print(sections[-1], flush=True)
-    if 4 in only:
-        from benchmarks.server import concurrency  # noqa: PLC0415
 
-        res4 = concurrency.run(requests=4 if args.quick else 8, max_new=32 if args.quick else 64)
-        sections.append("## 4. Reference backend under concurrency (CPU)\n\n" + concurrency.table(res4))
-        print(sections[-1], flush=True)
+def _assisted(quick: bool) -> Sequence[Any]:
+    from benchmarks.server import assisted  # noqa: PLC0415
 
-    if 5 in only:
-        from benchmarks.server import loop_lag  # noqa: PLC0415
+    return assisted.run(prompts=4 if quick else 8, max_new=32 if quick else 64)
 
-        res5 = loop_lag.run(requests=300 if args.quick else 1000, seconds=2.0 if args.quick else 5.0)
-        sections.append(
-            "## 5. Event-loop lag under HTTP work (stand-in executors)\n\n" + loop_lag.table(res5)
-        )
-        print(sections[-1], flush=True)
 
+def _http_stream(quick: bool) -> Sequence[Any]:
+    from benchmarks.server import http_stream  # noqa: PLC0415
+
+    return http_stream.run(streams=8, tokens=500 if quick else 2000)
+
+
+def _concurrency(quick: bool) -> Sequence[Any]:
+    from benchmarks.server import concurrency  # noqa: PLC0415
+
+    return concurrency.run(requests=4 if quick else 8, max_new=32 if quick else 64)
+
+
+def _loop_lag(quick: bool) -> Sequence[Any]:
+    from benchmarks.server import loop_lag  # noqa: PLC0415
+
+    return loop_lag.run(requests=300 if quick else 1000, seconds=2.0 if quick else 5.0)
+
+
+SECTIONS = (
+    Section(
+        1,
+        "orchestration",
+        "Orchestration efficiency (stand-in executors)",
+        _orchestration,
+        lambda q: {"seconds": 1.5 if q else 4.0},
+    ),
+    Section(
+        2,
+        "assisted",
+        "Reference backend vs transformers assisted generation (CPU)",
+        _assisted,
+        lambda q: {"prompts": 4 if q else 8, "max_new": 32 if q else 64, "draft_len": 4},
+    ),
+    Section(
+        3,
+        "http-stream",
+        "HTTP streaming throughput (instant engine)",
+        _http_stream,
+        lambda q: {"streams": 8, "tokens": 500 if q else 2000},
+    ),
+    Section(
+        4,
+        "concurrency",
+        "Reference backend under concurrency (CPU)",
+        _concurrency,
+        lambda q: {"requests": 4 if q else 8, "max_new": 32 if q else 64, "draft_len": 4},
+    ),
+    Section(
+        5,
+        "loop-lag",
+        "Event-loop lag under HTTP work (stand-in executors)",
+        _loop_lag,
+        lambda q: {"requests": 300 if q else 1000, "seconds": 2.0 if q else 5.0},
+    ),
+)
+
+
+def versions() -> dict[str, str]:
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
 
-    env = (
-        f"Run {datetime.datetime.now(datetime.UTC).strftime('%Y-%m-%d %H:%M UTC')} on {platform.machine()}, "
-        f"{os.cpu_count()} CPU cores, Python {sys.version.split()[0]}, torch {torch.__version__}, "
-        f"transformers {transformers.__version__}; command: `python -m benchmarks.server"
-        f"{' --quick' if args.quick else ''}{'' if args.only == ALL else ' --only ' + args.only}`."
+    return {"torch": torch.__version__, "transformers": transformers.__version__}
+
+
+def measure(section: Section, runs: int, quick: bool, command: str) -> records.Record:
+    started = records.now()
+    record = records.new_record(
+        f"server-{section.name}",
+        command,
+        started,
+        records.machine_facts(**versions()),
+        {"runs": runs, "quick": quick, **section.parameters(quick)},
     )
-    header = (
-        args.output.read_text(encoding="utf-8").split("<!-- results -->")[0] if args.output.exists() else ""
+    all_runs = []
+    for i in range(runs):
+        print(f"{section.number}. {section.title}: run {i + 1} of {runs} ...", flush=True)
+        all_runs.append([dataclasses.asdict(r) for r in section.run(quick)])
+    return records.finish(record, started, {"runs": all_runs})
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.server", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    if not header:
-        header = "# Server benchmarks\n\n"
-    args.output.write_text(
-        header + "<!-- results -->\n\n" + env + "\n\n" + "\n\n".join(sections) + "\n", encoding="utf-8"
-    )
-    print(f"wrote {args.output}")
+    parser.add_argument("--only", default=ALL, help="comma-separated benchmark numbers")
+    parser.add_argument("--runs", type=int, default=1, help="runs of each section (medians over them)")
+    parser.add_argument("--quick", action="store_true", help="shorter runs")
+    parser.add_argument("--no-write", action="store_true", help="print only: no record, docs untouched")
+    args = parser.parse_args(argv)
+    only = {int(x) for x in args.only.split(",") if x}
+    command = records.command_line(["python", "-m", "benchmarks.server", *argv])
+    from benchmarks.server import render  # noqa: PLC0415
+
+    for section in SECTIONS:
+        if section.number not in only:
+            continue
+        record = measure(section, args.runs, args.quick, command)
+        print(f"## {section.number}. {section.title}\n", flush=True)
+        print(getattr(render, section.name.replace("-", "_"))([record]), flush=True)
+        if not args.no_write:
+            path = records.save(record)
+            docs = records.update_docs([record["name"]])
+            print(
+                f"wrote {path.relative_to(records.REPO)}; {', '.join(str(d) for d in docs) or 'docs current'}"
+            )
 
 
 if __name__ == "__main__":

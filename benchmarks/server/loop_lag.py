@@ -43,7 +43,18 @@ class LagResult:
     p99_ms: float
     max_ms: float
     cpu_percent: float
-    note: str
+    queue_depth: float | None = None  # waiting: requests queued when the window opened
+    http_statuses: str | None = None  # huge prompt: the huge requests' status codes
+    longest_gap_ms: float | None = None  # huge prompt: longest gap between the stream's events
+
+    @property
+    def note(self) -> str:
+        if self.queue_depth is not None:
+            return f"queue depth {self.queue_depth:.0f}"
+        return (
+            f"{HUGE_REQUESTS} huge requests: HTTP {self.http_statuses}; "
+            f"longest gap between stream events {self.longest_gap_ms or 0.0:.0f} ms"
+        )
 
 
 # ------------------------------------------------------------------------------------- the server (child)
@@ -131,7 +142,7 @@ class _Server:
         self.process.join(timeout=10)
 
 
-def _summary(scenario: str, stopped: dict[str, Any], note: str) -> LagResult:
+def _summary(scenario: str, stopped: dict[str, Any], **details: Any) -> LagResult:
     samples = sorted(stopped["samples"]) or [0.0]
     p99 = samples[min(len(samples) - 1, int(len(samples) * 0.99))]
     return LagResult(
@@ -140,7 +151,7 @@ def _summary(scenario: str, stopped: dict[str, Any], note: str) -> LagResult:
         p99 * 1000,
         samples[-1] * 1000,
         stopped["cpu"] * 100,
-        note,
+        **details,
     )
 
 
@@ -168,7 +179,7 @@ async def _waiting(base_url: str, requests: int, seconds: float) -> LagResult:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-    return _summary(f"{requests} waiting non-streamed requests", stopped, f"queue depth {depth:.0f}")
+    return _summary(f"{requests} waiting non-streamed requests", stopped, queue_depth=depth)
 
 
 async def _huge_prompt(base_url: str, text: str, tokens: int, label: str) -> LagResult:
@@ -196,11 +207,12 @@ async def _huge_prompt(base_url: str, text: str, tokens: int, label: str) -> Lag
         await asyncio.gather(streaming, return_exceptions=True)
     in_window = [t for t in arrivals if t >= window]
     gap = max((b - a for a, b in itertools.pairwise(in_window)), default=0.0)
-    note = (
-        f"{HUGE_REQUESTS} huge requests: HTTP {', '.join(map(str, sorted(statuses)))}; "
-        f"longest gap between stream events {gap * 1000:.0f} ms"
+    return _summary(
+        f"~{tokens // 1000}k-token prompt during a stream, {label}",
+        stopped,
+        http_statuses=", ".join(map(str, sorted(statuses))),
+        longest_gap_ms=gap * 1000,
     )
-    return _summary(f"~{tokens // 1000}k-token prompt during a stream, {label}", stopped, note)
 
 
 def _huge_text(tokenizer_dir: Path, tokens: int) -> tuple[str, int]:

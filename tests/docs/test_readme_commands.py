@@ -39,10 +39,10 @@ What runs differs from what the README shows only by these substitutions, each a
 
 Not runnable here: `kubectl logs` of the README's GPU examples (their pods are simulated: kwok answers that it
 has no log; the test proves the Job or Deployment, the pod and the container name resolve), `docker build`
-and `docker push` (no Docker engine, no registry), the benchmarks (minutes each; they rewrite
-docs/benchmarks*.md), an existing cluster (`USE_EXISTING_CLUSTER=1 ... make test` would run the suite inside
-the suite; the test runs one integration module that way against the session cluster) and `.ci/run` (it is
-`make test`).
+and `docker push` (no Docker engine, no registry), the benchmarks and `make measure` (minutes each; they
+write records and rewrite docs/benchmarks*.md, docs/local-cluster.md), an existing cluster
+(`USE_EXISTING_CLUSTER=1 ... make test` would run the suite inside the suite; the test runs one integration
+module that way against the session cluster) and `.ci/run` (it is `make test`).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ LOGS_WHY = (
     " runner's CPU pods do have logs (tests/integration/test_real_pods.py)"
 )
 DOCKER_WHY = "no Docker engine and no registry here (tests/chart/test_dockerfiles.py checks the Dockerfiles)"
-BENCH_WHY = "minutes long, and it rewrites its docs/benchmarks*.md"
+BENCH_WHY = "minutes long, and it writes its records and rewrites its docs/benchmarks*.md"
 
 COMMANDS: dict[str, Row] = {
     # The two commands
@@ -227,6 +227,10 @@ COMMANDS: dict[str, Row] = {
     "make bench-server": NotHere("test_benchmark_commands", BENCH_WHY),
     "make bench-operator": NotHere("test_benchmark_commands", BENCH_WHY),
     "make bench-autoscaling": NotHere("test_benchmark_commands", BENCH_WHY),
+    "make measure NAME=test-warm": NotHere(
+        "test_benchmark_commands",
+        "it runs `make test` (the suite inside the suite) and rewrites docs/local-cluster.md",
+    ),
     # Developing
     "make venv": Demo(),
     "make lint": MakeTest(),
@@ -696,8 +700,9 @@ def helm_install_sets() -> dict[str, str]:
 
 
 def test_benchmark_commands(shell: Shell) -> None:
-    """Not run (minutes each, and they rewrite docs/benchmarks*.md): each target runs its benchmark module,
-    and that module starts and parses its arguments."""
+    """Not run (minutes each, and they rewrite docs/benchmarks*.md or docs/local-cluster.md): each target runs
+    its benchmark module, and that module starts and parses its arguments; `make measure` runs
+    hack/measure.py, which knows the measurement."""
     for command, module in (
         ("make bench-server", "benchmarks.server"),
         ("make bench-operator", "benchmarks.operator"),
@@ -707,6 +712,10 @@ def test_benchmark_commands(shell: Shell) -> None:
         assert f".venv/bin/python -m {module}" in recipe, recipe
         usage = shell.tool(".venv/bin/python", "-m", module, "--help").stdout
         assert usage.startswith(f"usage: python -m {module}"), usage
+    recipe = make_dry_run(shell, *make_target(readme_command("make measure NAME=test-warm")))
+    assert "python3 hack/measure.py test-warm" in recipe, recipe
+    listing = shell.tool("python3", "hack/measure.py", "--list").stdout
+    assert re.search(r"^test-warm +warm `make test`", listing, re.MULTILINE), listing
 
 
 def test_ci_entry_point(shell: Shell) -> None:

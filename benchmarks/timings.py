@@ -1,0 +1,209 @@
+"""The timings of docs/local-cluster.md's "Measured times": what `make measure NAME=<name>` (hack/measure.py)
+runs for each, and the table rendered from their records (benchmarks/results/timing-<name>.json).
+
+A measurement runs its steps in a scratch directory's context (`{dir}`), `rounds` times, each step timed by
+its wall clock; `phases` split a step's time at the first output line matching each pattern (make echoes
+each recipe line, build.sh logs each binary it starts); a pytest summary line in the output is kept as the
+step's test counts. Nothing is measured here: this module only says what to run and renders what ran.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks.records import Record, provenance
+
+# Empty Go caches and binary cache under the scratch directory: a cold build.
+COLD_CACHES = {
+    "GOCACHE": "{dir}/gocache",
+    "GOMODCACHE": "{dir}/gomodcache",
+    "SPECDEPLOY_CACHE": "{dir}/specdeploy-cache",
+}
+BUILD_PHASES = (
+    ("k8s", r"^\[build\] kube-apiserver"),
+    ("etcd", r"^\[build\] etcd "),
+    ("kwok", r"^\[build\] kwok "),
+    ("helm", r"^\[build\] helm "),
+    ("test-adapter", r"^\[build\] custom-metrics-apiserver"),
+    ("cluster-autoscaler", r"^\[build\] cluster-autoscaler "),
+    ("KEDA CRDs", r"^\[build\] KEDA "),
+)
+MAKE_TEST_PHASES = (
+    ("venv", r"-m venv |-m pip install"),
+    ("binaries", r"^\[build\] "),
+    ("lint", r"/ruff check "),
+    ("tests", r"-m pytest"),
+)
+
+
+@dataclass(frozen=True)
+class Step:
+    label: str  # the row's label in the docs
+    command: str  # bash, run in `Measurement.cwd`; {dir} {repo} {commit} are filled in
+
+
+@dataclass(frozen=True)
+class Measurement:
+    name: str
+    what: str
+    steps: tuple[Step, ...]
+    rounds: int = 1
+    env: Mapping[str, str] = field(default_factory=dict)
+    setup: tuple[str, ...] = ()  # untimed, before the first round
+    cleanup: tuple[str, ...] = ()  # untimed, after the last round (also after a failure)
+    phases: tuple[tuple[str, str], ...] = ()
+    cwd: str = "{repo}"
+
+
+def _cluster(name: str, what: str, make_args: str) -> Measurement:
+    cluster = f"CLUSTER_DIR={{dir}}/cluster{make_args}"
+    return Measurement(
+        name,
+        what,
+        (
+            Step("`make cluster-up` from stopped", f"make cluster-up {cluster}"),
+            Step("`make cluster-up` on a running cluster", f"make cluster-up {cluster}"),
+            Step("`make cluster-down`", f"make cluster-down {cluster}"),
+        ),
+        rounds=3,
+        cleanup=(f"make cluster-down {cluster}",),
+    )
+
+
+MEASUREMENTS: tuple[Measurement, ...] = (
+    Measurement(
+        "build-cold",
+        "cold build of every binary (empty GOCACHE, GOMODCACHE and binary cache)",
+        (Step("`hack/cluster/build.sh`", "hack/cluster/build.sh"),),
+        env=COLD_CACHES,
+        phases=BUILD_PHASES,
+    ),
+    Measurement(
+        "build-warm",
+        "warm `hack/cluster/build.sh` (cache hit)",
+        (Step("`hack/cluster/build.sh`", "hack/cluster/build.sh"),),
+        rounds=3,
+    ),
+    _cluster(
+        "cluster",
+        "the local cluster with the metrics adapter and the Cluster Autoscaler (7 processes, 4 Ready nodes)",
+        "",
+    ),
+    _cluster(
+        "cluster-no-autoscaling", "the local cluster with `AUTOSCALING=0` (5 processes)", " AUTOSCALING=0"
+    ),
+    Measurement(
+        "test-server",
+        "`tests/server` (the server with tiny real models, no cluster)",
+        (Step("pytest", ".venv/bin/python -m pytest -q tests/server"),),
+    ),
+    Measurement(
+        "test-cluster",
+        "`tests/integration/test_cluster.py` (its own cluster)",
+        (Step("pytest", ".venv/bin/python -m pytest -q tests/integration/test_cluster.py"),),
+    ),
+    Measurement(
+        "test-real-pods",
+        "`tests/integration/test_real_pods.py` (examples/09 served for real, rolling update and deletion "
+        "under load)",
+        (Step("pytest", ".venv/bin/python -m pytest -q tests/integration/test_real_pods.py"),),
+    ),
+    Measurement(
+        "demo",
+        "`make demo` on a warm cache (cluster up, examples/01 simulated, the model Job, examples/09 served "
+        "for real, the client)",
+        (Step("`make demo`", "make demo CLUSTER_DIR={dir}/cluster"),),
+        cleanup=("make cluster-down CLUSTER_DIR={dir}/cluster",),
+    ),
+    Measurement(
+        "test-warm",
+        "warm `make test` (binaries cached, venv current; the session's own cluster)",
+        (Step("`make test`", "make test"),),
+        phases=MAKE_TEST_PHASES,
+    ),
+    Measurement(
+        "ci-cold",
+        "`bash .ci/run` (= `make test`) on a fresh clone of the commit with empty Go caches, an empty binary "
+        "cache and pip's cache off",
+        (Step("`bash .ci/run`", "bash .ci/run"),),
+        env={**COLD_CACHES, "PIP_NO_CACHE_DIR": "1"},
+        setup=(
+            "git clone --quiet --no-checkout {repo} {dir}/clone",
+            "git -C {dir}/clone checkout --quiet {commit}",
+        ),
+        phases=MAKE_TEST_PHASES,
+        cwd="{dir}/clone",
+    ),
+)
+BY_NAME = {m.name: m for m in MEASUREMENTS}
+
+
+def record_name(measurement: str) -> str:
+    return f"timing-{measurement}"
+
+
+def duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s"
+
+
+def span(values: Sequence[float]) -> str:
+    if len(values) == 1:
+        return duration(values[0])
+    low, high = min(values), max(values)
+    return f"{duration(low)} to {duration(high)} ({len(values)} runs)"
+
+
+def _details(results: Sequence[Mapping[str, Any]]) -> str:
+    parts = []
+    phases: Mapping[str, float] = results[0].get("phases") or {}
+    if phases and len(results) == 1:
+        parts.append(", ".join(f"{label} {duration(s)}" for label, s in phases.items()))
+    tests = results[0].get("tests")
+    if tests:
+        parts.append(", ".join(f"{n} {outcome}" for outcome, n in tests.items()))
+    return "; ".join(parts)
+
+
+def rows(record: Record, measurement: Measurement | None = None) -> list[list[str]]:
+    """One row per step of the record's measurement (by default the one its name says): what, command, time,
+    details, when."""
+    measurement = measurement or BY_NAME.get(str(record["name"]).removeprefix("timing-"))
+    if measurement is None:
+        raise ValueError(f"no measurement for the record {record['name']!r}")
+    rounds: list[list[dict[str, Any]]] = record["figures"]["rounds"]
+    out = []
+    for i, step in enumerate(measurement.steps):
+        results = [r[i] for r in rounds]
+        what = measurement.what if len(measurement.steps) == 1 else f"{measurement.what}: {step.label}"
+        out.append(
+            [
+                what,
+                f"`make measure NAME={measurement.name}`",
+                span([r["seconds"] for r in results]),
+                _details(results),
+                f"{record['started'][:10]}, load {record['machine']['load_start']:.1f} → "
+                f"{record['machine'].get('load_end', float('nan')):.1f}",
+            ]
+        )
+    return out
+
+
+def render(records: Sequence[Record]) -> str:
+    if not records:
+        return (
+            "No timing is recorded yet: run `make measure NAME=<name>` (`python3 hack/measure.py --list`).\n"
+        )
+    lines = [
+        "| what | command | time | details | measured (1-min load, start → end) |",
+        "|---|---|---|---|---|",
+    ]
+    lines += [
+        "| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for r in records for row in rows(r)
+    ]
+    notes = [f"- `{r['name']}`: {provenance(r)}" for r in records]
+    return "\n".join(lines) + "\n\n" + "\n".join(notes) + "\n"
