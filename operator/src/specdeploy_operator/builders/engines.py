@@ -108,6 +108,7 @@ def _engine_build(
         # share it.
         gpu_product=None if staged else gpu_product(sdep, settings),
         cache=EngineCacheLocation(pvc_name=cache_pvc_name(sdep, settings), path="pending"),
+        pod_security=spec.pod_security,
     )
     hash_ = draft.content_hash()
     engine_spec = draft.model_copy(

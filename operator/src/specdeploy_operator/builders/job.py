@@ -9,7 +9,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any, Final
 
-from specdeploy_operator.api import EngineBuild, ModelSource
+from specdeploy_operator.api import EngineBuild, ModelSource, PodSecuritySpec
 
 from .common import (
     ENGINE_HASH_LABEL,
@@ -20,6 +20,7 @@ from .common import (
     dns_label,
     owner_reference,
 )
+from .podsecurity import harden_pod_spec
 from .settings import OperatorSettings
 
 __all__ = [
@@ -268,13 +269,16 @@ def build_job(engine_build: dict[str, Any], settings: OperatorSettings | None = 
             "ttlSecondsAfterFinished": settings.build_ttl_seconds,
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    **pod_scheduling,
-                    "initContainers": steps,
-                    "containers": [complete],
-                    "volumes": volumes,
-                },
+                "spec": harden_pod_spec(
+                    {
+                        "restartPolicy": "Never",
+                        **pod_scheduling,
+                        "initContainers": steps,
+                        "containers": [complete],
+                        "volumes": volumes,
+                    },
+                    PodSecuritySpec.model_validate(spec["podSecurity"]) if spec.get("podSecurity") else None,
+                ),
             },
         },
     }

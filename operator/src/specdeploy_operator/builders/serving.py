@@ -24,6 +24,7 @@ from .common import (
 )
 from .engines import cache_pvc_name, gpu_product
 from .job import CREDENTIALS_MOUNT, GPU_PRODUCT_LABEL, GPU_TOLERATION, download_step
+from .podsecurity import harden_pod_spec
 from .serverconfig import (
     API_KEY_MOUNT,
     CHAT_TEMPLATE_MOUNT,
@@ -274,6 +275,7 @@ def build_deployment(
         pod_spec["initContainers"] = init
     pod_spec["containers"] = [container]
     pod_spec["volumes"] = volumes
+    pod_spec = harden_pod_spec(pod_spec, spec.pod_security)
     # A changed configuration (runtime, serving) or a new engine changes the pod template: pods roll.
     config = json.dumps(build_server_config(sdep, engines, settings), sort_keys=True)
     annotations = {CONFIG_HASH_ANNOTATION: hashlib.sha256(config.encode()).hexdigest()[:16]}

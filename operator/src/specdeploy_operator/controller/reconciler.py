@@ -43,6 +43,7 @@ from specdeploy_operator.builders.autoscaling import KEDA_API_VERSION
 
 from . import metrics
 from .kube import ApiError, Kube, ObjectRef, ref_of
+from .podcreation import creation_event, job_creation_problem, job_events_needed
 from .queue import WorkQueue
 from .status import (
     ConditionSpec,
@@ -72,6 +73,8 @@ UNREFERENCED_ANNOTATION: Final = "specdeploy.dev/unreferenced-since"
 """When an EngineBuild stopped being used by any deployment (garbage collection after the grace period)."""
 RECENT_WRITE_TTL: Final = 30.0
 AUTOSCALER_RETRY_SECONDS: Final = 60.0
+JOB_EVENTS_RETRY_SECONDS: Final = 5.0
+"""How soon a build Job without a pod is looked at again (its events say whether pods cannot be created)."""
 """How soon a ScaledObject that could not be created (KEDA not installed) is tried again."""
 
 Key = tuple[Literal["sdep", "engine"], str, str]
@@ -522,6 +525,9 @@ class Reconciler:
                 "changed": ",".join(sorted(k for k in {**last, **status} if last.get(k) != status.get(k))),
             },
         )
+        refused = creation_event(last, status)  # pods cannot be created (issue #24)
+        if refused is not None:
+            await self.kube.event(body, "Warning", *refused)
         await self._events_for(body, last, status)
 
     async def _events_for(self, body: Obj, previous: Obj, status: Obj) -> None:
@@ -573,12 +579,20 @@ class Reconciler:
             return None  # built; its Job may already be gone (ttlSecondsAfterFinished)
         job_key = (namespace, job_name(dict(body)))
         job = _one(self.indices["jobs"], job_key)
+        created = False
         if job is None and previous.get("phase") != "Failed":
-            job, _ = await self._ensure(build_job(dict(body), self.settings), None)
+            job, created = await self._ensure(build_job(dict(body), self.settings), None)
         pods = _all(self.indices["pods"], (namespace, "job", job_key[1]))
-        status = engine_build_status(job, pods, previous, self.clock())
+        # -- pod creation refused (issue #24): a Job reports it only in events, and changes no field --
+        creation, retry = None, None
+        if job_events_needed(job, pods):
+            retry = JOB_EVENTS_RETRY_SECONDS
+            if not created:
+                events = await self.kube.events_about(namespace, "Job", job_key[1])
+                creation = job_creation_problem(job, pods, events)
+        status = engine_build_status(job, pods, previous, self.clock(), creation)
         await self._write_status(body, previous, status)
-        return None
+        return retry
 
     async def _collect_garbage(self, body: Obj) -> float | None:
         """None when the EngineBuild is in use; otherwise seconds until it may be deleted (0: deleted now).
