@@ -102,7 +102,8 @@ def violations(spec: Obj) -> list[str]:
     """Rules of `restricted` (and `baseline`) that the pod spec `spec` breaks; empty when it is admitted."""
     pod_ctx = spec.get("securityContext") or {}
     containers = _containers(spec)
-    found = _baseline(spec, pod_ctx, containers)
+    # As in the admission, restricted's checks of volumes and capabilities supersede baseline's.
+    found = [v for v in _baseline(spec, pod_ctx, containers) if v not in ("hostPath volumes", "capabilities")]
     ctxs = [c.get("securityContext") or {} for c in containers]
     kinds = {key for v in spec.get("volumes") or [] for key in v if key != "name"}
     if kinds - RESTRICTED_VOLUMES:

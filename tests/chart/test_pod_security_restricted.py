@@ -118,7 +118,7 @@ def test_the_demo_models_job_passes_restricted() -> None:
 
 # -- the checker itself can fail ----------------------------------------------------------------------------
 
-Mutation = Callable[[dict[str, Any]], None]
+Mutation = Callable[[dict[str, Any]], object]
 
 
 def _container(spec: dict[str, Any]) -> dict[str, Any]:
@@ -143,9 +143,12 @@ MUTATIONS: dict[str, tuple[Mutation, str]] = {
     "seccomp": (lambda s: s["securityContext"].pop("seccompProfile"), "seccompProfile"),
     "host-path": (
         lambda s: s["volumes"].append({"name": "h", "hostPath": {"path": "/"}}),
-        "hostPath volumes",
+        "restricted volume types",
     ),
-    "privileged": (lambda s: _container(s)["securityContext"].update(privileged=True), "privileged"),
+    "privileged": (  # validation refuses privileged with allowPrivilegeEscalation false
+        lambda s: _container(s)["securityContext"].update(privileged=True, allowPrivilegeEscalation=True),
+        "privileged",
+    ),
     "host-network": (lambda s: s.update(hostNetwork=True), "host namespaces"),
 }
 

@@ -97,17 +97,17 @@ def test_the_offline_checker_and_the_api_server_agree(kubectl: Kubectl, restrict
                     )
                     admitted += 1
     assert admitted >= 2 * len(EXAMPLES)
-    deployment = next(
-        o for o in render_children(parse_object(example_doc("01"))) if o["kind"] == "Deployment"
-    )
+    first = parse_object(example_doc("01"))
+    assert isinstance(first, SpeculativeDeployment)
+    deployment = next(o for o in render_children(first) if o["kind"] == "Deployment")
     for name, (mutate, rule) in MUTATIONS.items():
-        spec = copy.deepcopy(deployment["spec"]["template"]["spec"])
-        mutate(spec)
-        refusal = dry_run_pod(kubectl, restricted_namespace, spec)
+        mutated: dict[str, Any] = copy.deepcopy(deployment["spec"]["template"]["spec"])
+        mutate(mutated)
+        refusal = dry_run_pod(kubectl, restricted_namespace, mutated)
         assert refusal is not None, f"{name}: the API server admitted it"
         assert "violates PodSecurity" in refusal
         assert rule in refusal, (name, refusal)
-        assert rule in violations(spec), name
+        assert rule in violations(mutated), name
 
 
 class Sdeps:

@@ -18,7 +18,13 @@ from localcluster import kwok_stages
 from podrunner.container import _mount_script, command_line, expand
 from podrunner.probes import ProbeState
 from podrunner.process import backoff_seconds
-from podrunner.security import ProcessIdentity, apply_fs_group, identity, privilege_drop
+from podrunner.security import (
+    ProcessIdentity,
+    apply_fs_group,
+    hidden_ancestors,
+    identity,
+    privilege_drop,
+)
 from podrunner.selection import DEFAULT_IMAGES, ImageDefaults, is_runnable, kwok_skip_expression
 from podrunner.volumes import Mount, UnsupportedPod, field_value
 
@@ -226,19 +232,30 @@ def test_a_read_only_root_leaves_only_the_writable_volumes_writable_to_the_pods_
         Mount(writable, f"{target}/tmp", read_only=False),
         Mount(read_only, f"{target}/etc", read_only=True),
     ]
+    private = base / "private"  # like /root, where pyenv keeps the virtualenv's interpreter
+    (private / "shown").mkdir(parents=True)
+    (private / "shown" / "python").write_text("interpreter\n")
+    (private / "secret").write_text("not for the pod\n")
+    private.chmod(0o700)
+    exposed = hidden_ancestors([private / "shown" / "python"])
+    assert exposed == {private: {"shown"}}
     script = base / "run.sh"
-    script.write_text(_mount_script(mounts, workdir=None, read_only_root=True))
+    script.write_text(
+        _mount_script(mounts, workdir=None, read_only_root=True, exposed=exposed, keep=base / "keep")
+    )
     who = ProcessIdentity(10001, 10001, (10001,), no_new_privs=True, read_only_root=True)
     check = (
         f"id -u; touch {target}/tmp/ok && echo volume-writable; "
         f"touch {target}/etc/x 2>/dev/null || echo ro-volume-refused; "
         f"touch {base}/config/../elsewhere 2>/dev/null || echo root-refused; "
-        "touch /tmp/podrunner-test-probe 2>/dev/null || echo host-tmp-refused"
+        "touch /tmp/podrunner-test-probe 2>/dev/null || echo host-tmp-refused; "
+        f"cat {private}/shown/python; cat {private}/secret 2>/dev/null || echo hidden"
     )
     argv = ["unshare", "--mount", "--propagation", "private", "sh", str(script), *privilege_drop(who)]
     out = subprocess.run([*argv, "sh", "-c", check], capture_output=True, text=True, check=True)
     assert out.stdout.split() == [
         "10001", "volume-writable", "ro-volume-refused", "root-refused", "host-tmp-refused",
+        "interpreter", "hidden",
     ]  # fmt: skip
     assert (writable / "ok").stat().st_uid == 10001
     # Outside the container the machine's file systems stayed writable.

@@ -132,10 +132,28 @@ _READ_ONLY_ROOT = r"""awk '{print $5}' /proc/self/mountinfo | while read -r poin
 done"""
 
 
-def _mount_script(mounts: list[Mount], workdir: str | None, *, read_only_root: bool = False) -> str:
+def _mount_script(
+    mounts: list[Mount],
+    workdir: str | None,
+    *,
+    read_only_root: bool = False,
+    exposed: Mapping[Path, set[str]] | None = None,
+    keep: Path | None = None,
+) -> str:
     """The shell script that mounts the container's volumes at their paths (mount points are created
-    first, before a read-only root forbids it), then execs its arguments."""
+    first, before a read-only root forbids it), then execs its arguments. `exposed`: directories a non-root
+    user cannot enter, each replaced by a tmpfs that shows only the given entries (kept aside under `keep`
+    while the tmpfs is mounted)."""
     lines = ["set -e"]
+    for n, (hidden, entries) in enumerate(sorted((exposed or {}).items())):
+        assert keep is not None, "exposing directories needs a place to keep them"
+        for m, entry in enumerate(sorted(entries)):
+            aside, real = shlex.quote(str(keep / f"{n}-{m}")), shlex.quote(str(hidden / entry))
+            lines += [f"mkdir -p {aside}", f"mount --bind {real} {aside}"]
+        lines.append(f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(hidden))}")
+        for m, entry in enumerate(sorted(entries)):
+            aside, real = shlex.quote(str(keep / f"{n}-{m}")), shlex.quote(str(hidden / entry))
+            lines += [f"mkdir -p {real}", f"mount --move {aside} {real}"]
     for m in mounts:
         dst = shlex.quote(m.target)
         if m.source.is_dir():
@@ -183,11 +201,15 @@ def launch(
     log_path: Path,
     netns: str,
     read_only_root: bool = False,
+    exposed: Mapping[Path, set[str]] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start the process in its own mount namespace and process group; its stdout and stderr go to
     `log_path` as CRI log lines. A command that cannot be executed ends the process with status 127 or 126,
     as a shell reports it."""
-    script.write_text(_mount_script(mounts, workdir, read_only_root=read_only_root))
+    keep = script.parent / f"{script.stem}-keep"
+    script.write_text(
+        _mount_script(mounts, workdir, read_only_root=read_only_root, exposed=exposed, keep=keep)
+    )
     proc = subprocess.Popen(
         netns_exec(netns, ["unshare", "--mount", "--propagation", "private", "sh", str(script), *argv]),
         env=dict(env),

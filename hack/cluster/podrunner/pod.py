@@ -26,7 +26,7 @@ from .container import command_line, container_env, launch
 from .kwokobjects import KwokObjects
 from .probes import run_handler
 from .process import ContainerRun, backoff_seconds, termination_message
-from .security import apply_fs_group, identity, privilege_drop
+from .security import apply_fs_group, hidden_ancestors, identity, privilege_drop
 from .selection import ImageDefaults
 from .volumes import PodNotReady, UnsupportedPod, container_mounts, prepare_volumes
 
@@ -178,6 +178,7 @@ class PodWorker:
             log_path=log_path,
             netns=self.netns,
             read_only_root=who.read_only_root,
+            exposed=hidden_ancestors([self.venv_bin / "python"]) if who.uid != 0 else None,
         )
         run.started_process(proc, log_path, now_rfc3339(), time.monotonic())
         self.kwok.apply(self.inits + self.mains, self.pod_ip, self._env_for)

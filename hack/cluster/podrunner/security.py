@@ -13,6 +13,10 @@ What is honoured, as a kubelet and a container runtime would:
 - `readOnlyRootFilesystem`: in the container's mount namespace every mount of this machine (the stand-in for
   the image) is made read-only, except /proc, /sys and /dev; only the pod's volumes stay writable.
 
+The "image" is this machine: a directory other users cannot enter on the way to the programs (/root, where
+pyenv keeps the virtualenv's interpreter) is replaced, in a non-root container's mount namespace, by a tmpfs
+showing only the entries that lead to them (`hidden_ancestors`).
+
 What is not: seccomp and AppArmor profiles, SELinux options and the capability lists are not applied (the
 process simply has no capabilities as a non-root user), `procMount`, sysctls and user namespaces
 (`hostUsers`) are ignored. The image is this machine's filesystem, so "read-only root" means the machine's
@@ -31,7 +35,7 @@ from typing import Any
 from .selection import ImageDefaults
 from .volumes import UnsupportedPod
 
-__all__ = ["ProcessIdentity", "apply_fs_group", "identity", "privilege_drop"]
+__all__ = ["ProcessIdentity", "apply_fs_group", "hidden_ancestors", "identity", "privilege_drop"]
 
 
 @dataclass(frozen=True)
@@ -128,3 +132,24 @@ def apply_fs_group(pod: Mapping[str, Any], volumes: Mapping[str, Path], claims: 
                 *(os.path.join(root, f) for f in files),
             ]:
                 _own(Path(entry), int(group), writable=not read_only)
+
+
+def hidden_ancestors(paths: list[Path]) -> dict[Path, set[str]]:
+    """For each of `paths` (as given and resolved) the first directory on the way that other users cannot
+    enter (no o+x: /root, where pyenv keeps the virtualenv's interpreter), with the entries below it that
+    lead to the path. The "image" is this machine: a non-root container must reach the programs, as it would
+    in a real image (`_mount_script` shows just those entries over a tmpfs in the container's mount
+    namespace)."""
+    hidden: dict[Path, set[str]] = {}
+    for path in [*paths, *(p.resolve() for p in paths)]:
+        parts = path.absolute().parts
+        for depth in range(2, len(parts)):
+            ancestor = Path(*parts[:depth])
+            try:
+                mode = ancestor.stat().st_mode
+            except OSError:
+                break
+            if not mode & stat.S_IXOTH:
+                hidden.setdefault(ancestor, set()).add(parts[depth])
+                break
+    return hidden
