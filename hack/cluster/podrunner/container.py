@@ -147,13 +147,13 @@ def _mount_script(
     lines = ["set -e"]
     for n, (hidden, entries) in enumerate(sorted((exposed or {}).items())):
         assert keep is not None, "exposing directories needs a place to keep them"
-        for m, entry in enumerate(sorted(entries)):
-            aside, real = shlex.quote(str(keep / f"{n}-{m}")), shlex.quote(str(hidden / entry))
-            lines += [f"mkdir -p {aside}", f"mount --bind {real} {aside}"]
+        pairs = [
+            (shlex.quote(str(keep / f"{n}-{i}")), shlex.quote(str(hidden / entry)))
+            for i, entry in enumerate(sorted(entries))
+        ]
+        lines += [f"mkdir -p {aside} && mount --bind {real} {aside}" for aside, real in pairs]
         lines.append(f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(hidden))}")
-        for m, entry in enumerate(sorted(entries)):
-            aside, real = shlex.quote(str(keep / f"{n}-{m}")), shlex.quote(str(hidden / entry))
-            lines += [f"mkdir -p {real}", f"mount --move {aside} {real}"]
+        lines += [f"mkdir -p {real} && mount --move {aside} {real}" for aside, real in pairs]
     for m in mounts:
         dst = shlex.quote(m.target)
         if m.source.is_dir():
