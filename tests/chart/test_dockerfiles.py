@@ -211,3 +211,27 @@ def test_install_docs_show_the_docker_build_commands() -> None:
     docs = (REPO / "docs" / "install.md").read_text()
     assert "docker build -f Dockerfile.operator" in docs
     assert "docker build -f Dockerfile.server" in docs
+
+
+def test_server_image_runs_as_the_numeric_user_the_operators_pods_name() -> None:
+    """The serving and build pods say `runAsUser: 10001` and `runAsNonRoot: true`: the image must define
+    that user numerically (the kubelet refuses runAsNonRoot for a named USER it cannot check), and its HOME
+    must be the pods' writable /tmp emptyDir, since their root filesystem is read-only."""
+    from podrunner.selection import DEFAULT_IMAGES
+    from specdeploy_operator.builders.podsecurity import IMAGE_USER, TMP_MOUNT
+
+    instructions = parse(REPO / "Dockerfile.server")
+    users = [ins.args for ins in instructions if ins.keyword == "USER"]
+    assert users, "Dockerfile.server has no USER"
+    uid, _, gid = users[-1].partition(":")
+    assert uid.isdigit(), users[-1]
+    assert gid.isdigit(), users[-1]
+    assert (int(uid), int(gid)) == (IMAGE_USER, IMAGE_USER)
+    runs = " ".join(ins.args for ins in instructions if ins.keyword == "RUN")
+    assert f"useradd --uid {uid} --gid {gid}" in runs
+    env = " ".join(ins.args for ins in instructions if ins.keyword == "ENV")
+    assert f"HOME={TMP_MOUNT}" in env
+    # The pod runner plays this image on the local cluster: same user, same HOME.
+    image = DEFAULT_IMAGES["ghcr.io/specdeploy/server:0.1.0"]
+    assert image.user == (IMAGE_USER, IMAGE_USER)
+    assert image.env["HOME"] == TMP_MOUNT

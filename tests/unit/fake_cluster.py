@@ -115,6 +115,10 @@ class FakeKube:
     async def event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         self.events.append((type_, reason, message))
 
+    async def events_about(self, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
+        self.requests.append(("list", "Event", name))
+        return []
+
     async def close(self) -> None:
         return None
 

@@ -4,7 +4,11 @@ made, and the kubelet's back-off and probe thresholds."""
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import subprocess
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +18,13 @@ from localcluster import kwok_stages
 from podrunner.container import _mount_script, command_line, expand
 from podrunner.probes import ProbeState
 from podrunner.process import backoff_seconds
+from podrunner.security import (
+    ProcessIdentity,
+    apply_fs_group,
+    hidden_ancestors,
+    identity,
+    privilege_drop,
+)
 from podrunner.selection import DEFAULT_IMAGES, ImageDefaults, is_runnable, kwok_skip_expression
 from podrunner.volumes import Mount, UnsupportedPod, field_value
 
@@ -125,3 +136,127 @@ def test_probe_thresholds_and_initial_delay() -> None:
     assert state.record(False, 108.0) is False
     assert state.record(True, 113.0) is True
     assert state.next_due == 118.0
+
+
+# -- securityContext --------------------------------------------------------------------------------------
+
+RESTRICTED_POD = {
+    "metadata": {"name": "p"},
+    "spec": {
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 10001,
+            "runAsGroup": 10001,
+            "fsGroup": 10001,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "supplementalGroups": [4242],
+        },
+        "volumes": [
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "cache", "persistentVolumeClaim": {"claimName": "c"}},
+            {"name": "key", "secret": {"secretName": "s", "defaultMode": 0o400}},
+        ],
+    },
+}
+HARDENED = {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "runAsNonRoot": True}
+
+
+def test_the_process_runs_as_the_pods_user_with_fs_group_and_supplemental_groups() -> None:
+    who = identity(RESTRICTED_POD, {"name": "server", "securityContext": HARDENED}, ImageDefaults([]))
+    assert who == ProcessIdentity(10001, 10001, (10001, 4242), no_new_privs=True, read_only_root=True)
+    assert privilege_drop(who) == [
+        "setpriv", "--reuid=10001", "--regid=10001", "--groups=10001,4242",
+        "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--",
+    ]  # fmt: skip
+
+
+def test_the_container_context_wins_over_the_pod_and_the_pod_over_the_image() -> None:
+    image = ImageDefaults([], user=(10001, 10001))
+    assert identity({"spec": {}}, {"name": "c"}, image).uid == 10001
+    pod = {"spec": {"securityContext": {"runAsUser": 2000}}}
+    assert identity(pod, {"name": "c"}, image).uid == 2000
+    assert identity(pod, {"name": "c", "securityContext": {"runAsUser": 3000}}, image).uid == 3000
+    assert privilege_drop(identity({"spec": {}}, {"name": "c"}, ImageDefaults([]))) == []
+
+
+def test_run_as_non_root_refuses_a_root_user_as_the_kubelet_does() -> None:
+    pod = {"spec": {"securityContext": {"runAsNonRoot": True}}}
+    with pytest.raises(UnsupportedPod, match="runAsNonRoot and image will run as root"):
+        identity(pod, {"name": "c"}, ImageDefaults([]))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's group needs root")
+def test_fs_group_owns_the_volumes_and_empty_dirs_are_world_writable(tmp_path: Path) -> None:
+    dirs = {name: tmp_path / name for name in ("tmp", "cache", "key")}
+    for path in dirs.values():
+        path.mkdir(mode=0o755)
+    (dirs["cache"] / "engine").write_bytes(b"x")
+    (dirs["cache"] / "engine").chmod(0o600)
+    (dirs["key"] / "api-key").write_bytes(b"k")
+    (dirs["key"] / "api-key").chmod(0o400)
+    apply_fs_group(RESTRICTED_POD, dirs, claims={"cache"})
+    assert stat.S_IMODE(dirs["tmp"].stat().st_mode) & 0o777 == 0o777
+    engine = (dirs["cache"] / "engine").stat()
+    assert engine.st_gid == 10001
+    assert stat.S_IMODE(engine.st_mode) == 0o660
+    assert dirs["cache"].stat().st_mode & stat.S_ISGID
+    key = (dirs["key"] / "api-key").stat()
+    assert (key.st_gid, stat.S_IMODE(key.st_mode)) == (10001, 0o440)  # group-readable, not writable
+    # OnRootMismatch: a claim whose root already has the group is not walked again.
+    (dirs["cache"] / "later").write_bytes(b"y")
+    (dirs["cache"] / "later").chmod(0o600)
+    apply_fs_group(RESTRICTED_POD, dirs, claims={"cache"})
+    assert stat.S_IMODE((dirs["cache"] / "later").stat().st_mode) == 0o600
+
+
+@pytest.fixture
+def traversable_dir() -> Iterator[Path]:
+    """A directory the pod's non-root user can reach (pytest's own are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="podrunner-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces and setpriv need root")
+def test_a_read_only_root_leaves_only_the_writable_volumes_writable_to_the_pods_user(
+    traversable_dir: Path,
+) -> None:
+    base = traversable_dir
+    writable, read_only = base / "tmp-volume", base / "config"
+    for path in (writable, read_only):
+        path.mkdir()
+        path.chmod(0o777)
+    target = base / "mnt"
+    mounts = [
+        Mount(writable, f"{target}/tmp", read_only=False),
+        Mount(read_only, f"{target}/etc", read_only=True),
+    ]
+    private = base / "private"  # like /root, where pyenv keeps the virtualenv's interpreter
+    (private / "shown").mkdir(parents=True)
+    (private / "shown" / "python").write_text("interpreter\n")
+    (private / "secret").write_text("not for the pod\n")
+    private.chmod(0o700)
+    exposed = hidden_ancestors([private / "shown" / "python"])
+    assert exposed == {private: {"shown"}}
+    script = base / "run.sh"
+    script.write_text(
+        _mount_script(mounts, workdir=None, read_only_root=True, exposed=exposed, keep=base / "keep")
+    )
+    who = ProcessIdentity(10001, 10001, (10001,), no_new_privs=True, read_only_root=True)
+    check = (
+        f"id -u; touch {target}/tmp/ok && echo volume-writable; "
+        f"touch {target}/etc/x 2>/dev/null || echo ro-volume-refused; "
+        f"touch {base}/config/../elsewhere 2>/dev/null || echo root-refused; "
+        "touch /tmp/podrunner-test-probe 2>/dev/null || echo host-tmp-refused; "
+        f"cat {private}/shown/python; cat {private}/secret 2>/dev/null || echo hidden"
+    )
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", str(script), *privilege_drop(who)]
+    out = subprocess.run([*argv, "sh", "-c", check], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [
+        "10001", "volume-writable", "ro-volume-refused", "root-refused", "host-tmp-refused",
+        "interpreter", "hidden",
+    ]  # fmt: skip
+    assert (writable / "ok").stat().st_uid == 10001
+    # Outside the container the machine's file systems stayed writable.
+    (base / "outside").write_text("still writable")

@@ -114,10 +114,11 @@ one Role per watched namespace. Writes are server-side apply (PATCH; creating th
 - apiGroups: [keda.sh]
   resources: [scaledobjects]
   verbs: [get, create, patch, delete]
-# Events about the objects it handles.
+# Events about the objects it handles; list: a build Job whose pod the API server refuses (PodSecurity, a
+# ResourceQuota) says so only in its events, which the operator reads for that Job alone (field selector).
 - apiGroups: [""]
   resources: [events]
-  verbs: [create, patch]
+  verbs: [create, patch, list]
 - apiGroups: [events.k8s.io]
   resources: [events]
   verbs: [create, patch]

@@ -62,9 +62,14 @@ def _key_ref(core: client.CoreV1Api, namespace: str, ref: Mapping[str, Any], sec
 
 
 def container_env(
-    core: client.CoreV1Api, pod: Mapping[str, Any], container: Mapping[str, Any], venv_bin: Path
+    core: client.CoreV1Api,
+    pod: Mapping[str, Any],
+    container: Mapping[str, Any],
+    venv_bin: Path,
+    image: ImageDefaults | None = None,
 ) -> dict[str, str]:
-    """The process environment of `container` (pod IP already in the pod's status)."""
+    """The process environment of `container` (pod IP already in the pod's status): the image's ENV, then
+    the container's."""
     namespace = pod["metadata"]["namespace"]
     env: dict[str, str] = {
         "PATH": f"{venv_bin}:{_SYSTEM_PATH}",
@@ -72,6 +77,7 @@ def container_env(
         "HOME": "/root",
         "HF_HUB_OFFLINE": "1",
         "LANG": "C.UTF-8",
+        **(image.env if image is not None else {}),
     }
     for source in container.get("envFrom") or []:
         prefix = source.get("prefix", "")
@@ -117,19 +123,56 @@ def command_line(container: Mapping[str, Any], env: Mapping[str, str], image: Im
     return [expand(part, env) for part in argv]
 
 
-def _mount_script(mounts: list[Mount], workdir: str | None) -> str:
+# readOnlyRootFilesystem: every mount but the kernel's own file systems becomes read-only (the mount
+# namespace is private, so only this container sees it). A bind mount copies the read-only flag of the
+# mount its source lies on, so writable volumes are made writable again after they are mounted.
+_READ_ONLY_ROOT = r"""awk '{print $5}' /proc/self/mountinfo | while read -r point; do
+  case "$point" in /proc|/proc/*|/sys|/sys/*|/dev|/dev/*|*\\*) continue ;; esac
+  mount -o remount,bind,ro "$point" 2>/dev/null || true
+done"""
+
+
+def _mount_script(
+    mounts: list[Mount],
+    workdir: str | None,
+    *,
+    read_only_root: bool = False,
+    exposed: Mapping[Path, set[str]] | None = None,
+    keep: Path | None = None,
+) -> str:
+    """The shell script that mounts the container's volumes at their paths (mount points are created
+    first, before a read-only root forbids it), then execs its arguments. `exposed`: directories a non-root
+    user cannot enter, each replaced by a tmpfs that shows only the given entries (kept aside under `keep`
+    while the tmpfs is mounted)."""
     lines = ["set -e"]
+    for n, (hidden, entries) in enumerate(sorted((exposed or {}).items())):
+        assert keep is not None, "exposing directories needs a place to keep them"
+        pairs = [
+            (shlex.quote(str(keep / f"{n}-{i}")), shlex.quote(str(hidden / entry)))
+            for i, entry in enumerate(sorted(entries))
+        ]
+        lines += [f"mkdir -p {aside} && mount --bind {real} {aside}" for aside, real in pairs]
+        lines.append(f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(hidden))}")
+        lines += [f"mkdir -p {real} && mount --move {aside} {real}" for aside, real in pairs]
     for m in mounts:
-        src, dst = shlex.quote(str(m.source)), shlex.quote(m.target)
+        dst = shlex.quote(m.target)
         if m.source.is_dir():
             lines.append(f"mkdir -p {dst}")
         else:
             lines.append(f"mkdir -p {shlex.quote(str(Path(m.target).parent))} && touch {dst}")
+    if workdir:
+        lines.append(f"mkdir -p {shlex.quote(workdir)}")
+    if read_only_root:
+        lines.append(_READ_ONLY_ROOT)
+    for m in mounts:
+        src, dst = shlex.quote(str(m.source)), shlex.quote(m.target)
         lines.append(f"mount --bind {src} {dst}")
         if m.read_only:
             lines.append(f"mount -o remount,bind,ro {dst}")
+        elif read_only_root:
+            lines.append(f"mount -o remount,bind,rw {dst}")
     if workdir:
-        lines.append(f"mkdir -p {shlex.quote(workdir)} && cd {shlex.quote(workdir)}")
+        lines.append(f"cd {shlex.quote(workdir)}")
     lines.append('exec "$@"')
     return "\n".join(lines) + "\n"
 
@@ -157,11 +200,16 @@ def launch(
     script: Path,
     log_path: Path,
     netns: str,
+    read_only_root: bool = False,
+    exposed: Mapping[Path, set[str]] | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start the process in its own mount namespace and process group; its stdout and stderr go to
     `log_path` as CRI log lines. A command that cannot be executed ends the process with status 127 or 126,
     as a shell reports it."""
-    script.write_text(_mount_script(mounts, workdir))
+    keep = script.parent / f"{script.stem}-keep"
+    script.write_text(
+        _mount_script(mounts, workdir, read_only_root=read_only_root, exposed=exposed, keep=keep)
+    )
     proc = subprocess.Popen(
         netns_exec(netns, ["unshare", "--mount", "--propagation", "private", "sh", str(script), *argv]),
         env=dict(env),

@@ -26,6 +26,7 @@ from .container import command_line, container_env, launch
 from .kwokobjects import KwokObjects
 from .probes import run_handler
 from .process import ContainerRun, backoff_seconds, termination_message
+from .security import apply_fs_group, hidden_ancestors, identity, privilege_drop
 from .selection import ImageDefaults
 from .volumes import PodNotReady, UnsupportedPod, container_mounts, prepare_volumes
 
@@ -119,6 +120,10 @@ class PodWorker:
         while True:
             try:
                 self.volumes = prepare_volumes(self.core, self._pod_with_ip(), self.dir)
+                claims = {
+                    v["name"] for v in self.pod["spec"].get("volumes") or [] if "persistentVolumeClaim" in v
+                }
+                apply_fs_group(self.pod, self.volumes, claims)
                 break
             except PodNotReady as err:
                 self.reason, self.message = "ContainerCreating", str(err)
@@ -153,7 +158,8 @@ class PodWorker:
 
     def _env_for(self, run: ContainerRun) -> dict[str, str]:
         if run.env is None:
-            run.env = container_env(self.core, self._pod_with_ip(), run.spec, self.venv_bin)
+            image = self.images[run.spec["image"]]
+            run.env = container_env(self.core, self._pod_with_ip(), run.spec, self.venv_bin, image)
         return run.env
 
     def _start(self, run: ContainerRun) -> None:
@@ -162,14 +168,17 @@ class PodWorker:
         log_path = self.dir / "logs" / f"{run.name}-{run.restarts}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         mounts = container_mounts(run.spec, self.volumes)
+        who = identity(self.pod, run.spec, image)
         proc = launch(
-            argv=command_line(run.spec, env, image),
+            argv=[*privilege_drop(who), *command_line(run.spec, env, image)],
             env=env,
             mounts=mounts,
             workdir=run.spec.get("workingDir"),
             script=self.dir / f"run-{run.name}.sh",
             log_path=log_path,
             netns=self.netns,
+            read_only_root=who.read_only_root,
+            exposed=hidden_ancestors([self.venv_bin / "python"]) if who.uid != 0 else None,
         )
         run.started_process(proc, log_path, now_rfc3339(), time.monotonic())
         self.kwok.apply(self.inits + self.mains, self.pod_ip, self._env_for)

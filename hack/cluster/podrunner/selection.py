@@ -31,16 +31,29 @@ KWOK_CRDS: Final = ("Logs", "Exec", "PortForward")
 
 
 class ImageDefaults:
-    """What an image would bring: its ENTRYPOINT/CMD (used when a container sets no `command`/`args`)."""
+    """What an image would bring: its ENTRYPOINT/CMD (used when a container sets no `command`/`args`), its
+    USER as (uid, gid) (used when the pod names none) and its ENV."""
 
-    def __init__(self, entrypoint: list[str], cmd: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        entrypoint: list[str],
+        cmd: list[str] | None = None,
+        *,
+        user: tuple[int, int] = (0, 0),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.entrypoint = entrypoint
         self.cmd = cmd or []
+        self.user = user
+        self.env = dict(env or {})
 
 
 DEFAULT_IMAGES: Final[Mapping[str, ImageDefaults]] = {
-    # Dockerfile.server: ENTRYPOINT ["specdeploy-server"]. The operator's default server and builder image.
-    "ghcr.io/specdeploy/server:0.1.0": ImageDefaults(["specdeploy-server"]),
+    # Dockerfile.server: ENTRYPOINT ["specdeploy-server"], USER 10001:10001, ENV HOME=/tmp. The operator's
+    # default server and builder image.
+    "ghcr.io/specdeploy/server:0.1.0": ImageDefaults(
+        ["specdeploy-server"], user=(10001, 10001), env={"HOME": "/tmp"}
+    ),
 }
 
 

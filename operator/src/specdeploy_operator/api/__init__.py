@@ -32,6 +32,7 @@ from .flags import (
 )
 from .meta import Condition, ObjectMeta
 from .parse import KINDS, FieldError, InvalidObjectError, parse_object, validate_object
+from .podsecurity import PodSecuritySpec, SeccompProfileSpec
 from .speculative import (
     SPECULATIVE_DEPLOYMENT,
     AutoscalerRef,
@@ -101,6 +102,7 @@ __all__ = [
     "Parallelism",
     "Phase",
     "PlacementSpec",
+    "PodSecuritySpec",
     "PrinterColumn",
     "PromptLookupSpec",
     "QuantizationSpec",
@@ -110,6 +112,7 @@ __all__ = [
     "RuntimeSpec",
     "ScaleDownSpec",
     "ScaleUpSpec",
+    "SeccompProfileSpec",
     "ServingSpec",
     "SpeculativeDeployment",
     "SpeculativeDeploymentSpec",

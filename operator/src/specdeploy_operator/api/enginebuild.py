@@ -26,6 +26,7 @@ from .meta import (
     QualifiedName,
     Toleration,
 )
+from .podsecurity import PodSecuritySpec
 
 __all__ = [
     "ENGINE_BUILD",
@@ -95,8 +96,8 @@ class EngineBuildSpec(ApiModel):
     when `buildFlags` is not empty."""
     hash: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,64}$")]
     """Content hash over model, revision, role, parallelism, quantization, build flags, staging, builder
-    image, GPU product and cache claim: the engine's identity, computed by the operator
-    (`EngineBuildSpec.content_hash()`)."""
+    image, GPU product, cache claim and pod security (when set): the engine's identity, computed by the
+    operator (`EngineBuildSpec.content_hash()`)."""
     builder_image: Annotated[str, StringConstraints(pattern=r"^\S+$", min_length=1, max_length=512)]
     """Image that runs the build; it pins the TensorRT-LLM version."""
     gpu_product: LabelValue | None = None
@@ -110,6 +111,9 @@ class EngineBuildSpec(ApiModel):
     the hash. An engine shared by several deployments is scheduled as the first of them asked."""
     cache: EngineCacheLocation
     """Where the engine is stored."""
+    pod_security: PodSecuritySpec | None = None
+    """Security context of the build pod: the `spec.podSecurity` of the deployment that asked for the engine;
+    unset: the defaults. Part of the hash when set, since the user and group own the files it writes."""
 
     def content_hash(self) -> str:
         """The hash this spec should carry: SHA-256 over everything that changes the engine, 16 hex digits."""

@@ -30,6 +30,7 @@ from .meta import (
     ResourceRequirements,
     Toleration,
 )
+from .podsecurity import PodSecuritySpec
 
 __all__ = [
     "AutoscalerRef",
@@ -379,6 +380,9 @@ class SpeculativeDeploymentSpec(ApiModel):
     """Rolling update limits."""
     autoscaling: AutoscalingSpec | None = None
     """Horizontal autoscaling; unset: `replicas` is fixed."""
+    pod_security: PodSecuritySpec | None = None
+    """Security context of the serving and build pods; unset: the defaults, which pass the `restricted`
+    Pod Security Standard (non-root user 10001, read-only root filesystem, no capabilities)."""
 
     @property
     def gpus_per_replica(self) -> int:

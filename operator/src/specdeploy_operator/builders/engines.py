@@ -107,6 +107,7 @@ def _engine_build(
         else spec.placement.gpu_resource,
         tolerations=None if staged else spec.placement.tolerations,
         cache=EngineCacheLocation(pvc_name=cache_pvc_name(sdep, settings), path="pending"),
+        pod_security=spec.pod_security,
     )
     hash_ = draft.content_hash()
     engine_spec = draft.model_copy(

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from specdeploy_operator.api import EngineBuild, ModelSource
+from specdeploy_operator.api import EngineBuild, ModelSource, PodSecuritySpec
 
 from .common import (
     ENGINE_HASH_LABEL,
@@ -23,6 +23,7 @@ from .common import (
     short_hash,
 )
 from .layout import COMPLETION_MARKER, CREDENTIALS_MOUNT, SOURCE_MOUNT, TOKENIZER_DIR, CacheLayout, pvc_source
+from .podsecurity import harden_pod_spec
 from .scheduling import DEFAULT_GPU_RESOURCE, GpuScheduling
 from .settings import OperatorSettings
 
@@ -273,13 +274,16 @@ def build_job(engine_build: Mapping[str, Any], settings: OperatorSettings | None
             "ttlSecondsAfterFinished": settings.build_ttl_seconds,
             "template": {
                 "metadata": {"labels": labels},
-                "spec": {
-                    "restartPolicy": "Never",
-                    **pod_scheduling,
-                    "initContainers": steps,
-                    "containers": [complete],
-                    "volumes": volumes,
-                },
+                "spec": harden_pod_spec(
+                    {
+                        "restartPolicy": "Never",
+                        **pod_scheduling,
+                        "initContainers": steps,
+                        "containers": [complete],
+                        "volumes": volumes,
+                    },
+                    PodSecuritySpec.model_validate(spec["podSecurity"]) if spec.get("podSecurity") else None,
+                ),
             },
         },
     }

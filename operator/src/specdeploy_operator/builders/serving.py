@@ -33,6 +33,7 @@ from .layout import (
     served_source_mount,
     verify_script,
 )
+from .podsecurity import harden_pod_spec
 from .scheduling import GpuScheduling
 from .serverconfig import (
     API_KEY_MOUNT,
@@ -323,6 +324,7 @@ def build_deployment(
         pod_spec["initContainers"] = init
     pod_spec["containers"] = [container]
     pod_spec["volumes"] = volumes
+    pod_spec = harden_pod_spec(pod_spec, spec.pod_security)
     # A changed configuration (runtime, serving) or a new engine changes the pod template: pods roll.
     annotations = {CONFIG_HASH_ANNOTATION: config_digest(configmap)}
     if hashes:

@@ -21,6 +21,7 @@ from specdeploy_operator.builders import build_job, job_name
 
 from .indexes import Obj, every
 from .kube import ObjectRef
+from .podcreation import job_creation_problem, job_events_needed
 from .status import engine_build_status, rfc3339
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 TERMINAL: Final = frozenset({"Succeeded", "Failed"})
 UNREFERENCED_ANNOTATION: Final = "specdeploy.dev/unreferenced-since"
 """When an EngineBuild stopped being used by any deployment (garbage collection after the grace period)."""
+JOB_EVENTS_RETRY_SECONDS: Final = 5.0
+"""How soon a build Job without a pod is looked at again (its events say whether pods cannot be created)."""
 
 
 def is_terminal(body: Obj) -> bool:
@@ -59,11 +62,18 @@ async def reconcile_engine(r: Reconciler, namespace: str, name: str) -> float | 
         await r.delete(ObjectRef("batch/v1", "Job", namespace, str(old_job)))
         previous = {k: v for k, v in previous.items() if k in ("conditions", "attempts")}
         log.info("retrying build", extra={"object": f"{namespace}/{name}", "job": job_for_attempt})
-    job, _ = await r.create_if_absent(build_job(dict(body), r.settings))
+    job, created = await r.create_if_absent(build_job(dict(body), r.settings))
     pods = every(r.indices.get("pods"), (namespace, "job", job_for_attempt))
-    status = engine_build_status(job, pods, previous, r.clock())
+    # A Job whose pod the API server refuses (PodSecurity, a quota, a LimitRange) says so only in events.
+    creation, retry = None, None
+    if job_events_needed(job, pods):
+        retry = JOB_EVENTS_RETRY_SECONDS
+        if not created:
+            events = await r.kube.events_about(namespace, "Job", job_for_attempt)
+            creation = job_creation_problem(job, pods, events)
+    status = engine_build_status(job, pods, previous, r.clock(), creation)
     await r.write_status(body, status)
-    return None
+    return retry
 
 
 async def _collect_garbage(r: Reconciler, body: Obj) -> float | None:

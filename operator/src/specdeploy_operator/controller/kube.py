@@ -243,6 +243,17 @@ class Kube:
         except (ApiError, aiohttp.ClientError) as error:
             log.warning("event not posted", extra={"reason": reason, "error": str(error)})
 
+    async def events_about(self, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
+        """The core/v1 Events about one object (`involvedObject` field selector): the one read the operator
+        makes outside kopf's watches, for the pod-creation failures a Job reports only as events."""
+        result = await self.request(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/events",
+            query={"fieldSelector": f"involvedObject.kind={kind},involvedObject.name={name}"},
+            resource="events",
+        )
+        return list(result.get("items") or [])
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()

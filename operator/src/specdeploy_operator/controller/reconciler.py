@@ -33,6 +33,7 @@ from .enginebuilds import reconcile_engine
 from .indexes import Obj, one, resource_version
 from .kube import ApiError, Kube, ObjectRef, ref_of
 from .livestate import difference
+from .podcreation import creation_event
 from .queue import WorkQueue
 
 __all__ = [
@@ -328,6 +329,9 @@ class Reconciler:
                 "changed": ",".join(sorted(k for k in {**last, **status} if last.get(k) != status.get(k))),
             },
         )
+        refused = creation_event(last, status)  # pods cannot be created (issue #24)
+        if refused is not None:
+            await self.kube.event(body, "Warning", *refused)
         await self._events_for(body, last, status)
         return True
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
+from .podcreation import CREATION_REASONS, PodCreationProblem, deployment_creation_problem
+
 __all__ = [
     "ConditionSpec",
     "EngineObservation",
@@ -140,9 +142,14 @@ def _in_progress(job_status: Obj, pods: Sequence[Obj], previous: Obj) -> tuple[s
 
 
 def engine_build_status(
-    job: Obj | None, pods: Sequence[Obj], previous: Obj | None, now: datetime
+    job: Obj | None,
+    pods: Sequence[Obj],
+    previous: Obj | None,
+    now: datetime,
+    creation_problem: PodCreationProblem | None = None,
 ) -> dict[str, Any]:
-    """EngineBuild status from its Job (None: not created yet) and the Job's pods."""
+    """EngineBuild status from its Job (None: not created yet) and the Job's pods; `creation_problem`: why
+    the Job's pod cannot be created (podcreation.job_creation_problem)."""
     previous = previous or {}
     if job is None:
         phase, reason, message = "Pending", "JobPending", "the build Job is being created"
@@ -165,6 +172,10 @@ def engine_build_status(
                 message = f"{message}; {detail}"
         else:
             phase, reason, message = _in_progress(job_status, pods, previous)
+            # -- pod creation refused (issue #24) --
+            if creation_problem is not None:
+                phase, reason = "Pending", creation_problem.reason
+                message = f"the build pod cannot be created: {creation_problem.message}"
     status: dict[str, Any] = {"phase": phase}
     if name:
         status["jobName"] = name
@@ -237,6 +248,10 @@ def _engines_condition(engines: Sequence[EngineObservation]) -> tuple[ConditionS
     if not waiting:
         names = ", ".join(e.name for e in engines) or "no engine build needed"
         return ConditionSpec("EnginesReady", "True", "EnginesBuilt", names), None
+    blocked = [e for e in waiting if e.phase == "Pending" and e.reason in CREATION_REASONS]
+    if blocked:
+        text = "; ".join(f"{e.role} engine {e.name}: {e.message}" for e in blocked)
+        return ConditionSpec("EnginesReady", "False", blocked[0].reason, text), "Building"
     running = any(e.phase == "Running" for e in waiting)
     text = "; ".join(
         f"{e.role} engine {e.name}: {e.phase}"
@@ -282,6 +297,7 @@ def _serving_verdict(
     capacity: Sequence[str],
     crashed: Sequence[str],
     *,
+    creation: PodCreationProblem | None = None,
     rollout_done: bool,
     counts: tuple[int, int, int],
     gpus: str,
@@ -290,6 +306,13 @@ def _serving_verdict(
     that cannot be scheduled, `capacity`: those of them that only lack GPUs; `counts`: desired, updated and
     ready replicas; `gpus`: what one replica requests."""
     desired, updated, ready = counts
+    if creation is not None:
+        text = f"{ready} of {desired} replicas ready; serving pods cannot be created: {creation.message}"
+        return (
+            "Degraded",
+            ConditionSpec("Progressing", "True", "RolloutInProgress", text),
+            ConditionSpec("Degraded", "True", creation.reason, text),
+        )
     blocked = [m for m in problems if m not in capacity]
     if blocked:
         text = f"{len(problems)} serving pod(s) cannot be scheduled: {blocked[0]}"
@@ -365,6 +388,8 @@ def deployment_status(
         phase = engine_phase if engine_phase == "Pending" and serving.deployment is None else "Building"
         progressing = ConditionSpec("Progressing", "True", "Building", engines_cond.message)
         degraded = ConditionSpec("Degraded", "False", "AsExpected", "")
+        if engines_cond.reason in CREATION_REASONS:  # a build pod cannot be created (issue #24)
+            degraded = ConditionSpec("Degraded", "True", engines_cond.reason, engines_cond.message)
     else:
         rollout_done = bool(
             serving.current
@@ -376,6 +401,7 @@ def deployment_status(
             problems,
             capacity,
             [m for m in (termination_message(p) for p in _by_creation(pods)) if m],
+            creation=deployment_creation_problem(serving.deployment),
             rollout_done=rollout_done,
             counts=(desired_replicas, updated, ready),
             gpus=f"{gpus_per_replica} {gpu_resource}",

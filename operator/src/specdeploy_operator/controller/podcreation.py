@@ -1,0 +1,136 @@
+"""Why pods cannot be created: pure functions over what the controllers report.
+
+When the API server refuses a pod (PodSecurity admission, a ResourceQuota, a LimitRange, any other admission
+refusal), no pod exists to look at. Its controller says so instead:
+
+- a Deployment copies its ReplicaSet's `ReplicaFailure` condition (reason `FailedCreate`, the API server's
+  message) into its own status, and removes it once a pod is created again;
+- a Job has no such condition: the Job controller posts a `FailedCreate` event on the Job (and
+  `SuccessfulCreate` when a pod is created), so the newest of those events tells.
+
+The reason names the cause: `QuotaExceeded` for a ResourceQuota, `PodCreationForbidden` for any other refusal
+(`... is forbidden: ...`: PodSecurity, LimitRange, a webhook), `PodCreationFailed` for the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = [
+    "CREATION_REASONS",
+    "PodCreationProblem",
+    "classify",
+    "creation_event",
+    "deployment_creation_problem",
+    "job_creation_problem",
+    "job_events_needed",
+]
+
+Obj = Mapping[str, Any]
+
+QUOTA_EXCEEDED: Final = "QuotaExceeded"
+FORBIDDEN: Final = "PodCreationForbidden"
+FAILED: Final = "PodCreationFailed"
+CREATION_REASONS: Final = frozenset({QUOTA_EXCEEDED, FORBIDDEN, FAILED})
+"""Condition reasons that say pods cannot be created."""
+
+
+@dataclass(frozen=True, slots=True)
+class PodCreationProblem:
+    """A refused pod creation: `reason` (one of `CREATION_REASONS`) and the API server's message."""
+
+    reason: str
+    message: str
+
+
+def classify(message: str) -> str:
+    """The reason for an API server's refusal `message`."""
+    if "exceeded quota" in message or "failed quota" in message:
+        return QUOTA_EXCEEDED
+    if "forbidden" in message:
+        return FORBIDDEN
+    return FAILED
+
+
+def _problem(message: str) -> PodCreationProblem:
+    text = message.strip() or "the API server refused to create a pod"
+    return PodCreationProblem(classify(text), text)
+
+
+def deployment_creation_problem(deployment: Obj | None) -> PodCreationProblem | None:
+    """The Deployment's `ReplicaFailure` condition, when it is True."""
+    conditions = ((deployment or {}).get("status") or {}).get("conditions") or ()
+    for cond in conditions:
+        if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+            return _problem(str(cond.get("message") or cond.get("reason") or ""))
+    return None
+
+
+def _live(pod: Obj) -> bool:
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    return not meta.get("deletionTimestamp") and status.get("phase") in ("Pending", "Running", None)
+
+
+def _finished(job: Obj) -> bool:
+    return any(
+        c.get("status") == "True"
+        and c.get("type") in ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")
+        for c in (job.get("status") or {}).get("conditions") or ()
+    )
+
+
+def job_events_needed(job: Obj | None, pods: Sequence[Obj]) -> bool:
+    """Whether the Job's events must be read: it runs, and has no pod that lives (created and not done)."""
+    if job is None or _finished(job) or any(_live(p) for p in pods):
+        return False
+    return int((job.get("status") or {}).get("active") or 0) == 0
+
+
+def _event_time(event: Obj) -> str:
+    meta = event.get("metadata") or {}
+    return str(event.get("lastTimestamp") or event.get("eventTime") or meta.get("creationTimestamp") or "")
+
+
+def job_creation_problem(
+    job: Obj | None, pods: Sequence[Obj], events: Sequence[Obj]
+) -> PodCreationProblem | None:
+    """The newest `FailedCreate` event of `job` (events about it, any order), unless a pod was created
+    since (a `SuccessfulCreate` event as new or newer) or a pod of the Job lives."""
+    if not job_events_needed(job, pods):
+        return None
+    uid = ((job or {}).get("metadata") or {}).get("uid")
+    relevant = [
+        e
+        for e in events
+        if e.get("reason") in ("FailedCreate", "SuccessfulCreate")
+        and (not uid or ((e.get("involvedObject") or {}).get("uid") in (None, "", uid)))
+    ]
+    if not relevant:
+        return None
+    # On equal times (one-second resolution) a success wins: the pod exists.
+    newest = max(relevant, key=lambda e: (_event_time(e), e.get("reason") == "SuccessfulCreate"))
+    if newest.get("reason") != "FailedCreate":
+        return None
+    return _problem(str(newest.get("message") or ""))
+
+
+def creation_event(previous: Obj, status: Obj) -> tuple[str, str] | None:
+    """(reason, message) of the Warning event to post when a status write newly says that pods cannot be
+    created: its `Degraded` (SpeculativeDeployment) or `Succeeded` (EngineBuild) condition took one of
+    `CREATION_REASONS`. None when nothing new; a SpeculativeDeployment whose phase is `Degraded` gets that
+    event from the phase change already."""
+    if status.get("phase") == "Degraded":
+        return None
+
+    def creation(conditions: Any) -> tuple[str, str] | None:
+        for cond in conditions or ():
+            if cond.get("type") in ("Degraded", "Succeeded") and cond.get("reason") in CREATION_REASONS:
+                return str(cond["reason"]), str(cond.get("message") or "")
+        return None
+
+    now, before = creation(status.get("conditions")), creation(previous.get("conditions"))
+    if now is None or (before is not None and before[0] == now[0]):
+        return None
+    return now
