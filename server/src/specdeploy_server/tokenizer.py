@@ -32,7 +32,9 @@ class Tokenizer(Protocol):
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str: ...
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str: ...
 
 
 def _raise_exception(message: str) -> None:
@@ -56,13 +58,21 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """``tools`` (OpenAI tool definitions) are passed as the ``tools`` variable, as Hugging Face's
+        ``apply_chat_template`` does; a template that does not use them ignores them."""
         try:
             return self._template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                tools=tools,
             )
         except ChatTemplateError:
             raise
@@ -135,9 +145,14 @@ class HFTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(token_ids), skip_special_tokens=True))
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    @property
+    def hf(self) -> Any:
+        """The Hugging Face tokenizer itself (structured output compiles grammars against it)."""
+        return self._tok
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         if self._chat is None:
             raise ChatTemplateError(
                 "this model has no chat template (add chat_template.j2 or set serving.chatTemplate)"
             )
-        return self._chat.render(messages)
+        return self._chat.render(messages, tools=tools)

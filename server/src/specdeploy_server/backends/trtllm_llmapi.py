@@ -43,6 +43,7 @@ from specdeploy_server.backends.errors import BackendUnavailableError, import_te
 from specdeploy_server.config import Acceptance, Method, ServerConfig
 from specdeploy_server.core.executors import ExecutorError
 from specdeploy_server.core.load import ThroughputMeter
+from specdeploy_server.core.logits import TokenConstraint
 from specdeploy_server.core.scheduler import (
     EngineStoppedError,
     GlobalStats,
@@ -232,7 +233,15 @@ class LlmApiEngine:
             self.acceptance_sources.model = str(getattr(observer, "model", self.acceptance_sources.model))
             registry.register(self.acceptance_sources)
 
-    def generate(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Generation:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        constraint: TokenConstraint | None = None,
+    ) -> Generation:
+        if constraint is not None:  # the serving layer refuses grammars for this backend (no GRAMMAR feature)
+            raise ValueError("structured output is not supported by backend trtllm-llmapi")
         if not self._running:
             raise EngineStoppedError("the server is shutting down")
         if self._capacity is not None and len(self._remaining) >= self._capacity:
@@ -422,7 +431,7 @@ def build_llmapi_engine(config: ServerConfig) -> LlmApiEngine:
         llm,
         llmapi.SamplingParams,
         tokenizer,
-        model_info(config.model.name, max_len),
+        model_info(config.model.name, max_len, backend="trtllm-llmapi"),
         max_batch_size=runtime.max_batch_size,
         max_queue_size=runtime.max_queue_size,
         draft_len=0 if config.method == Method.NONE else draft_len(config),
