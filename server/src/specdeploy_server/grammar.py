@@ -19,7 +19,6 @@ import numpy as np
 
 from specdeploy_server.core.types import BoolArray
 
-
 #: JSON output without free whitespace between tokens (``{"a": 1, "b": [2, 3]}``): the separators are
 #: fixed, so they are forced tokens, and a model cannot pad its output with whitespace until max_tokens.
 #: A schema's own ``x-guidance`` options override these.
