@@ -28,7 +28,8 @@ class Penalties:
 class PlainDecoder:
     def __init__(self, model_dir: Path) -> None:
         self.tokenizer: Any = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        self.model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True).eval()
+        model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), local_files_only=True)
+        self.model: Any = model.eval()
         self.vocab = int(self.model.config.vocab_size)
         self.eos = int(self.tokenizer.eos_token_id)
         self._llg_tokenizer: Any = None
@@ -42,11 +43,13 @@ class PlainDecoder:
 
     @torch.inference_mode()
     def logits(self, ids: Sequence[int]) -> np.ndarray:
-        return self.model(torch.tensor([list(ids)])).logits[0, -1].double().numpy()
+        row: np.ndarray = self.model(torch.tensor([list(ids)])).logits[0, -1].double().numpy()
+        return row
 
     @torch.inference_mode()
     def all_logits(self, ids: Sequence[int]) -> np.ndarray:
-        return self.model(torch.tensor([list(ids)])).logits[0].double().numpy()
+        rows: np.ndarray = self.model(torch.tensor([list(ids)])).logits[0].double().numpy()
+        return rows
 
     def greedy(
         self,

@@ -104,10 +104,37 @@ def test_an_empty_prompt_is_a_bad_request(http: httpx.Client) -> None:
     _assert_error(http.post("/v1/completions", json=_completion(prompt="")), 400, "empty", param="prompt")
 
 
-@pytest.mark.parametrize(("field", "value"), [("n", 3), ("logit_bias", {"5": 1.0}), ("echo", True)])
+@pytest.mark.parametrize(("field", "value"), [("best_of", 3), ("suffix", "x")])
 def test_unsupported_options_are_refused(http: httpx.Client, field: str, value: object) -> None:
     response = http.post("/v1/completions", json=_completion(**{field: value}))
     _assert_error(response, 400, "not supported", param=field)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("logit_bias", {"5": 1.0}),
+        ("presence_penalty", 0.5),
+        ("frequency_penalty", 0.5),
+        ("repetition_penalty", 1.2),
+        ("top_k", 5),
+        ("min_p", 0.1),
+        ("logprobs", 2),
+        ("response_format", {"type": "json_object"}),
+    ],
+)
+def test_options_the_backend_cannot_apply_are_refused_naming_the_field_and_backend(
+    http: httpx.Client, field: str, value: object
+) -> None:
+    response = http.post("/v1/completions", json=_completion(**{field: value}))
+    _assert_error(response, 400, "not supported by this server's backend (standin)", param=field)
+
+
+def test_n_choices_and_echo_work_on_any_backend(http: httpx.Client) -> None:
+    body = http.post("/v1/completions", json=_completion(n=3, echo=True)).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert all(c["text"].startswith("hello") for c in body["choices"])
+    assert body["usage"]["completion_tokens"] == 15
 
 
 def test_an_unknown_model_is_not_found(http: httpx.Client) -> None:

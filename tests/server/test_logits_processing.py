@@ -11,6 +11,7 @@ from scipy import stats  # type: ignore[import-untyped]
 from specdeploy_server.core.acceptance import accept_rejection_sampling, sample_from
 from specdeploy_server.core.logits import (
     cut_proposal,
+    draft_with_forced,
     fast_forward,
     process_logits,
     target_logits,
@@ -48,7 +49,7 @@ class EvenTokensOnly:
         return np.stack([self._row(last) for last in lasts])
 
     def take_forced(self, limit: int) -> list[int]:
-        forced = []
+        forced: list[int] = []
         while len(forced) < limit and self.history and self.history[-1] == 2:
             self.history.append(4)
             forced.append(4)
@@ -56,6 +57,11 @@ class EvenTokensOnly:
 
     def advance(self, tokens: Sequence[int]) -> None:
         self.history.extend(tokens)
+
+    def forced_after(self, prefix: Sequence[int], limit: int) -> list[int] | None:
+        if self.allowed_prefix(prefix) < len(prefix):
+            return None
+        return [4][:limit] if prefix and prefix[-1] == 2 else []
 
 
 def _seq(
@@ -120,7 +126,8 @@ def test_token_logprobs_are_the_log_softmax_of_the_raw_logits() -> None:
     logits = np.log(np.array([[0.5, 0.25, 0.25], [0.1, 0.2, 0.7]]))
     items = token_logprobs(logits, [1, 2], top=2)
     assert items[0].logprob == pytest.approx(np.log(0.25))
-    assert items[1].top[0] == (2, pytest.approx(np.log(0.7)))
+    assert items[1].top[0][0] == 2
+    assert items[1].top[0][1] == pytest.approx(np.log(0.7))
 
 
 @pytest.mark.parametrize("residual", [True, False])
@@ -145,3 +152,23 @@ def test_rejection_sampling_stays_exact_when_a_forbidden_sampled_draft_token_is_
         assert pvalue > 1e-3
     else:
         assert pvalue < 1e-6
+
+
+def test_the_draft_carries_forced_tokens_as_they_are_and_stops_at_a_forbidden_token() -> None:
+    seq = _seq(SamplingParams(), constraint=EvenTokensOnly())
+    drafted = iter([0, 2, 6, 3, 8])
+    fed: list[int] = []
+
+    def pick() -> tuple[int, np.ndarray | None]:
+        return next(drafted), np.full(VOCAB, 1.0 / VOCAB)
+
+    proposal = draft_with_forced(seq, 10, pick, fed.extend)
+    # 2 forces 4 (no draft step spent on it); 3 is forbidden: drafting stops there (it will be cut)
+    assert proposal.tokens == [0, 2, 4, 6, 3]
+    assert proposal.forced == (2,)
+    assert proposal.probs is not None
+    np.testing.assert_array_equal(proposal.probs[2], np.eye(VOCAB)[4])
+    assert fed == [0, 2, 4, 6]
+    cut = cut_proposal(seq, proposal)
+    assert cut.tokens == [0, 2, 4, 6]
+    assert cut.forced == (2,)

@@ -59,7 +59,8 @@ def tokenizer(tiny_models: TinyModels) -> HFTokenizer:
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
     x = x - x.max(axis=-1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    out: np.ndarray = x - np.log(np.exp(x).sum(axis=-1, keepdims=True))
+    return out
 
 
 def test_n_greedy_choices_are_identical_and_n_sampled_choices_independent_but_seeded(
@@ -120,16 +121,17 @@ def test_completion_logprobs_are_the_targets_own_log_probabilities(
 def test_chat_logprobs_are_the_targets_own_log_probabilities(
     client: openai.OpenAI, plain: PlainDecoder, tokenizer: HFTokenizer
 ) -> None:
-    messages = [{"role": "user", "content": PROMPTS[3]}]
+    messages: list[Any] = [{"role": "user", "content": PROMPTS[3]}]
     result = client.chat.completions.create(
         model="tiny",
-        messages=messages,  # type: ignore[arg-type]
+        messages=messages,
         max_tokens=MAX_TOKENS,
         temperature=0,
         logprobs=True,
         top_logprobs=2,
     )
-    content = result.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert result.choices[0].logprobs is not None
+    content = result.choices[0].logprobs.content
     assert content is not None
     prompt = tokenizer.encode(tokenizer.render_chat(messages), add_special_tokens=False)
     output = plain.greedy(prompt, MAX_TOKENS)
@@ -157,7 +159,8 @@ def test_echo_returns_the_prompt_before_the_completion_with_its_logprobs(
     ids = tokenizer.encode(prompt)
     assert choice.logprobs is not None
     assert choice.logprobs.token_logprobs is not None
-    assert choice.logprobs.token_logprobs[0] is None
+    first: object = choice.logprobs.token_logprobs[0]
+    assert first is None
     forward = _log_softmax(plain.all_logits(ids))
     for j in range(1, len(ids)):
         assert choice.logprobs.token_logprobs[j] == pytest.approx(forward[j - 1][ids[j]], abs=1e-4)
@@ -184,7 +187,7 @@ def test_greedy_output_with_penalties_equals_plain_greedy_decoding_with_them(
             temperature=0,
             presence_penalty=penalties.presence,
             frequency_penalty=penalties.frequency,
-            logit_bias={str(k): v for k, v in penalties.bias.items()},
+            logit_bias={str(k): int(v) for k, v in penalties.bias.items()},
             logprobs=0,
             extra_body={"repetition_penalty": penalties.repetition},
         )
@@ -213,7 +216,7 @@ def test_top_k_1_and_min_p_1_sample_the_greedy_output(client: openai.OpenAI) -> 
     assert free.choices[0].text != greedy
 
 
-WEATHER = {
+WEATHER: Any = {
     "type": "function",
     "function": {
         "name": "get_weather",
@@ -229,7 +232,7 @@ WEATHER = {
         },
     },
 }
-TIME = {
+TIME: Any = {
     "type": "function",
     "function": {
         "name": "get_time",
@@ -249,7 +252,7 @@ def test_a_required_or_named_tool_call_comes_back_as_tool_calls(
         messages=[{"role": "user", "content": "weather in paris?"}],
         max_tokens=100,
         temperature=0,
-        tools=[WEATHER, TIME],  # type: ignore[list-item]
+        tools=[WEATHER, TIME],
         tool_choice=tool_choice,
     )
     choice = result.choices[0]
@@ -260,11 +263,11 @@ def test_a_required_or_named_tool_call_comes_back_as_tool_calls(
     assert len(calls) == 1
     call = calls[0]
     assert call.type == "function"
-    assert call.function.name in ("get_weather", "get_time")  # type: ignore[union-attr]
+    assert call.function.name in ("get_weather", "get_time")
     if not isinstance(tool_choice, str):
-        assert call.function.name == "get_weather"  # type: ignore[union-attr]
-    schema = (WEATHER if call.function.name == "get_weather" else TIME)["function"]["parameters"]  # type: ignore[union-attr,index]
-    jsonschema.validate(json.loads(call.function.arguments), schema)  # type: ignore[union-attr,arg-type]
+        assert call.function.name == "get_weather"
+    schema = (WEATHER if call.function.name == "get_weather" else TIME)["function"]["parameters"]
+    jsonschema.validate(json.loads(call.function.arguments), schema)
 
 
 def test_a_streamed_tool_call_arrives_whole_in_one_delta(client: openai.OpenAI) -> None:
@@ -274,15 +277,17 @@ def test_a_streamed_tool_call_arrives_whole_in_one_delta(client: openai.OpenAI) 
             messages=[{"role": "user", "content": "weather?"}],
             max_tokens=100,
             temperature=0,
-            tools=[WEATHER],  # type: ignore[list-item]
+            tools=[WEATHER],
             tool_choice="required",
             stream=True,
         )
     )
     calls = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
     assert len(calls) == 1
-    assert calls[0][0].function.name == "get_weather"  # type: ignore[union-attr]
-    json.loads(calls[0][0].function.arguments or "")  # type: ignore[union-attr]
+    function = calls[0][0].function
+    assert function is not None
+    assert function.name == "get_weather"
+    json.loads(function.arguments or "")
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 

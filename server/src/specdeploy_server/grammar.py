@@ -151,6 +151,20 @@ class GrammarConstraint:
             forced.append(token)
         return forced
 
+    def forced_after(self, prefix: Sequence[int], limit: int) -> list[int] | None:
+        matcher = self._matcher
+        if any(t in self._eos for t in prefix):
+            return None if self.allowed_prefix(prefix) < len(prefix) else []
+        consumed = int(matcher.try_consume_tokens([int(t) for t in prefix]))
+        if consumed < len(prefix):
+            if consumed:
+                matcher.rollback(consumed)
+            return None
+        forced = self.take_forced(limit)
+        if consumed + len(forced):
+            matcher.rollback(consumed + len(forced))
+        return forced
+
     def advance(self, tokens: Sequence[int]) -> None:
         matcher = self._matcher
         for token in tokens:

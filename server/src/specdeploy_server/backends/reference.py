@@ -40,7 +40,12 @@ from specdeploy_server.core.executors import (
     RequestErrors,
     VerifyRequest,
 )
-from specdeploy_server.core.logits import process_logits, target_logits, token_logprobs
+from specdeploy_server.core.logits import (
+    draft_with_forced,
+    process_logits,
+    target_logits,
+    token_logprobs,
+)
 from specdeploy_server.core.types import (
     FloatArray,
     Proposal,
@@ -280,13 +285,13 @@ class ReferenceDraftExecutor:
         sample = req.want_probs and not seq.params.greedy
         params = seq.params if sample else SamplingParams(temperature=0.0)
         logits = self.model.logits_for(seq.request_id, seq.token_ids, [])[-1]
-        tokens: list[int] = []
-        rows: list[FloatArray] = []
-        for i in range(req.num_tokens):
-            token, probs = _pick(logits, params, seq.rng)
-            tokens.append(token)
-            if probs is not None:
-                rows.append(probs)
-            if i + 1 < req.num_tokens:
+
+        def pick() -> tuple[int, FloatArray | None]:
+            return _pick(logits, params, seq.rng)
+
+        def feed(tokens: Sequence[int]) -> None:
+            nonlocal logits
+            for token in tokens:
                 logits = self.model.append(seq.request_id, token)
-        return Proposal(tokens, np.stack(rows) if rows else None)
+
+        return draft_with_forced(seq, req.num_tokens, pick, feed)

@@ -17,7 +17,7 @@ point (as if the draft tokens before it had been emitted). The grammar itself is
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -56,6 +56,11 @@ class TokenConstraint(Protocol):
 
     def advance(self, tokens: Sequence[int]) -> None:
         """Consume tokens the sequence emitted (an end-of-sequence token ends the grammar)."""
+        ...
+
+    def forced_after(self, prefix: Sequence[int], limit: int) -> list[int] | None:
+        """The tokens (up to ``limit``) the grammar forces after ``prefix`` (from the current state, which
+        is left as it was); None when it does not allow ``prefix``."""
         ...
 
 
@@ -179,7 +184,46 @@ def cut_proposal(seq: SequenceState, proposal: Proposal) -> Proposal:
     if allowed >= len(proposal.tokens):
         return proposal
     probs = proposal.probs[: allowed + 1] if proposal.probs is not None else None
-    return Proposal(list(proposal.tokens[:allowed]), probs, cut=len(proposal.tokens) - allowed)
+    forced = tuple(i for i in proposal.forced if i < allowed)
+    return Proposal(list(proposal.tokens[:allowed]), probs, cut=len(proposal.tokens) - allowed, forced=forced)
+
+
+def draft_with_forced(
+    seq: SequenceState,
+    num_tokens: int,
+    pick: Callable[[], tuple[int, FloatArray | None]],
+    feed: Callable[[Sequence[int]], None],
+) -> Proposal:
+    """A drafter's loop for ``num_tokens`` tokens: ``pick()`` drafts one token from the draft model's latest
+    logits, ``feed(tokens)`` extends the draft model's context. Under a grammar, the tokens it forces after a
+    drafted token go into the proposal as they are (the draft model is not asked to obey the grammar; it
+    would only waste draft steps on them), and drafting stops at a token the grammar forbids (it will be cut
+    before verification, and everything after it with it)."""
+    tokens: list[int] = []
+    rows: list[FloatArray] = []
+    forced_at: list[int] = []
+    constraint = seq.constraint
+    while len(tokens) < num_tokens:
+        token, probs = pick()
+        tokens.append(token)
+        if probs is not None:
+            rows.append(probs)
+        fed = [token]
+        if constraint is not None:
+            forced = constraint.forced_after(tokens, num_tokens - len(tokens))
+            if forced is None:
+                break
+            for t in forced:
+                forced_at.append(len(tokens))
+                tokens.append(t)
+                if probs is not None:
+                    one_hot = np.zeros_like(probs)
+                    one_hot[t] = 1.0
+                    rows.append(one_hot)
+            fed += forced
+        if len(tokens) < num_tokens:
+            feed(fed)
+    return Proposal(tokens, np.stack(rows) if rows else None, forced=tuple(forced_at))
 
 
 def fast_forward(seq: SequenceState, room: int) -> list[int]:

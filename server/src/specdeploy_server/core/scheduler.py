@@ -361,6 +361,7 @@ class SpeculativeScheduler:
                 seq.stats.forced += len(forced)
                 seq.stats.emitted += len(forced)
                 self.stats.emitted += len(forced)
+                self.stats.forced += len(forced)
                 self._undelivered.append((seq, forced, 0, 0, None))
                 total += len(forced)
         return total
@@ -390,9 +391,9 @@ class SpeculativeScheduler:
         for seq, prop, req, tokens in zip(batch, proposals, requests, emitted, strict=True):
             if seq.state is not RUNNING:  # aborted while the step was in flight: its results are dropped
                 continue
-            drafted = len(prop.tokens)
             accepted = len(tokens) - 1 if tokens else 0
             drafter_observe(seq, prop, accepted)
+            drafted, accepted = self._drafted_accepted(seq, prop, accepted)
             observe_acceptance(drafted, accepted)
             sequence_steps += 1
             if drafted:
@@ -440,6 +441,16 @@ class SpeculativeScheduler:
                 StepSpeculation(sequence_steps, total_drafted, total_accepted, accepted_counts)
             )
         return total
+
+    def _drafted_accepted(self, seq: SequenceState, prop: Proposal, accepted: int) -> tuple[int, int]:
+        """Draft tokens proposed and accepted, not counting the tokens a grammar forced into the draft
+        (accepted ones count as forced): acceptance measures the drafter, not the grammar."""
+        if not prop.forced:
+            return len(prop.tokens), accepted
+        forced = sum(1 for i in prop.forced if i < accepted)
+        seq.stats.forced += forced
+        self.stats.forced += forced
+        return len(prop.tokens) - len(prop.forced), accepted - forced
 
     def _flush(self) -> None:
         """Hand the undelivered outputs to their consumers."""

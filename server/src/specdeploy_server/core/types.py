@@ -107,6 +107,10 @@ class Proposal:
     #: rejected). When ``probs`` has a row for the first of them (a sampled draft), rejection sampling draws
     #: the token at that position from the residual ``max(p - q, 0)``, as verifying it would have.
     cut: int = 0
+    #: positions of tokens the grammar forced, put into the draft by the drafter rather than drafted
+    #: (one-hot rows in ``probs``); the target accepts them with certainty, and they count as forced, not as
+    #: drafted and accepted
+    forced: tuple[int, ...] = ()
 
 
 EMPTY_PROPOSAL = Proposal(tokens=[])
