@@ -83,15 +83,31 @@ def main(argv: list[str] | None = None) -> None:
         f"transformers {transformers.__version__}; command: `python -m benchmarks.server"
         f"{' --quick' if args.quick else ''}{'' if args.only == ALL else ' --only ' + args.only}`."
     )
-    header = (
-        args.output.read_text(encoding="utf-8").split("<!-- results -->")[0] if args.output.exists() else ""
-    )
+    existing = args.output.read_text(encoding="utf-8") if args.output.exists() else ""
+    header, _, earlier = existing.partition("<!-- results -->")
     if not header:
         header = "# Server benchmarks\n\n"
+    if only != {int(x) for x in ALL.split(",")} and earlier:
+        sections, env = _merge(earlier, sections, only, env)
     args.output.write_text(
         header + "<!-- results -->\n\n" + env + "\n\n" + "\n\n".join(sections) + "\n", encoding="utf-8"
     )
     print(f"wrote {args.output}")
+
+
+def _merge(results: str, new: list[str], only: set[int], env: str) -> tuple[list[str], str]:
+    """A partial run (``--only``) keeps the earlier run's other sections, in number order, and says which
+    sections each run line covers."""
+    parts = results.strip().split("\n## ")
+    old_env = parts[0].strip()
+    kept = {
+        int(p.split(".", 1)[0]): "## " + p.strip() for p in parts[1:] if int(p.split(".", 1)[0]) not in only
+    }
+    fresh = {int(p[len("## ") :].split(".", 1)[0]): p for p in new}
+    merged = [text for _, text in sorted({**kept, **fresh}.items())]
+    done = ", ".join(str(n) for n in sorted(only))
+    label = "Sections" if len(only) > 1 else "Section"
+    return merged, f"{old_env}\n\n{label} {done}: {env[0].lower()}{env[1:]}"
 
 
 if __name__ == "__main__":
