@@ -273,6 +273,37 @@ def test_a_client_disconnecting_mid_stream_cancels_its_generation() -> None:
         assert len(target.released) == 1
 
 
+def test_n_choices_that_do_not_all_fit_the_queue_are_refused_whole() -> None:
+    app, engine, _ = _app(SchedulerSettings(max_batch_size=1, max_queue_size=1, draft_len=0))
+    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=10) as http:
+        _assert_error(http.post("/v1/completions", json=_completion(n=3)), 503, "queue is full")
+        assert _wait_for(lambda: engine.queue_depth == 0)
+        assert http.post("/v1/completions", json=_completion(n=2)).status_code == 200
+
+
+def test_a_client_disconnecting_from_an_n_choice_stream_cancels_every_choice() -> None:
+    app, engine, target = _app(SchedulerSettings(draft_len=2), verify_seconds=0.005)
+    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=10) as http:
+        with http.stream(
+            "POST", "/v1/completions", json=_completion(stream=True, max_tokens=4000, n=3)
+        ) as response:
+            lines = response.iter_lines()
+            next(lines)
+            next(lines)
+            assert engine.queue_depth == 3
+        assert _wait_for(lambda: engine.queue_depth == 0)
+        assert _wait_for(lambda: len(target.released) == 3)
+
+
+def test_a_client_disconnecting_from_an_n_choice_request_cancels_every_choice() -> None:
+    app, engine, target = _app(SchedulerSettings(draft_len=2), verify_seconds=0.005)
+    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=0.3) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/completions", json=_completion(max_tokens=4000, n=2))
+        assert _wait_for(lambda: engine.queue_depth == 0)
+        assert _wait_for(lambda: len(target.released) == 2)
+
+
 def test_a_client_disconnecting_while_waiting_for_a_non_streamed_answer_cancels_it() -> None:
     app, engine, target = _app(SchedulerSettings(draft_len=2), verify_seconds=0.005)
     with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=0.3) as http:

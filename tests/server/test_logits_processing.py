@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import numpy as np
 import pytest
 from scipy import stats  # type: ignore[import-untyped]
+from specdeploy_server.backends.standin import standin_engine
 from specdeploy_server.core.acceptance import accept_rejection_sampling, sample_from
 from specdeploy_server.core.logits import (
     cut_proposal,
@@ -17,6 +18,7 @@ from specdeploy_server.core.logits import (
     target_logits,
     token_logprobs,
 )
+from specdeploy_server.core.scheduler import SchedulerSettings
 from specdeploy_server.core.types import BoolArray, Proposal, SamplingParams, SequenceState
 
 VOCAB = 8
@@ -172,3 +174,20 @@ def test_the_draft_carries_forced_tokens_as_they_are_and_stops_at_a_forbidden_to
     cut = cut_proposal(seq, proposal)
     assert cut.tokens == [0, 2, 4, 6]
     assert cut.forced == (2,)
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(presence_penalty=1.0),
+        SamplingParams(logit_bias={3: 1.0}),
+        SamplingParams(top_k=3),
+        SamplingParams(logprobs=0),
+    ],
+)
+def test_an_engine_refuses_settings_its_backend_would_ignore(params: SamplingParams) -> None:
+    engine, _ = standin_engine(0.0, 0.0, alpha=0.5, settings=SchedulerSettings())
+    with pytest.raises(ValueError, match="backend standin does not support"):
+        engine.generate([1, 2], 4, params)
+    with pytest.raises(ValueError, match="grammar"):
+        engine.generate([1, 2], 4, SamplingParams(), EvenTokensOnly())

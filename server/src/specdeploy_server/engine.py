@@ -41,6 +41,30 @@ ALL_FEATURES = frozenset(
 )
 
 
+def features_needed(params: SamplingParams, constraint: TokenConstraint | None) -> frozenset[str]:
+    """The features a request with these settings needs from its engine."""
+    needed = set()
+    if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0:
+        needed.add(Feature.PENALTIES)
+    if params.logit_bias:
+        needed.add(Feature.LOGIT_BIAS)
+    if params.top_k > 0 or params.min_p > 0.0:
+        needed.add(Feature.FILTERS)
+    if params.logprobs is not None:
+        needed.add(Feature.LOGPROBS)
+    if constraint is not None:
+        needed.add(Feature.GRAMMAR)
+    return frozenset(needed)
+
+
+def check_features(info: ModelInfo, params: SamplingParams, constraint: TokenConstraint | None) -> None:
+    """Refuse (ValueError) settings the engine would otherwise ignore; the serving layer refuses them
+    earlier, with a 400 naming the field."""
+    missing = features_needed(params, constraint) - info.features
+    if missing:
+        raise ValueError(f"backend {info.backend} does not support: {', '.join(sorted(missing))}")
+
+
 @dataclass(frozen=True)
 class ModelInfo:
     served_model_name: str
@@ -168,6 +192,7 @@ class Engine:
     ) -> Generation:
         """Queue a request (raises QueueFullError / EngineStoppedError at once) and return its output
         stream."""
+        check_features(self.info, params, constraint)
         seq = SequenceState(
             request_id=uuid.uuid4().hex,
             prompt_ids=prompt_ids,

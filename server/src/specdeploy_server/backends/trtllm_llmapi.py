@@ -51,7 +51,7 @@ from specdeploy_server.core.scheduler import (
     SchedulerObserver,
 )
 from specdeploy_server.core.types import FinishReason, SamplingParams, SeqStats, StepOutput
-from specdeploy_server.engine import Generation, ModelInfo, model_info
+from specdeploy_server.engine import Generation, ModelInfo, check_features, model_info
 from specdeploy_server.metrics import ExecutorSample
 from specdeploy_server.tokenizer import HFTokenizer, Tokenizer
 
@@ -240,8 +240,7 @@ class LlmApiEngine:
         params: SamplingParams,
         constraint: TokenConstraint | None = None,
     ) -> Generation:
-        if constraint is not None:  # the serving layer refuses grammars for this backend (no GRAMMAR feature)
-            raise ValueError("structured output is not supported by backend trtllm-llmapi")
+        check_features(self.info, params, constraint)  # the serving layer refuses these with a 400 first
         if not self._running:
             raise EngineStoppedError("the server is shutting down")
         if self._capacity is not None and len(self._remaining) >= self._capacity:
