@@ -27,6 +27,8 @@ class Tokenizer(Protocol):
     #: lower bound of the tokens of ``text``: the serving layer refuses a prompt that cannot fit the context
     #: before tokenising it
     max_chars_per_token: int | None
+    #: the chat template renders the ``tools`` it is given (so a model can decide to call one)
+    supports_tools: bool
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
@@ -55,6 +57,8 @@ class ChatTemplate:
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
         self._template = env.from_string(source)
+        #: a template that mentions ``tools`` renders them (Hugging Face templates of tool-calling models do)
+        self.renders_tools = "tools" in source
         self.bos_token = bos_token
         self.eos_token = eos_token
 
@@ -127,6 +131,7 @@ class HFTokenizer:
             self._chat = ChatTemplate(source, self._tok.bos_token or "", self._tok.eos_token or "")
         else:
             log.warning("no chat template for %s: /v1/chat/completions will answer 400", path)
+        self.supports_tools = self._chat is not None and self._chat.renders_tools
 
     @property
     def eos_token_id(self) -> int | None:

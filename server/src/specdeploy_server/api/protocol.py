@@ -126,16 +126,17 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
-    def unsupported(self) -> list[str]:
-        out = super().unsupported()
-        if self.tools and self.tool_choice in (None, "auto"):
-            out.append("tool_choice")
-        return out
-
     def top_logprobs_wanted(self) -> int | None:
         if not self.logprobs:
             return None
         return self.top_logprobs or 0
 
+    def tool_mode(self) -> Literal["auto", "forced"] | None:
+        """``forced``: the output must be a call (``required`` or a named function); ``auto``: the model
+        may call one (OpenAI's default when tools are sent); None: no tools (or ``none``)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return "auto" if self.tool_choice in (None, "auto") else "forced"
+
     def calls_tools(self) -> bool:
-        return bool(self.tools) and self.tool_choice not in (None, "none", "auto")
+        return self.tool_mode() == "forced"

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from specdeploy_server.api.errors import ExecutorFailedError
-from specdeploy_server.api.runs import Run
-from specdeploy_server.api.structured import tool_calls_from
+from specdeploy_server.api.runs import Prepared, Run
+from specdeploy_server.api.structured import auto_tool_calls, tool_calls_from
 from specdeploy_server.core.executors import ExecutorError
 from specdeploy_server.core.types import TokenLogprob
 
@@ -80,11 +80,17 @@ async def completion(serving: OpenAIServing, run: Run) -> dict[str, Any]:
     }
 
 
-def _message(text: str, finish: str | None, tool_call: bool) -> tuple[dict[str, Any], str | None]:
-    if tool_call:
+def _message(text: str, finish: str | None, prepared: Prepared) -> tuple[dict[str, Any], str | None]:
+    """The assistant message, with ``tool_calls`` when the text is (forced) or holds (auto) tool calls."""
+    if prepared.tool_mode == "forced":
         calls = tool_calls_from(text)
         if calls is not None:
             return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+    elif prepared.tool_mode == "auto":
+        found = auto_tool_calls(text, prepared.tool_names)
+        if found is not None:
+            content, auto_calls = found
+            return {"role": "assistant", "content": content, "tool_calls": auto_calls}, "tool_calls"
     return {"role": "assistant", "content": text}, finish
 
 
@@ -93,7 +99,7 @@ async def chat(serving: OpenAIServing, run: Run) -> dict[str, Any]:
     prepared = run.prepared
     choices = []
     for i, item in enumerate(collected):
-        message, finish = _message("".join(item.text), item.finish, prepared.tool_call)
+        message, finish = _message("".join(item.text), item.finish, prepared)
         logprobs = serving.logprobs.chat(item.logprobs) if prepared.params.logprobs is not None else None
         choices.append({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish})
     return {
@@ -132,7 +138,7 @@ async def stream_chat(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
     base = _base(serving, "chatcmpl", "chat.completion.chunk")
     prepared = run.prepared
     wants_logprobs = prepared.params.logprobs is not None
-    held = [""] * prepared.n  # a tool call's text, sent as one call once complete
+    held = [""] * prepared.n  # with tools: the text so far, sent (as calls or content) once complete
     first = [
         {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
         for i in range(prepared.n)
@@ -140,16 +146,15 @@ async def stream_chat(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
 
     def chunk(index: int, text: str, finish: str | None, ids: list[int], items: list[TokenLogprob]) -> Any:
         logprobs = serving.logprobs.chat(items) if wants_logprobs else None
-        if prepared.tool_call:
+        if prepared.tool_mode is not None:  # calls are sent whole once the text is complete
             held[index] += text
             if finish is None:
                 return None
-            message, finish = _message(held[index], finish, tool_call=True)
+            message, finish = _message(held[index], finish, prepared)
             calls = message.get("tool_calls")
+            delta: dict[str, Any] = {"content": message["content"]} if message["content"] else {}
             if calls is not None:
-                delta: dict[str, Any] = {"tool_calls": [{"index": 0, **calls[0]}]}
-            else:
-                delta = {"content": held[index]}
+                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
             return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         if not (text or finish or (wants_logprobs and ids)):
             return None

@@ -32,8 +32,10 @@ class Prepared:
     constraint: GrammarConstraint | None = None
     #: completions ``echo``: the prompt's text goes before each choice's text
     echo: bool = False
-    #: the output is a tool call (chat ``tool_choice`` required or named)
-    tool_call: bool = False
+    #: chat tools: "forced" (the output is one call: ``tool_choice`` required or named), "auto" (the model may
+    #: call one; its output is parsed for calls), or None
+    tool_mode: str | None = None
+    tool_names: frozenset[str] = frozenset()
     #: the prompt's own logprobs (``echo`` with ``logprobs``), first token None
     prompt_logprobs: list[TokenLogprob | None] | None = None
     prompt_text: str = ""

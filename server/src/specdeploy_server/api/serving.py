@@ -98,11 +98,7 @@ class OpenAIServing:
         unsupported = req.unsupported()
         if unsupported:
             name = unsupported[0]
-            detail = " (tool_choice auto needs tool-call parsing; use required or a named function)"
-            raise BadRequestError(
-                f"'{name}' is not supported by this server{detail if name == 'tool_choice' else ''}",
-                param=name,
-            )
+            raise BadRequestError(f"'{name}' is not supported by this server", param=name)
         info = self.engine.info
         for name, feature in required_features(req, grammar):
             if feature not in info.features:
@@ -219,7 +215,14 @@ class OpenAIServing:
         chars = sum(len(m["content"]) for m in messages)
         self._precheck(chars, "messages")  # the rendered text holds every message's content, and more
         tokenizer = self.engine.tokenizer
-        tools = tool_dicts(req) if req.calls_tools() else None
+        tool_mode = req.tool_mode()
+        if tool_mode == "auto" and not tokenizer.supports_tools:
+            raise BadRequestError(
+                "tool_choice 'auto' (the default when tools are sent) needs a chat template that renders the "
+                "tools, and this model's does not; use tool_choice 'required' or a named function",
+                param="tool_choice",
+            )
+        tools = tool_dicts(req) if tool_mode is not None else None
         try:
             text = await self._off_loop(chars, tokenizer.render_chat, messages, tools)
         except ChatTemplateError as exc:
@@ -236,7 +239,8 @@ class OpenAIServing:
             self._include_usage(req),
             n=req.n,
             constraint=constraint,
-            tool_call=req.calls_tools(),
+            tool_mode=tool_mode,
+            tool_names=frozenset(t.function.name for t in req.tools or []),
         )
 
     @staticmethod

@@ -10,6 +10,7 @@ a top-level llguidance grammar). ``tool_choice: "required"`` or a named function
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from typing import Any
 
@@ -91,22 +92,65 @@ def tool_call_schema(req: ChatCompletionRequest) -> dict[str, Any]:
     return {"anyOf": [_call_schema(t) for t in tools]}
 
 
+def _call(name: str, arguments: object) -> dict[str, Any]:
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+
+
+def _as_call(obj: object, names: frozenset[str] | None) -> dict[str, Any] | None:
+    """``{"name": ..., "arguments" | "parameters": ...}`` (naming one of ``names``, when given) as a call."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    if names is not None and obj["name"] not in names:
+        return None
+    key = "arguments" if "arguments" in obj else "parameters" if "parameters" in obj else None
+    if key is None:
+        return None
+    return _call(obj["name"], obj[key])
+
+
 def tool_calls_from(text: str) -> list[dict[str, Any]] | None:
-    """The generated call as OpenAI ``tool_calls``; None when the text is not a complete call (the output
+    """A forced call's text as OpenAI ``tool_calls``; None when the text is not a complete call (the output
     was cut by max_tokens)."""
     try:
-        call = json.loads(text)
+        call = _as_call(json.loads(text), None)
     except json.JSONDecodeError:
         return None
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or "arguments" not in call:
-        return None
-    return [
-        {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])},
-        }
-    ]
+    return [call] if call is not None else None
+
+
+_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def auto_tool_calls(text: str, names: frozenset[str]) -> tuple[str | None, list[dict[str, Any]]] | None:
+    """The calls a model made on its own (``tool_choice: auto``), in the two formats chat templates ask for:
+    ``<tool_call>{"name": …, "arguments": …}</tool_call>`` blocks (Hermes, Qwen), or the whole answer being
+    one ``{"name": …, "parameters"|"arguments": …}`` object (Llama 3.1+). Returns the text before the first
+    call (None when empty) and the calls; None when the text holds no call of a known tool."""
+    blocks = _TAGGED.findall(text)
+    calls: list[dict[str, Any]] = []
+    for block in blocks:
+        try:
+            call = _as_call(json.loads(block), names)
+        except json.JSONDecodeError:
+            call = None
+        if call is not None:
+            calls.append(call)
+    if calls:
+        before = text[: text.index("<tool_call>")].strip()
+        return (before or None), calls
+    stripped = text.strip()
+    if stripped.startswith("{"):
+        try:
+            call = _as_call(json.loads(stripped), names)
+        except json.JSONDecodeError:
+            call = None
+        if call is not None:
+            return None, [call]
+    return None
 
 
 def tool_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:

@@ -35,6 +35,7 @@ class CharTokenizer:
 
     eos_token_ids = frozenset({0})
     max_chars_per_token: int | None = 1
+    supports_tools = False
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
