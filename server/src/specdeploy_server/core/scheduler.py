@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from specdeploy_server.core.adaptive import DraftLenController
 from specdeploy_server.core.drafters import Drafter
@@ -28,7 +28,7 @@ from specdeploy_server.core.executors import (
     TargetExecutor,
     VerifyRequest,
 )
-from specdeploy_server.core.load import ThroughputMeter
+from specdeploy_server.core.load import LoadFigures, ThroughputMeter
 from specdeploy_server.core.logits import cut_proposal, fast_forward
 from specdeploy_server.core.scheduler_types import (
     EngineStoppedError,
@@ -70,7 +70,7 @@ _MAX_ACCEPTED_BUCKET = 64
 _Undelivered = tuple[SequenceState, list[int], int, int, list[TokenLogprob] | None]
 
 
-class SpeculativeScheduler:
+class SpeculativeScheduler(LoadFigures):
     def __init__(
         self,
         target: TargetExecutor,
@@ -168,45 +168,6 @@ class SpeculativeScheduler:
                 except Exception:  # a failed cancel only costs the rest of that work
                     log.exception("cancelling request %s in flight failed", seq.request_id)
             self._wakeup.set()
-
-    # ----------------------------------------------------------------- load figures (autoscaling signals)
-    def _live(self) -> Iterator[SequenceState]:
-        """Requests still owed tokens: waiting and running ones. A request that ended stays in ``running``
-        until the loop is between steps, but it is no longer work."""
-        yield from self.waiting
-        for seq in self.running:
-            if seq.state is RUNNING:
-                yield seq
-
-    @property
-    def queue_depth(self) -> int:
-        """Requests waiting plus running."""
-        return len(self.waiting) + sum(1 for seq in self.running if seq.state is RUNNING)
-
-    @property
-    def pending_tokens(self) -> int:
-        """Tokens the live requests may still generate: each up to its ``max_tokens`` and the context length
-        (an upper bound: a request can stop earlier)."""
-        max_model_len = self.settings.max_model_len
-        return sum(
-            max(min(seq.remaining_tokens, max_model_len - len(seq.token_ids)), 0) for seq in self._live()
-        )
-
-    @property
-    def generation_rate(self) -> float | None:
-        """Tokens emitted per second of busy time (all sequences of a step together, accepted draft tokens
-        included), over about the last ``rate_window_seconds`` of busy time; None before the first step."""
-        return self._throughput.rate
-
-    @property
-    def queue_seconds(self) -> float:
-        """``pending_tokens / generation_rate``: seconds of generation queued here; 0 when nothing is pending
-        or no rate has been measured yet."""
-        pending = self.pending_tokens
-        rate = self._throughput.rate
-        if pending == 0 or rate is None:
-            return 0.0
-        return pending / rate
 
     # ----------------------------------------------------------------- loop
     async def _loop(self) -> None:
