@@ -149,7 +149,11 @@ def plan(docs: Iterable[dict[str, Any]], settings: OperatorSettings, ref_namespa
 def bench_pools(gpus: Mapping[str, int], builds: int) -> list[NodePool]:
     """Extra GPU nodes so that every replica fits next to the default pools (2 x 8 H100, 1 x 8 H200), with
     room for the build pods and a margin of one node."""
-    defaults = {p.gpu.product: p for p in load_nodepools(REPO / "hack/cluster/nodepools.yaml") if p.gpu}
+    defaults = {
+        p.gpu.product: p
+        for p in load_nodepools(REPO / "hack/cluster/nodepools.yaml")
+        if p.gpu and p.gpu.resource == "nvidia.com/gpu"  # whole GPUs: not the MIG pool of the same product
+    }
     pools = []
     for product, needed in sorted(gpus.items()):
         base = defaults[product]

@@ -69,7 +69,7 @@ SERVER_DOC, OPERATOR_DOC, CLUSTER_DOC = (
     DOCS / "benchmarks.md",
     DOCS / "local-cluster.md",
 )
-SERVER_SECTIONS = ("orchestration", "assisted", "http-stream", "concurrency", "loop-lag")
+SERVER_SECTIONS = ("orchestration", "assisted", "http-stream", "concurrency", "loop-lag", "structured")
 
 
 def _server_block(number: int, section: str) -> Block:

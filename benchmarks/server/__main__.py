@@ -1,7 +1,7 @@
 """Run the server benchmarks: each section writes its record, benchmarks/results/server-<section>.json, and
 its block of docs/benchmarks-server.md is rendered from that record (benchmarks/records.py).
 
-python -m benchmarks.server                 # all five, one run each (about 5-6 minutes on 2 CPU cores)
+python -m benchmarks.server                 # all six, one run each (about 6-7 minutes on 2 CPU cores)
 python -m benchmarks.server --runs 3        # three runs of each: medians, and each run's key figure
 python -m benchmarks.server --only 1,3      # a subset
 python -m benchmarks.server --quick         # shorter runs, for a smoke check (records say --quick)
@@ -19,7 +19,7 @@ from typing import Any
 
 from benchmarks import records
 
-ALL = "1,2,3,4,5"
+ALL = "1,2,3,4,5,6"
 
 
 @dataclass(frozen=True)
@@ -61,6 +61,12 @@ def _loop_lag(quick: bool) -> Sequence[Any]:
     return loop_lag.run(requests=300 if quick else 1000, seconds=2.0 if quick else 5.0)
 
 
+def _structured(quick: bool) -> Sequence[Any]:
+    from benchmarks.server import structured  # noqa: PLC0415
+
+    return structured.run(requests=4 if quick else 12)
+
+
 SECTIONS = (
     Section(
         1,
@@ -96,6 +102,13 @@ SECTIONS = (
         "Event-loop lag under HTTP work (stand-in executors)",
         _loop_lag,
         lambda q: {"requests": 300 if q else 1000, "seconds": 2.0 if q else 5.0},
+    ),
+    Section(
+        6,
+        "structured",
+        "Constrained generation with speculation vs without (CPU)",
+        _structured,
+        lambda q: {"requests": 4 if q else 12, "max_new": 200, "draft_len": 4},
     ),
 )
 

@@ -18,6 +18,7 @@ from benchmarks.server import concurrency as concurrency_bench
 from benchmarks.server import http_stream as http_stream_bench
 from benchmarks.server import loop_lag as loop_lag_bench
 from benchmarks.server import orchestration as orchestration_bench
+from benchmarks.server import structured as structured_bench
 
 ORCHESTRATION_TARGET = 0.95  # efficiency (nominal)
 LOOP_LAG_BOUND_MS = 5.0  # loop-lag p99 in every scenario
@@ -137,4 +138,20 @@ def loop_lag(records: Sequence[Record]) -> str:
     return (
         f"{_head(record)}\n\n{table}\n\nStated bound: loop-lag p99 < {LOOP_LAG_BOUND_MS:g} ms in every "
         f"scenario. It held in {held} of {len(runs)} runs.\n"
+    )
+
+
+def structured(records: Sequence[Record]) -> str:
+    record = records[0]
+    runs = _runs(record)
+    cls = structured_bench.StructuredResult
+    table = structured_bench.table([cls(**r) for r in median_rows(runs)])
+    if len(runs) > 1:
+        table = with_column(table, "tok/s, each run", _each(runs, "tok_s", ".0f", cls))
+    identical = all(row["identical"] for run in runs for row in run)
+    valid = all(row["valid"] == row["requests"] for run in runs for row in run if row["constrained"])
+    return (
+        f"{_head(record)}\n\n{table}\n\nEvery method's output identical to method none's: "
+        f"{'yes' if identical else 'NO'}; every json_schema output valid against its schema: "
+        f"{'yes' if valid else 'NO'}.\n"
     )

@@ -104,10 +104,37 @@ def test_an_empty_prompt_is_a_bad_request(http: httpx.Client) -> None:
     _assert_error(http.post("/v1/completions", json=_completion(prompt="")), 400, "empty", param="prompt")
 
 
-@pytest.mark.parametrize(("field", "value"), [("n", 3), ("logit_bias", {"5": 1.0}), ("echo", True)])
+@pytest.mark.parametrize(("field", "value"), [("best_of", 3), ("suffix", "x")])
 def test_unsupported_options_are_refused(http: httpx.Client, field: str, value: object) -> None:
     response = http.post("/v1/completions", json=_completion(**{field: value}))
     _assert_error(response, 400, "not supported", param=field)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("logit_bias", {"5": 1.0}),
+        ("presence_penalty", 0.5),
+        ("frequency_penalty", 0.5),
+        ("repetition_penalty", 1.2),
+        ("top_k", 5),
+        ("min_p", 0.1),
+        ("logprobs", 2),
+        ("response_format", {"type": "json_object"}),
+    ],
+)
+def test_options_the_backend_cannot_apply_are_refused_naming_the_field_and_backend(
+    http: httpx.Client, field: str, value: object
+) -> None:
+    response = http.post("/v1/completions", json=_completion(**{field: value}))
+    _assert_error(response, 400, "not supported by this server's backend (standin)", param=field)
+
+
+def test_n_choices_and_echo_work_on_any_backend(http: httpx.Client) -> None:
+    body = http.post("/v1/completions", json=_completion(n=3, echo=True)).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert all(c["text"].startswith("hello") for c in body["choices"])
+    assert body["usage"]["completion_tokens"] == 15
 
 
 def test_an_unknown_model_is_not_found(http: httpx.Client) -> None:
@@ -244,6 +271,37 @@ def test_a_client_disconnecting_mid_stream_cancels_its_generation() -> None:
         time.sleep(0.1)
         assert target.calls == calls  # no step runs for it any more
         assert len(target.released) == 1
+
+
+def test_n_choices_that_do_not_all_fit_the_queue_are_refused_whole() -> None:
+    app, engine, _ = _app(SchedulerSettings(max_batch_size=1, max_queue_size=1, draft_len=0))
+    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=10) as http:
+        _assert_error(http.post("/v1/completions", json=_completion(n=3)), 503, "queue is full")
+        assert _wait_for(lambda: engine.queue_depth == 0)
+        assert http.post("/v1/completions", json=_completion(n=2)).status_code == 200
+
+
+def test_a_client_disconnecting_from_an_n_choice_stream_cancels_every_choice() -> None:
+    app, engine, target = _app(SchedulerSettings(draft_len=2), verify_seconds=0.005)
+    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=10) as http:
+        with http.stream(
+            "POST", "/v1/completions", json=_completion(stream=True, max_tokens=4000, n=3)
+        ) as response:
+            lines = response.iter_lines()
+            next(lines)
+            next(lines)
+            assert engine.queue_depth == 3
+        assert _wait_for(lambda: engine.queue_depth == 0)
+        assert _wait_for(lambda: len(target.released) == 3)
+
+
+def test_a_client_disconnecting_from_an_n_choice_request_cancels_every_choice() -> None:
+    app, engine, target = _app(SchedulerSettings(draft_len=2), verify_seconds=0.005)
+    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=0.3) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/completions", json=_completion(max_tokens=4000, n=2))
+        assert _wait_for(lambda: engine.queue_depth == 0)
+        assert _wait_for(lambda: len(target.released) == 2)
 
 
 def test_a_client_disconnecting_while_waiting_for_a_non_streamed_answer_cancels_it() -> None:

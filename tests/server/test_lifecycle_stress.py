@@ -57,7 +57,7 @@ class Tally:
 # ------------------------------------------------------------------------------------- one request
 async def _non_streamed(serving: OpenAIServing, prepared: Prepared) -> str | None:
     finish = None
-    async for delta in serving.start(prepared).deltas():
+    async for _, delta in serving.start(prepared).deltas():
         finish = delta.finish_reason or finish
     return finish
 

@@ -119,7 +119,7 @@ def test_unknown_model_raises_not_found(client: openai.OpenAI) -> None:
     assert "gpt-4" in str(info.value)
 
 
-def test_n_greater_than_one_is_a_bad_request(client: openai.OpenAI) -> None:
+def test_best_of_is_a_bad_request_naming_it(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as info:
-        client.completions.create(model="tiny", prompt="x", max_tokens=1, n=2)
-    assert "only n=1" in str(info.value)
+        client.completions.create(model="tiny", prompt="x", max_tokens=1, best_of=2)
+    assert "best_of" in str(info.value)

@@ -485,3 +485,35 @@ def test_nothing_is_cancelled_after_shutdown(
 
     asyncio.run(main())
     assert trtllm_double.cancelled == []
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("frequency_penalty", 0.5),
+        ("min_p", 0.1),
+        ("logprobs", 0),
+        (
+            "response_format",
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+        ),
+    ],
+)
+def test_fields_the_engine_backend_does_not_apply_are_refused_naming_it(
+    tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState, field: str, value: object
+) -> None:
+    config = _engines(tmp_path, tiny_models, trtllm_double, tiny_models.draft_same)
+    app = create_app(build_engine(ServerConfig.model_validate(config)), served_model_name="tiny")
+    body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 4, field: value}
+    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=30) as http:
+        refused = http.post("/v1/completions", json=body)
+        echoed = http.post(
+            "/v1/completions", json={**body, field: None, "n": 2, "echo": True, "temperature": 0}
+        )
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == field
+    assert "backend (trtllm-engine)" in refused.json()["error"]["message"]
+    assert echoed.status_code == 200, echoed.text
+    texts = [c["text"] for c in echoed.json()["choices"]]
+    assert texts[0] == texts[1]
+    assert texts[0].startswith(PROMPTS[0])

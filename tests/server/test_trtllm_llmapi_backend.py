@@ -334,3 +334,30 @@ def test_maxqueuesize_0_is_no_limit_and_a_positive_one_bounds_the_llm_requests(
         await engine.stop(1)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("presence_penalty", 0.5),
+        ("logit_bias", {"5": 1.0}),
+        ("logprobs", 1),
+        ("response_format", {"type": "json_object"}),
+        ("top_k", 4),
+    ],
+)
+def test_fields_the_llm_api_backend_does_not_apply_are_refused_naming_it(
+    tiny_models: TinyModels, trtllm_double: DoubleState, field: str, value: object
+) -> None:
+    config = _config(tiny_models, method="promptLookup", draftLen=4)
+    app = create_app(build_engine(ServerConfig.model_validate(config)), served_model_name="tiny")
+    body = {"model": "tiny", "prompt": "draft target", "max_tokens": 4, field: value}
+    with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=30) as http:
+        refused = http.post("/v1/completions", json=body)
+        two = http.post("/v1/completions", json={"model": "tiny", "prompt": "x y", "max_tokens": 3, "n": 2})
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["param"] == field
+    assert "backend (trtllm-llmapi)" in error["message"]
+    assert two.status_code == 200
+    assert [c["index"] for c in two.json()["choices"]] == [0, 1]

@@ -9,10 +9,60 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from specdeploy_server.core.logits import TokenConstraint
 from specdeploy_server.core.scheduler import GlobalStats, SchedulerObserver, SpeculativeScheduler
-from specdeploy_server.core.types import SamplingParams, SeqStats, SequenceState, StepOutput
+from specdeploy_server.core.types import SamplingParams, SeqStats, SequenceState, StepOutput, TokenLogprob
 from specdeploy_server.metrics import ExecutorSample
 from specdeploy_server.tokenizer import Tokenizer
+
+
+class Feature:
+    """What an engine can do beyond plain temperature/top-p sampling; the serving layer refuses a request
+    that needs a feature its engine lacks (400 naming the field)."""
+
+    PENALTIES = "penalties"  # presence_penalty, frequency_penalty, repetition_penalty
+    LOGIT_BIAS = "logit_bias"
+    FILTERS = "filters"  # top_k, min_p
+    LOGPROBS = "logprobs"  # logprobs of the generated tokens
+    PROMPT_LOGPROBS = "prompt_logprobs"  # echo with logprobs
+    GRAMMAR = "grammar"  # response_format json_object / json_schema / lark_grammar, tools
+
+
+#: every feature: the reference backend applies all of them in the speculative core
+ALL_FEATURES = frozenset(
+    {
+        Feature.PENALTIES,
+        Feature.LOGIT_BIAS,
+        Feature.FILTERS,
+        Feature.LOGPROBS,
+        Feature.PROMPT_LOGPROBS,
+        Feature.GRAMMAR,
+    }
+)
+
+
+def features_needed(params: SamplingParams, constraint: TokenConstraint | None) -> frozenset[str]:
+    """The features a request with these settings needs from its engine."""
+    needed = set()
+    if params.presence_penalty or params.frequency_penalty or params.repetition_penalty != 1.0:
+        needed.add(Feature.PENALTIES)
+    if params.logit_bias:
+        needed.add(Feature.LOGIT_BIAS)
+    if params.top_k > 0 or params.min_p > 0.0:
+        needed.add(Feature.FILTERS)
+    if params.logprobs is not None:
+        needed.add(Feature.LOGPROBS)
+    if constraint is not None:
+        needed.add(Feature.GRAMMAR)
+    return frozenset(needed)
+
+
+def check_features(info: ModelInfo, params: SamplingParams, constraint: TokenConstraint | None) -> None:
+    """Refuse (ValueError) settings the engine would otherwise ignore; the serving layer refuses them
+    earlier, with a 400 naming the field."""
+    missing = features_needed(params, constraint) - info.features
+    if missing:
+        raise ValueError(f"backend {info.backend} does not support: {', '.join(sorted(missing))}")
 
 
 @dataclass(frozen=True)
@@ -21,6 +71,17 @@ class ModelInfo:
     max_model_len: int
     created: int
     vocab_size: int | None = None
+    features: frozenset[str] = frozenset()
+    #: the backend's name, for error messages
+    backend: str = "reference"
+
+
+@runtime_checkable
+class ScoresPrompts(Protocol):
+    """An engine that can report the target's log-probabilities of a prompt's tokens (``echo`` +
+    ``logprobs``)."""
+
+    async def prompt_logprobs(self, prompt_ids: list[int], top: int) -> list[TokenLogprob]: ...
 
 
 @dataclass
@@ -60,7 +121,13 @@ class EngineClient(Protocol):
     @property
     def generation_rate(self) -> float: ...
 
-    def generate(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Generation: ...
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        constraint: TokenConstraint | None = None,
+    ) -> Generation: ...
 
     async def start(self) -> None: ...
 
@@ -116,15 +183,23 @@ class Engine:
     def generation_rate(self) -> float:
         return self.scheduler.generation_rate or 0.0
 
-    def generate(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Generation:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        constraint: TokenConstraint | None = None,
+    ) -> Generation:
         """Queue a request (raises QueueFullError / EngineStoppedError at once) and return its output
         stream."""
+        check_features(self.info, params, constraint)
         seq = SequenceState(
             request_id=uuid.uuid4().hex,
             prompt_ids=prompt_ids,
             max_tokens=max_tokens,
             params=params,
             stop_token_ids=self.tokenizer.eos_token_ids,
+            constraint=constraint,
         )
         self.scheduler.add(seq)
         return Generation(self._stream(seq), seq.stats, lambda: self.scheduler.abort(seq))
@@ -141,6 +216,12 @@ class Engine:
         finally:
             self.scheduler.abort(seq)  # nothing to do unless it is still waiting or running
 
+    async def prompt_logprobs(self, prompt_ids: list[int], top: int) -> list[TokenLogprob]:
+        target = self.scheduler.target
+        if not isinstance(target, ScoresPrompts):
+            raise NotImplementedError("this backend cannot score prompts")
+        return await target.prompt_logprobs(prompt_ids, top)
+
     async def start(self) -> None:
         self.scheduler.start()
 
@@ -150,5 +231,11 @@ class Engine:
             await asyncio.to_thread(self._on_close)
 
 
-def model_info(name: str, max_model_len: int, vocab_size: int | None = None) -> ModelInfo:
-    return ModelInfo(name, max_model_len, int(time.time()), vocab_size)
+def model_info(
+    name: str,
+    max_model_len: int,
+    vocab_size: int | None = None,
+    features: frozenset[str] = frozenset(),
+    backend: str = "reference",
+) -> ModelInfo:
+    return ModelInfo(name, max_model_len, int(time.time()), vocab_size, features, backend)

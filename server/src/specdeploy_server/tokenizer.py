@@ -27,12 +27,16 @@ class Tokenizer(Protocol):
     #: lower bound of the tokens of ``text``: the serving layer refuses a prompt that cannot fit the context
     #: before tokenising it
     max_chars_per_token: int | None
+    #: the chat template renders the ``tools`` it is given (so a model can decide to call one)
+    supports_tools: bool
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str: ...
+    def render_chat(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str: ...
 
 
 def _raise_exception(message: str) -> None:
@@ -53,16 +57,26 @@ class ChatTemplate:
         env.globals["raise_exception"] = _raise_exception
         env.globals["strftime_now"] = _strftime_now
         self._template = env.from_string(source)
+        #: a template that mentions ``tools`` renders them (Hugging Face templates of tool-calling models do)
+        self.renders_tools = "tools" in source
         self.bos_token = bos_token
         self.eos_token = eos_token
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> str:
+        """``tools`` (OpenAI tool definitions) are passed as the ``tools`` variable, as Hugging Face's
+        ``apply_chat_template`` does; a template that does not use them ignores them."""
         try:
             return self._template.render(
                 messages=messages,
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos_token,
                 eos_token=self.eos_token,
+                tools=tools,
             )
         except ChatTemplateError:
             raise
@@ -117,6 +131,7 @@ class HFTokenizer:
             self._chat = ChatTemplate(source, self._tok.bos_token or "", self._tok.eos_token or "")
         else:
             log.warning("no chat template for %s: /v1/chat/completions will answer 400", path)
+        self.supports_tools = self._chat is not None and self._chat.renders_tools
 
     @property
     def eos_token_id(self) -> int | None:
@@ -135,9 +150,14 @@ class HFTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._tok.decode(list(token_ids), skip_special_tokens=True))
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    @property
+    def hf(self) -> Any:
+        """The Hugging Face tokenizer itself (structured output compiles grammars against it)."""
+        return self._tok
+
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         if self._chat is None:
             raise ChatTemplateError(
                 "this model has no chat template (add chat_template.j2 or set serving.chatTemplate)"
             )
-        return self._chat.render(messages)
+        return self._chat.render(messages, tools=tools)

@@ -12,6 +12,11 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
+#: most choices per request (n), and most alternatives per token (top_logprobs; OpenAI allows 20)
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
@@ -20,16 +25,20 @@ class _Sampling(_Request):
     model: str
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
     user: str | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    # vLLM / SGLang / trtllm-serve extensions
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     logit_bias: dict[str, float] | None = None
-    logprobs: Any = None
+    response_format: dict[str, Any] | None = None
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:
@@ -39,36 +48,31 @@ class _Sampling(_Request):
 
     def unsupported(self) -> list[str]:
         """Names of options set to something this server cannot honour."""
-        out = []
-        if self.n != 1:
-            out.append("n")
-        if self.presence_penalty:
-            out.append("presence_penalty")
-        if self.frequency_penalty:
-            out.append("frequency_penalty")
-        if self.logit_bias:
-            out.append("logit_bias")
-        if self.logprobs not in (None, False, 0):
-            out.append("logprobs")
-        return out
+        return []
+
+    def top_logprobs_wanted(self) -> int | None:
+        """How many alternatives per token the response reports (None: no logprobs)."""
+        raise NotImplementedError
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = None
     echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: int | None = None
     suffix: str | None = None
 
     def unsupported(self) -> list[str]:
         out = super().unsupported()
-        if self.echo:
-            out.append("echo")
         if self.best_of not in (None, 1):
             out.append("best_of")
         if self.suffix:
             out.append("suffix")
         return out
+
+    def top_logprobs_wanted(self) -> int | None:
+        return self.logprobs
 
 
 class TextPart(BaseModel):
@@ -91,17 +95,48 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedToolChoice(BaseModel):
+    class Function(BaseModel):
+        name: str
+
+    type: Literal["function"] = "function"
+    function: Function
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
-    tools: list[Any] | None = None
-    response_format: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 
-    def unsupported(self) -> list[str]:
-        out = super().unsupported()
-        if self.tools:
-            out.append("tools")
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            out.append("response_format")
-        return out
+    def top_logprobs_wanted(self) -> int | None:
+        if not self.logprobs:
+            return None
+        return self.top_logprobs or 0
+
+    def tool_mode(self) -> Literal["auto", "forced"] | None:
+        """``forced``: the output must be a call (``required`` or a named function); ``auto``: the model
+        may call one (OpenAI's default when tools are sent); None: no tools (or ``none``)."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return "auto" if self.tool_choice in (None, "auto") else "forced"
+
+    def calls_tools(self) -> bool:
+        return self.tool_mode() == "forced"

@@ -4,30 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
-import json
-import time
-import uuid
+import dataclasses
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from specdeploy_server.api.errors import (
-    BadRequestError,
-    ExecutorFailedError,
-    ModelNotFoundError,
-    OverloadedError,
-)
+from specdeploy_server.api import responses
+from specdeploy_server.api.errors import BadRequestError, ModelNotFoundError, OverloadedError
+from specdeploy_server.api.logprobs import LogprobFormatter
 from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest
-from specdeploy_server.api.textstream import IncrementalDecoder, StopMatcher
-from specdeploy_server.core.executors import ExecutorError
+from specdeploy_server.api.runs import Delta, Prepared, Run
+from specdeploy_server.api.sampling import choice_seed, required_features, sampling_params
+from specdeploy_server.api.structured import requested_grammar, tool_dicts
 from specdeploy_server.core.scheduler import EngineStoppedError, QueueFullError
-from specdeploy_server.core.types import FinishReason, SamplingParams
-from specdeploy_server.engine import EngineClient, Generation
+from specdeploy_server.core.types import TokenLogprob
+from specdeploy_server.engine import EngineClient, Generation, ScoresPrompts
+from specdeploy_server.grammar import GrammarCompiler, GrammarConstraint, GrammarError
 from specdeploy_server.metrics import ServerMetrics
 from specdeploy_server.tokenizer import ChatTemplateError
 
-_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort"}
+__all__ = ["OFFLOAD_CHARS", "Delta", "OpenAIServing", "Prepared", "Run", "ServingSettings"]
 #: text longer than this is tokenised (or its chat template rendered) on the tokenizer threads, not the loop;
 #: shorter text costs less than the thread hop (tens of microseconds)
 OFFLOAD_CHARS = 2048
@@ -41,97 +37,14 @@ class ServingSettings:
     default_max_tokens: int = 16
 
 
-@dataclass(frozen=True)
-class Prepared:
-    prompt_ids: list[int]
-    max_tokens: int
-    params: SamplingParams
-    stops: list[str]
-    include_usage: bool
-
-
-@dataclass
-class Delta:
-    text: str
-    finish_reason: str | None
-
-
-class Run:
-    """One admitted request: text deltas out, metrics in."""
-
-    def __init__(self, prepared: Prepared, generation: Generation, serving: OpenAIServing) -> None:
-        self.prepared = prepared
-        self.generation = generation
-        self._serving = serving
-        self.completion_tokens = 0
-        self.started = time.perf_counter()
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.prepared.prompt_ids)
-
-    async def close(self) -> None:
-        """End the request, whether or not its outputs were ever read (the HTTP layer calls it when the
-        response is over, however it ended)."""
-        await self.generation.close()
-
-    def usage(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        }
-
-    async def deltas(self) -> AsyncIterator[Delta]:
-        metrics, model = self._serving.metrics, self._serving.settings.served_model_name
-        ttft, itl, in_flight = (
-            metrics.ttft.labels(model),
-            metrics.itl.labels(model),
-            metrics.in_flight.labels(model),
-        )
-        decoder = IncrementalDecoder(self._serving.engine.tokenizer)
-        stopper = StopMatcher(self.prepared.stops)
-        last = self.started
-        in_flight.inc()
-        try:
-            async with contextlib.aclosing(self.generation.outputs) as outputs:
-                async for out in outputs:
-                    now = time.perf_counter()
-                    n = len(out.token_ids)
-                    if n:
-                        if self.completion_tokens == 0:
-                            ttft.observe(now - self.started)
-                        else:
-                            gap = (now - last) / n
-                            for _ in range(n):
-                                itl.observe(gap)
-                        last = now
-                    self.completion_tokens += n
-                    text = stopper.feed(decoder.feed(out.token_ids))
-                    if stopper.stopped:
-                        yield Delta(text, "stop")
-                        return
-                    if out.finish_reason is not None:
-                        text += stopper.feed(decoder.flush())
-                        if not stopper.stopped:
-                            text += stopper.flush()
-                        yield Delta(text, "stop" if stopper.stopped else _FINISH[out.finish_reason])
-                        return
-                    if text:
-                        yield Delta(text, None)
-        finally:
-            in_flight.dec()
-            metrics.prompt_tokens.labels(model).inc(self.prompt_tokens)
-            metrics.generation_tokens.labels(model).inc(self.completion_tokens)
-            metrics.e2e.labels(model).observe(time.perf_counter() - self.started)
-
-
 class OpenAIServing:
     def __init__(self, engine: EngineClient, settings: ServingSettings, metrics: ServerMetrics) -> None:
         self.engine = engine
         self.settings = settings
         self.metrics = metrics
         self._tokenizer_pool: concurrent.futures.ThreadPoolExecutor | None = None
+        self._compiler: GrammarCompiler | None = None
+        self.logprobs = LogprobFormatter(engine.tokenizer)
 
     async def _off_loop(self, size: int, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)`` on the tokenizer threads when ``size`` (characters) makes it worth it, so a long
@@ -175,7 +88,7 @@ class OpenAIServing:
         }
 
     # ----------------------------------------------------------------- validation
-    def _check_common(self, req: CompletionRequest | ChatCompletionRequest) -> None:
+    def _check_common(self, req: CompletionRequest | ChatCompletionRequest, grammar: bool) -> None:
         if req.model != self.settings.served_model_name:
             raise ModelNotFoundError(
                 f"The model '{req.model}' does not exist; this server serves "
@@ -185,8 +98,15 @@ class OpenAIServing:
         unsupported = req.unsupported()
         if unsupported:
             name = unsupported[0]
-            detail = " (only n=1 is supported)" if name == "n" else ""
-            raise BadRequestError(f"'{name}' is not supported by this server{detail}", param=name)
+            raise BadRequestError(f"'{name}' is not supported by this server", param=name)
+        info = self.engine.info
+        for name, feature in required_features(req, grammar):
+            if feature not in info.features:
+                raise BadRequestError(
+                    f"'{name}' is not supported by this server's backend ({info.backend}); "
+                    "see docs/server.md",
+                    param=name,
+                )
 
     def _budget(self, prompt_ids: list[int], requested: int | None, default: int | None, param: str) -> int:
         if not prompt_ids:
@@ -218,15 +138,55 @@ class OpenAIServing:
             )
         return requested
 
-    @staticmethod
-    def _params(req: CompletionRequest | ChatCompletionRequest) -> SamplingParams:
-        return SamplingParams(temperature=req.temperature, top_p=req.top_p, seed=req.seed)
+    async def _grammar(self, req: CompletionRequest | ChatCompletionRequest) -> GrammarConstraint | None:
+        """The request's grammar compiled against the served tokenizer (400 when it does not compile)."""
+        grammar = requested_grammar(req)
+        if grammar is None:
+            return None
+        param = "tool_choice" if isinstance(req, ChatCompletionRequest) and req.calls_tools() else None
+        self._check_common(req, grammar=True)
+        compiler = self._grammar_compiler()
+        try:
+            return await asyncio.to_thread(compiler.compile, grammar)
+        except GrammarError as exc:
+            raise BadRequestError(f"invalid grammar: {exc}", param=param or "response_format") from exc
+
+    def _grammar_compiler(self) -> GrammarCompiler:
+        if self._compiler is None:
+            hf = getattr(self.engine.tokenizer, "hf", None)
+            vocab = self.engine.info.vocab_size
+            if hf is None or vocab is None:
+                raise BadRequestError(
+                    "structured output needs a Hugging Face tokenizer", param="response_format"
+                )
+            self._compiler = GrammarCompiler(hf, vocab, self.engine.tokenizer.eos_token_ids)
+        return self._compiler
 
     async def prepare_completion(self, req: CompletionRequest) -> Prepared:
-        self._check_common(req)
+        self._check_common(req, grammar=False)
+        constraint = await self._grammar(req)
         ids = await self._prompt_ids(req.prompt)
         max_tokens = self._budget(ids, req.max_tokens, self.settings.default_max_tokens, "max_tokens")
-        return Prepared(ids, max_tokens, self._params(req), req.stop_strings(), self._include_usage(req))
+        params = sampling_params(req, self.engine.info.vocab_size)
+        prompt_logprobs: list[TokenLogprob | None] | None = None
+        prompt_text = ""
+        if req.echo:
+            prompt_text = req.prompt if isinstance(req.prompt, str) else self.engine.tokenizer.decode(ids)
+            if params.logprobs is not None:
+                assert isinstance(self.engine, ScoresPrompts)  # the PROMPT_LOGPROBS feature says so
+                prompt_logprobs = [None, *await self.engine.prompt_logprobs(ids, params.logprobs)]
+        return Prepared(
+            ids,
+            max_tokens,
+            params,
+            req.stop_strings(),
+            self._include_usage(req),
+            n=req.n,
+            constraint=constraint,
+            echo=req.echo,
+            prompt_logprobs=prompt_logprobs,
+            prompt_text=prompt_text,
+        )
 
     async def _encode(self, text: str) -> list[int]:
         self._precheck(len(text), "prompt")
@@ -249,154 +209,73 @@ class OpenAIServing:
         )
 
     async def prepare_chat(self, req: ChatCompletionRequest) -> Prepared:
-        self._check_common(req)
+        self._check_common(req, grammar=False)
+        constraint = await self._grammar(req)
         messages = [{"role": m.role, "content": m.text()} for m in req.messages]
         chars = sum(len(m["content"]) for m in messages)
         self._precheck(chars, "messages")  # the rendered text holds every message's content, and more
         tokenizer = self.engine.tokenizer
+        tool_mode = req.tool_mode()
+        if tool_mode == "auto" and not tokenizer.supports_tools:
+            raise BadRequestError(
+                "tool_choice 'auto' (the default when tools are sent) needs a chat template that renders the "
+                "tools, and this model's does not; use tool_choice 'required' or a named function",
+                param="tool_choice",
+            )
+        tools = tool_dicts(req) if tool_mode is not None else None
         try:
-            text = await self._off_loop(chars, tokenizer.render_chat, messages)
+            text = await self._off_loop(chars, tokenizer.render_chat, messages, tools)
         except ChatTemplateError as exc:
             raise BadRequestError(str(exc), param="messages") from exc
         ids = await self._off_loop(len(text), tokenizer.encode, text, False)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = self._budget(ids, requested, None, param)
-        return Prepared(ids, max_tokens, self._params(req), req.stop_strings(), self._include_usage(req))
+        return Prepared(
+            ids,
+            max_tokens,
+            sampling_params(req, self.engine.info.vocab_size),
+            req.stop_strings(),
+            self._include_usage(req),
+            n=req.n,
+            constraint=constraint,
+            tool_mode=tool_mode,
+            tool_names=frozenset(t.function.name for t in req.tools or []),
+        )
 
     @staticmethod
     def _include_usage(req: CompletionRequest | ChatCompletionRequest) -> bool:
         return bool(req.stream_options and req.stream_options.include_usage)
 
     def start(self, prepared: Prepared) -> Run:
+        """Queue the request's ``n`` generations (each its own sequence, speculative state and grammar
+        state; choice i > 0 samples with a seed derived from the request's)."""
+        generations: list[Generation] = []
         try:
-            generation = self.engine.generate(prepared.prompt_ids, prepared.max_tokens, prepared.params)
-        except QueueFullError as exc:
-            raise OverloadedError(str(exc)) from exc
-        except EngineStoppedError as exc:
+            for i in range(prepared.n):
+                params = dataclasses.replace(prepared.params, seed=choice_seed(prepared.params.seed, i))
+                constraint = prepared.constraint.copy() if prepared.constraint is not None else None
+                generations.append(
+                    self.engine.generate(prepared.prompt_ids, prepared.max_tokens, params, constraint)
+                )
+        except (QueueFullError, EngineStoppedError) as exc:
+            for generation in generations:
+                if generation.cancel is not None:
+                    generation.cancel()
+            if isinstance(exc, QueueFullError):
+                raise OverloadedError(str(exc)) from exc
             raise OverloadedError(str(exc), code="shutting_down") from exc
-        return Run(prepared, generation, self)
+        return Run(prepared, generations, self)
 
     # ----------------------------------------------------------------- responses
     async def completion(self, req: CompletionRequest) -> dict[str, Any]:
-        run = self.start(await self.prepare_completion(req))
-        text, finish = await _collect(run)
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.settings.served_model_name,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-            "usage": run.usage(),
-            "speculative": _spec_stats(run),
-        }
+        return await responses.completion(self, self.start(await self.prepare_completion(req)))
 
     async def chat(self, req: ChatCompletionRequest) -> dict[str, Any]:
-        run = self.start(await self.prepare_chat(req))
-        text, finish = await _collect(run)
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": self.settings.served_model_name,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": text},
-                    "logprobs": None,
-                    "finish_reason": finish,
-                }
-            ],
-            "usage": run.usage(),
-            "speculative": _spec_stats(run),
-        }
+        return await responses.chat(self, self.start(await self.prepare_chat(req)))
 
-    async def stream_completion(self, run: Run) -> AsyncIterator[str]:
-        base = {
-            "id": f"cmpl-{uuid.uuid4().hex}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": self.settings.served_model_name,
-        }
+    def stream_completion(self, run: Run) -> AsyncIterator[str]:
+        return responses.stream_completion(self, run)
 
-        def choice(text: str, finish: str | None) -> list[dict[str, Any]]:
-            return [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}]
-
-        async for event in self._stream(run, base, choice, first=None):
-            yield event
-
-    async def stream_chat(self, run: Run) -> AsyncIterator[str]:
-        base = {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion.chunk",
-            "created": int(time.time()),
-            "model": self.settings.served_model_name,
-        }
-
-        def choice(text: str, finish: str | None) -> list[dict[str, Any]]:
-            delta = {"content": text} if text or finish is None else {}
-            return [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
-
-        first = [
-            {
-                "index": 0,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": None,
-                "finish_reason": None,
-            }
-        ]
-        async for event in self._stream(run, base, choice, first=first):
-            yield event
-
-    async def _stream(
-        self,
-        run: Run,
-        base: dict[str, Any],
-        choice: Any,
-        first: list[dict[str, Any]] | None,
-    ) -> AsyncIterator[str]:
-        try:
-            if first is not None:
-                yield _sse({**base, "choices": first})
-            async for delta in run.deltas():
-                chunk = {**base, "choices": choice(delta.text, delta.finish_reason)}
-                if delta.finish_reason is not None:
-                    chunk["usage"] = run.usage()
-                yield _sse(chunk)
-            if run.prepared.include_usage:
-                yield _sse({**base, "choices": [], "usage": run.usage()})
-        except Exception as exc:  # headers are sent: report in-band, then end the stream
-            self.metrics.errors.labels(self.settings.served_model_name, "server_error").inc()
-            code = ExecutorFailedError.code if isinstance(exc, ExecutorError) else "internal_error"
-            yield _sse(
-                {
-                    "error": {
-                        "message": f"generation failed: {exc}",
-                        "type": "server_error",
-                        "param": None,
-                        "code": code,
-                    }
-                }
-            )
-        yield "data: [DONE]\n\n"
-
-
-async def _collect(run: Run) -> tuple[str, str | None]:
-    parts: list[str] = []
-    finish: str | None = None
-    try:
-        async for delta in run.deltas():
-            parts.append(delta.text)
-            finish = delta.finish_reason or finish
-    except ExecutorError as exc:
-        raise ExecutorFailedError(f"generation failed: {exc}") from exc
-    return "".join(parts), finish
-
-
-def _spec_stats(run: Run) -> dict[str, Any]:
-    s = run.generation.stats
-    return {"steps": s.steps, "draft_tokens": s.drafted, "accepted_draft_tokens": s.accepted}
-
-
-def _sse(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+    def stream_chat(self, run: Run) -> AsyncIterator[str]:
+        return responses.stream_chat(self, run)

@@ -9,7 +9,7 @@ from specdeploy_server.backends.errors import BackendUnavailableError
 from specdeploy_server.config import LLMAPI_ONLY_METHODS, Backend, Method, ServerConfig, detect_backend
 from specdeploy_server.core.drafters import Drafter, DraftModelDrafter, NoDrafter, PromptLookupDrafter
 from specdeploy_server.core.scheduler import SchedulerObserver, SchedulerSettings, SpeculativeScheduler
-from specdeploy_server.engine import Engine, EngineClient, model_info
+from specdeploy_server.engine import ALL_FEATURES, Engine, EngineClient, model_info
 
 __all__ = ["BackendUnavailableError", "build_engine", "resolve_backend", "scheduler_settings"]
 
@@ -130,6 +130,6 @@ def _build_reference(config: ServerConfig, observer: SchedulerObserver | None) -
     return Engine(
         tokenizer,
         scheduler,
-        model_info(config.model.name, max_len, target.vocab_size),
+        model_info(config.model.name, max_len, target.vocab_size, ALL_FEATURES),
         on_close=worker.shutdown,
     )

@@ -31,7 +31,6 @@ from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
 from specdeploy_server.core.acceptance import (
     accept_rejection_sampling,
     accept_token_match,
-    process_logits,
     sample_from,
 )
 from specdeploy_server.core.executors import (
@@ -41,7 +40,19 @@ from specdeploy_server.core.executors import (
     RequestErrors,
     VerifyRequest,
 )
-from specdeploy_server.core.types import FloatArray, Proposal, SamplingParams, SequenceState
+from specdeploy_server.core.logits import (
+    draft_with_forced,
+    process_logits,
+    target_logits,
+    token_logprobs,
+)
+from specdeploy_server.core.types import (
+    FloatArray,
+    Proposal,
+    SamplingParams,
+    SequenceState,
+    TokenLogprob,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -123,6 +134,13 @@ class CachedModel:
         )
         kv.tokens = full
         logits: torch.Tensor = out.logits[0, -(len(extra) + 1) :].float().cpu()
+        return logits
+
+    @torch.inference_mode()
+    def prompt_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
+        """Logits (float32, CPU) at every position of ``token_ids``, without a cache."""
+        out = self.model(input_ids=torch.tensor([list(token_ids)], dtype=torch.long, device=self.device))
+        logits: torch.Tensor = out.logits[0].float().cpu()
         return logits
 
     @torch.inference_mode()
@@ -211,20 +229,36 @@ class ReferenceTargetExecutor:
     def release(self, request_id: str) -> None:
         release_on(self._worker, self.model, request_id)
 
+    async def prompt_logprobs(self, prompt_ids: Sequence[int], top: int) -> list[TokenLogprob]:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._worker, self.score_prompt, list(prompt_ids), top)
+
     def _verify_all(self, batch: list[VerifyRequest]) -> list[list[int]]:
         return run_each("reference target", batch, lambda r: r.seq, self._verify, [])
 
     def _verify(self, req: VerifyRequest) -> list[int]:
         seq, draft = req.seq, req.proposal.tokens
-        logits = self.model.logits_for(seq.request_id, seq.token_ids, draft)
+        raw = self.model.logits_for(seq.request_id, seq.token_ids, draft).double().numpy()
         params = seq.params
+        logits = target_logits(seq, draft, raw) if params.changes_logits or seq.constraint else raw
         if params.greedy:
-            return accept_token_match(draft, logits.argmax(dim=-1).tolist())
-        probs = process_logits(logits.double().numpy(), params)
-        if req.acceptance == AcceptanceRule.LOGITS:
-            return accept_rejection_sampling(draft, req.proposal.probs, probs, seq.rng)
-        own = [sample_from(row, seq.rng) for row in probs]
-        return accept_token_match(draft, own)
+            out = accept_token_match(draft, [int(i) for i in logits.argmax(axis=-1)])
+        else:
+            probs = process_logits(logits, params)
+            if req.acceptance == AcceptanceRule.LOGITS:
+                proposal = req.proposal
+                out = accept_rejection_sampling(draft, proposal.probs, probs, seq.rng, cut=proposal.cut > 0)
+            else:
+                out = accept_token_match(draft, [sample_from(row, seq.rng) for row in probs])
+        if req.logprobs is not None:
+            req.logprobs.extend(token_logprobs(raw, out, params.logprobs or 0))
+        return out
+
+    def score_prompt(self, prompt_ids: Sequence[int], top: int) -> list[TokenLogprob]:
+        """The target's log-probability of every prompt token after the first (for ``echo`` with
+        ``logprobs``): one forward pass over the prompt, on no request's cache."""
+        logits = self.model.prompt_logits(prompt_ids).double().numpy()
+        return token_logprobs(logits[:-1], list(prompt_ids[1:]), top)
 
 
 class ReferenceDraftExecutor:
@@ -251,13 +285,13 @@ class ReferenceDraftExecutor:
         sample = req.want_probs and not seq.params.greedy
         params = seq.params if sample else SamplingParams(temperature=0.0)
         logits = self.model.logits_for(seq.request_id, seq.token_ids, [])[-1]
-        tokens: list[int] = []
-        rows: list[FloatArray] = []
-        for i in range(req.num_tokens):
-            token, probs = _pick(logits, params, seq.rng)
-            tokens.append(token)
-            if probs is not None:
-                rows.append(probs)
-            if i + 1 < req.num_tokens:
+
+        def pick() -> tuple[int, FloatArray | None]:
+            return _pick(logits, params, seq.rng)
+
+        def feed(tokens: Sequence[int]) -> None:
+            nonlocal logits
+            for token in tokens:
                 logits = self.model.append(seq.request_id, token)
-        return Proposal(tokens, np.stack(rows) if rows else None)
+
+        return draft_with_forced(seq, req.num_tokens, pick, feed)

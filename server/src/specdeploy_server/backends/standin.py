@@ -23,6 +23,7 @@ from typing import Any
 
 from specdeploy_server.core.drafters import Drafter, DraftModelDrafter, NoDrafter
 from specdeploy_server.core.executors import DraftRequest, VerifyRequest
+from specdeploy_server.core.logits import TokenConstraint
 from specdeploy_server.core.scheduler import GlobalStats, SchedulerSettings, SpeculativeScheduler
 from specdeploy_server.core.types import FinishReason, Proposal, SamplingParams, SeqStats, StepOutput
 from specdeploy_server.engine import Engine, Generation, ModelInfo, model_info
@@ -34,6 +35,7 @@ class CharTokenizer:
 
     eos_token_ids = frozenset({0})
     max_chars_per_token: int | None = 1
+    supports_tools = False
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
@@ -41,7 +43,7 @@ class CharTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return "".join(chr(t) for t in token_ids if t > 0)
 
-    def render_chat(self, messages: list[dict[str, Any]]) -> str:
+    def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
 
 
@@ -156,7 +158,9 @@ def standin_engine(
         else DraftModelDrafter(StandInDraft(draft_token_seconds, seed + 1))
     )
     scheduler = SpeculativeScheduler(target, drafter, settings)
-    return Engine(CharTokenizer(), scheduler, model_info("standin", settings.max_model_len)), target
+    return Engine(
+        CharTokenizer(), scheduler, model_info("standin", settings.max_model_len, backend="standin")
+    ), target
 
 
 class InstantEngine:
@@ -165,7 +169,7 @@ class InstantEngine:
 
     def __init__(self, tokens_per_step: int = 1, name: str = "instant", max_model_len: int = 1 << 20) -> None:
         self.tokenizer: Tokenizer = CharTokenizer()
-        self.info: ModelInfo = model_info(name, max_model_len)
+        self.info: ModelInfo = model_info(name, max_model_len, backend="standin")
         self.tokens_per_step = tokens_per_step
         self._stats = GlobalStats()
         self._running = False
@@ -190,7 +194,13 @@ class InstantEngine:
     def stats(self) -> GlobalStats:
         return self._stats
 
-    def generate(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Generation:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        constraint: TokenConstraint | None = None,
+    ) -> Generation:
         stats = SeqStats()
         return Generation(self._produce(max_tokens, stats), stats)
 

@@ -585,7 +585,7 @@ def build_trtllm_engine(config: ServerConfig, observer: SchedulerObserver | None
     engine = Engine(
         tokenizer,
         scheduler,
-        model_info(config.model.name, setup.max_model_len, setup.target.vocab_size),
+        model_info(config.model.name, setup.max_model_len, setup.target.vocab_size, backend="trtllm-engine"),
         on_close=close,
     )
     engine.executor_stats = lambda: executor_samples(clients)

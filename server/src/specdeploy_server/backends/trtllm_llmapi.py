@@ -43,6 +43,7 @@ from specdeploy_server.backends.errors import BackendUnavailableError, import_te
 from specdeploy_server.config import Acceptance, Method, ServerConfig
 from specdeploy_server.core.executors import ExecutorError
 from specdeploy_server.core.load import ThroughputMeter
+from specdeploy_server.core.logits import TokenConstraint
 from specdeploy_server.core.scheduler import (
     EngineStoppedError,
     GlobalStats,
@@ -50,7 +51,7 @@ from specdeploy_server.core.scheduler import (
     SchedulerObserver,
 )
 from specdeploy_server.core.types import FinishReason, SamplingParams, SeqStats, StepOutput
-from specdeploy_server.engine import Generation, ModelInfo, model_info
+from specdeploy_server.engine import Generation, ModelInfo, check_features, model_info
 from specdeploy_server.metrics import ExecutorSample
 from specdeploy_server.tokenizer import HFTokenizer, Tokenizer
 
@@ -232,7 +233,14 @@ class LlmApiEngine:
             self.acceptance_sources.model = str(getattr(observer, "model", self.acceptance_sources.model))
             registry.register(self.acceptance_sources)
 
-    def generate(self, prompt_ids: list[int], max_tokens: int, params: SamplingParams) -> Generation:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        constraint: TokenConstraint | None = None,
+    ) -> Generation:
+        check_features(self.info, params, constraint)  # the serving layer refuses these with a 400 first
         if not self._running:
             raise EngineStoppedError("the server is shutting down")
         if self._capacity is not None and len(self._remaining) >= self._capacity:
@@ -422,7 +430,7 @@ def build_llmapi_engine(config: ServerConfig) -> LlmApiEngine:
         llm,
         llmapi.SamplingParams,
         tokenizer,
-        model_info(config.model.name, max_len),
+        model_info(config.model.name, max_len, backend="trtllm-llmapi"),
         max_batch_size=runtime.max_batch_size,
         max_queue_size=runtime.max_queue_size,
         draft_len=0 if config.method == Method.NONE else draft_len(config),

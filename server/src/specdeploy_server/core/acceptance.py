@@ -13,7 +13,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from specdeploy_server.core.types import FloatArray, SamplingParams
+from specdeploy_server.core.logits import process_logits
+from specdeploy_server.core.types import FloatArray
+
+__all__ = ["accept_rejection_sampling", "accept_token_match", "process_logits", "sample_from"]
 
 
 def sample_from(probs: FloatArray, rng: np.random.Generator) -> int:
@@ -24,33 +27,6 @@ def sample_from(probs: FloatArray, rng: np.random.Generator) -> int:
         raise ValueError("cannot sample from an all-zero distribution")
     idx = int(np.searchsorted(cdf, rng.random() * total, side="right"))
     return min(idx, len(probs) - 1)
-
-
-def process_logits(logits: FloatArray, params: SamplingParams) -> FloatArray:
-    """Logits row(s) -> the distribution the target samples from: temperature, then nucleus (top-p)
-    filtering."""
-    x: FloatArray = np.asarray(logits, dtype=np.float64)
-    temperature = params.temperature if params.temperature > 0 else 1.0
-    x = x / temperature
-    x = x - x.max(axis=-1, keepdims=True)
-    probs: FloatArray = np.exp(x)
-    probs /= probs.sum(axis=-1, keepdims=True)
-    if params.top_p < 1.0:
-        probs = _top_p(probs, params.top_p)
-    return probs
-
-
-def _top_p(probs: FloatArray, top_p: float) -> FloatArray:
-    order = np.argsort(-probs, axis=-1, kind="stable")
-    sorted_probs = np.take_along_axis(probs, order, axis=-1)
-    cum = np.cumsum(sorted_probs, axis=-1)
-    # keep the smallest prefix whose mass reaches top_p (the first token is always kept)
-    keep_sorted = (cum - sorted_probs) < top_p
-    keep = np.zeros_like(keep_sorted)
-    np.put_along_axis(keep, order, keep_sorted, axis=-1)
-    out: FloatArray = np.where(keep, probs, 0.0)
-    out /= out.sum(axis=-1, keepdims=True)
-    return out
 
 
 def accept_token_match(draft_tokens: Sequence[int], target_tokens: Sequence[int]) -> list[int]:
@@ -78,6 +54,7 @@ def accept_rejection_sampling(
     draft_probs: FloatArray | None,
     target_probs: FloatArray,
     rng: np.random.Generator,
+    cut: bool = False,
 ) -> list[int]:
     """Speculative sampling (TensorRT-LLM ``use_logits=True``).
 
@@ -87,6 +64,11 @@ def accept_rejection_sampling(
     ``p_k``.
     ``draft_probs`` (k x V) is ``None`` for a deterministic proposal, which is the one-hot case q_i(x) = 1.
     ``target_probs`` is (k + 1) x V.
+
+    ``cut``: the draft had a token at position k that the target gives probability 0 (a grammar forbids it)
+    and it was cut before verification; it would certainly have been rejected, so the token at position k is
+    drawn from the residual with that position's draft distribution (row k of ``draft_probs``), exactly what
+    verifying it would have done. A deterministic (one-hot) draft's residual is ``p_k`` itself.
     """
     k = len(draft_tokens)
     if target_probs.shape[0] != k + 1:
@@ -110,5 +92,10 @@ def accept_rejection_sampling(
             residual = p
         out.append(sample_from(residual, rng))
         return out
-    out.append(sample_from(target_probs[k], rng))
+    last = target_probs[k]
+    if cut and draft_probs is not None and draft_probs.shape[0] > k:
+        residual = np.maximum(last - draft_probs[k], 0.0)
+        if residual.sum() > 0.0:
+            last = residual
+    out.append(sample_from(last, rng))
     return out

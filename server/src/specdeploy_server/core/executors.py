@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from specdeploy_server.core.types import Proposal, SequenceState
+from specdeploy_server.core.types import Proposal, SequenceState, TokenLogprob
 
 
 class ExecutorError(RuntimeError):
@@ -78,9 +78,14 @@ class DraftRequest:
 
 @dataclass(frozen=True)
 class VerifyRequest:
+    """Verify ``proposal`` for ``seq``. The executor applies the sequence's logits processing
+    (:func:`specdeploy_server.core.logits.target_logits`) before accepting, and, when ``logprobs`` is a
+    list (the request asked for logprobs), appends one :class:`TokenLogprob` per token it returns."""
+
     seq: SequenceState
     proposal: Proposal
     acceptance: str  # AcceptanceRule value
+    logprobs: list[TokenLogprob] | None = None
 
 
 class DraftExecutor(Protocol):

@@ -3,6 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections import deque
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from specdeploy_server.core.types import RequestState, SequenceState
+
+if TYPE_CHECKING:
+    from specdeploy_server.core.scheduler_types import SchedulerSettings
 
 
 class ThroughputMeter:
@@ -37,3 +45,51 @@ class ThroughputMeter:
         if self._tokens <= 0 or self._seconds <= 0:
             return None
         return self._tokens / self._seconds
+
+
+class LoadFigures:
+    """The scheduler's load figures (autoscaling signals), computed from its queues: a mixin, so they read
+    the scheduler's own state without copies."""
+
+    waiting: deque[SequenceState]
+    running: list[SequenceState]
+    settings: SchedulerSettings
+    _throughput: ThroughputMeter
+
+    def _live(self) -> Iterator[SequenceState]:
+        """Requests still owed tokens: waiting and running ones. A request that ended stays in ``running``
+        until the loop is between steps, but it is no longer work."""
+        yield from self.waiting
+        for seq in self.running:
+            if seq.state is RequestState.RUNNING:
+                yield seq
+
+    @property
+    def queue_depth(self) -> int:
+        """Requests waiting plus running."""
+        return len(self.waiting) + sum(1 for seq in self.running if seq.state is RequestState.RUNNING)
+
+    @property
+    def pending_tokens(self) -> int:
+        """Tokens the live requests may still generate: each up to its ``max_tokens`` and the context length
+        (an upper bound: a request can stop earlier)."""
+        max_model_len = self.settings.max_model_len
+        return sum(
+            max(min(seq.remaining_tokens, max_model_len - len(seq.token_ids)), 0) for seq in self._live()
+        )
+
+    @property
+    def generation_rate(self) -> float | None:
+        """Tokens emitted per second of busy time (all sequences of a step together, accepted draft tokens
+        included), over about the last ``rate_window_seconds`` of busy time; None before the first step."""
+        return self._throughput.rate
+
+    @property
+    def queue_seconds(self) -> float:
+        """``pending_tokens / generation_rate``: seconds of generation queued here; 0 when nothing is pending
+        or no rate has been measured yet."""
+        pending = self.pending_tokens
+        rate = self._throughput.rate
+        if pending == 0 or rate is None:
+            return 0.0
+        return pending / rate

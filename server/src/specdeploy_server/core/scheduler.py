@@ -17,7 +17,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 from specdeploy_server.core.adaptive import DraftLenController
 from specdeploy_server.core.drafters import Drafter
@@ -28,7 +28,8 @@ from specdeploy_server.core.executors import (
     TargetExecutor,
     VerifyRequest,
 )
-from specdeploy_server.core.load import ThroughputMeter
+from specdeploy_server.core.load import LoadFigures, ThroughputMeter
+from specdeploy_server.core.logits import cut_proposal, fast_forward
 from specdeploy_server.core.scheduler_types import (
     EngineStoppedError,
     GlobalStats,
@@ -39,7 +40,14 @@ from specdeploy_server.core.scheduler_types import (
     StepSpeculation,
 )
 from specdeploy_server.core.scheduler_types import truncate as _truncate
-from specdeploy_server.core.types import FinishReason, Proposal, RequestState, SequenceState, StepOutput
+from specdeploy_server.core.types import (
+    FinishReason,
+    Proposal,
+    RequestState,
+    SequenceState,
+    StepOutput,
+    TokenLogprob,
+)
 
 __all__ = [
     "EngineStoppedError",
@@ -58,9 +66,11 @@ WAITING, RUNNING = RequestState.WAITING, RequestState.RUNNING
 #: after a drain aborted everything, how long the step in flight gets to return before the loop is cancelled
 STOP_STEP_GRACE_SECONDS = 10.0
 _MAX_ACCEPTED_BUCKET = 64
+#: a step's output not yet handed to its consumer: tokens, drafted, accepted, logprobs
+_Undelivered = tuple[SequenceState, list[int], int, int, list[TokenLogprob] | None]
 
 
-class SpeculativeScheduler:
+class SpeculativeScheduler(LoadFigures):
     def __init__(
         self,
         target: TargetExecutor,
@@ -89,7 +99,7 @@ class SpeculativeScheduler:
         self._clock = clock
         self._throughput = ThroughputMeter(settings.rate_window_seconds)
         # Outputs of the last step not yet handed to their consumers (see _step); whether a flush is queued.
-        self._undelivered: list[tuple[SequenceState, list[int], int, int]] = []
+        self._undelivered: list[_Undelivered] = []
         self._flush_queued = False
         self._phase = "idle"  # what the step in flight is doing, for error reports
         self._k = 0
@@ -158,45 +168,6 @@ class SpeculativeScheduler:
                 except Exception:  # a failed cancel only costs the rest of that work
                     log.exception("cancelling request %s in flight failed", seq.request_id)
             self._wakeup.set()
-
-    # ----------------------------------------------------------------- load figures (autoscaling signals)
-    def _live(self) -> Iterator[SequenceState]:
-        """Requests still owed tokens: waiting and running ones. A request that ended stays in ``running``
-        until the loop is between steps, but it is no longer work."""
-        yield from self.waiting
-        for seq in self.running:
-            if seq.state is RUNNING:
-                yield seq
-
-    @property
-    def queue_depth(self) -> int:
-        """Requests waiting plus running."""
-        return len(self.waiting) + sum(1 for seq in self.running if seq.state is RUNNING)
-
-    @property
-    def pending_tokens(self) -> int:
-        """Tokens the live requests may still generate: each up to its ``max_tokens`` and the context length
-        (an upper bound: a request can stop earlier)."""
-        max_model_len = self.settings.max_model_len
-        return sum(
-            max(min(seq.remaining_tokens, max_model_len - len(seq.token_ids)), 0) for seq in self._live()
-        )
-
-    @property
-    def generation_rate(self) -> float | None:
-        """Tokens emitted per second of busy time (all sequences of a step together, accepted draft tokens
-        included), over about the last ``rate_window_seconds`` of busy time; None before the first step."""
-        return self._throughput.rate
-
-    @property
-    def queue_seconds(self) -> float:
-        """``pending_tokens / generation_rate``: seconds of generation queued here; 0 when nothing is pending
-        or no rate has been measured yet."""
-        pending = self.pending_tokens
-        rate = self._throughput.rate
-        if pending == 0 or rate is None:
-            return 0.0
-        return pending / rate
 
     # ----------------------------------------------------------------- loop
     async def _loop(self) -> None:
@@ -272,8 +243,9 @@ class SpeculativeScheduler:
         clock = self._clock
         t0 = clock()
         k = self._k = self.draft_len.next_k()
-        # Each sequence drafts at most k, clamped so the step cannot overshoot max_tokens or the context.
         max_model_len = self.settings.max_model_len
+        forced = self._fast_forward(batch)
+        # Each sequence drafts at most k, clamped so the step cannot overshoot max_tokens or the context.
         plan = [
             (
                 seq,
@@ -294,7 +266,12 @@ class SpeculativeScheduler:
             kept = [(seq, prop) for seq, prop in zip(batch, proposals, strict=True) if seq.state is RUNNING]
             batch, proposals = [seq for seq, _ in kept], [prop for _, prop in kept]
         requests = [
-            VerifyRequest(seq, prop, self.settings.acceptance)
+            VerifyRequest(
+                seq,
+                cut_proposal(seq, prop),
+                self.settings.acceptance,
+                [] if seq.params.logprobs is not None else None,
+            )
             for seq, prop in zip(batch, proposals, strict=True)
         ]
         self._phase = "verify"
@@ -308,7 +285,7 @@ class SpeculativeScheduler:
         if self._undelivered:  # an earlier step's outputs always reach their consumers first
             self._flush()
         finished: list[tuple[SequenceState, StepOutput]] = []
-        total = self._apply(batch, proposals, emitted, finished)
+        total = forced + self._apply(batch, proposals, requests, emitted, finished)
         seconds = clock() - t0
         # The step is accounted before any consumer hears of it: whoever reads the load figures after a
         # request's last output sees the step that produced it.
@@ -329,10 +306,32 @@ class SpeculativeScheduler:
             self._flush_queued = True
             asyncio.get_running_loop().call_soon(self._flush)
 
+    def _fast_forward(self, batch: Sequence[SequenceState]) -> int:
+        """Emit the tokens each constrained sequence's grammar forces, without a model step (delivered before
+        the step's own tokens); leaves room for the one token the step verifies. Returns how many."""
+        total = 0
+        max_model_len = self.settings.max_model_len
+        for seq in batch:
+            if seq.constraint is None or seq.state is not RUNNING:
+                continue
+            room = min(seq.max_tokens - seq.num_generated, max_model_len - len(seq.token_ids)) - 1
+            forced = fast_forward(seq, room)
+            if forced:
+                seq.token_ids.extend(forced)
+                seq.num_generated += len(forced)
+                seq.stats.forced += len(forced)
+                seq.stats.emitted += len(forced)
+                self.stats.emitted += len(forced)
+                self.stats.forced += len(forced)
+                self._undelivered.append((seq, forced, 0, 0, None))
+                total += len(forced)
+        return total
+
     def _apply(
         self,
         batch: Sequence[SequenceState],
         proposals: Sequence[Proposal],
+        requests: Sequence[VerifyRequest],
         emitted: Sequence[Sequence[int]],
         finished: list[tuple[SequenceState, StepOutput]],
     ) -> int:
@@ -350,12 +349,12 @@ class SpeculativeScheduler:
         ended = self._ended
         total = sequence_steps = total_drafted = total_accepted = 0
         accepted_counts = [0] * (_MAX_ACCEPTED_BUCKET + 1)
-        for seq, prop, tokens in zip(batch, proposals, emitted, strict=True):
+        for seq, prop, req, tokens in zip(batch, proposals, requests, emitted, strict=True):
             if seq.state is not RUNNING:  # aborted while the step was in flight: its results are dropped
                 continue
-            drafted = len(prop.tokens)
             accepted = len(tokens) - 1 if tokens else 0
             drafter_observe(seq, prop, accepted)
+            drafted, accepted = self._drafted_accepted(seq, prop, accepted)
             observe_acceptance(drafted, accepted)
             sequence_steps += 1
             if drafted:
@@ -374,6 +373,9 @@ class SpeculativeScheduler:
                 else None
             )
             n = len(new)
+            logprobs = req.logprobs[:n] if req.logprobs is not None else None
+            if seq.constraint is not None:
+                seq.constraint.advance(new)
             seq.token_ids.extend(new)
             seq.num_generated += n
             seq_stats = seq.stats
@@ -383,13 +385,13 @@ class SpeculativeScheduler:
             seq_stats.emitted += n
             total += n
             if finish is None:
-                undelivered.append((seq, new, drafted, accepted))
+                undelivered.append((seq, new, drafted, accepted, logprobs))
             else:
                 seq.state = RequestState.FINISHED
                 seq.finished = finish
                 ended.append(seq)
                 self.stats.requests_finished += 1
-                finished.append((seq, StepOutput(new, finish, drafted, accepted)))
+                finished.append((seq, StepOutput(new, finish, drafted, accepted, logprobs)))
         stats = self.stats
         stats.sequence_steps += sequence_steps
         stats.drafted += total_drafted
@@ -401,12 +403,22 @@ class SpeculativeScheduler:
             )
         return total
 
+    def _drafted_accepted(self, seq: SequenceState, prop: Proposal, accepted: int) -> tuple[int, int]:
+        """Draft tokens proposed and accepted, not counting the tokens a grammar forced into the draft
+        (accepted ones count as forced): acceptance measures the drafter, not the grammar."""
+        if not prop.forced:
+            return len(prop.tokens), accepted
+        forced = sum(1 for i in prop.forced if i < accepted)
+        seq.stats.forced += forced
+        self.stats.forced += forced
+        return len(prop.tokens) - len(prop.forced), accepted - forced
+
     def _flush(self) -> None:
         """Hand the undelivered outputs to their consumers."""
         self._flush_queued = False
         pending, self._undelivered = self._undelivered, []
-        for seq, new, drafted, accepted in pending:
-            seq.outputs.put_nowait(StepOutput(new, None, drafted, accepted))
+        for seq, new, drafted, accepted, logprobs in pending:
+            seq.outputs.put_nowait(StepOutput(new, None, drafted, accepted, logprobs))
 
     def _end(self, seq: SequenceState, state: RequestState, error: BaseException | None = None) -> None:
         """Move a live request to ``state`` (aborted or failed) and give its consumer the last output; a

@@ -70,6 +70,8 @@ class GlobalStats:
     drafted: int = 0
     accepted: int = 0
     emitted: int = 0
+    #: tokens a grammar forced, emitted without a model step (part of ``emitted``)
+    forced: int = 0
     requests_finished: int = 0
     #: requests the backend failed (attributed to them, or in a step that failed as a whole)
     requests_failed: int = 0

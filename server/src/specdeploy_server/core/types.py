@@ -5,12 +5,18 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
+if TYPE_CHECKING:
+    from specdeploy_server.core.logits import TokenConstraint
+
 FloatArray = NDArray[np.float64]
+BoolArray = NDArray[np.bool_]
 
 
 class FinishReason(enum.StrEnum):
@@ -40,15 +46,47 @@ class RequestState(enum.Enum):
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How the target picks tokens. ``temperature == 0`` means greedy (argmax)."""
+    """How the target picks tokens. ``temperature == 0`` means greedy (argmax).
+
+    Penalties and ``logit_bias`` change the target's logits (so they change the distribution plain decoding
+    samples from, and its argmax); ``top_k``, ``top_p`` and ``min_p`` filter the distribution after the
+    temperature (see :mod:`specdeploy_server.core.logits`).
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int | None = None
+    top_k: int = 0  # 0: off
+    min_p: float = 0.0  # 0: off
+    presence_penalty: float = 0.0  # OpenAI: minus this for every token already generated
+    frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count in the generated text
+    repetition_penalty: float = 1.0  # CTRL/HF: logits of prompt or generated tokens divided (>0) or scaled
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    #: report the target's log-probability of each emitted token and this many alternatives (None: none)
+    logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def changes_logits(self) -> bool:
+        """Whether anything changes the target's logits before temperature and filtering."""
+        return bool(
+            self.presence_penalty
+            or self.frequency_penalty
+            or self.repetition_penalty != 1.0
+            or self.logit_bias
+        )
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """The target's log-probability of one token (log-softmax of its raw logits) and the top alternatives."""
+
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass
@@ -65,6 +103,14 @@ class Proposal:
     #: backend-native draft logits handed back to the same backend's target executor (TensorRT-LLM: the
     #: draft request's generation logits, ``[len(tokens), vocab]``, for ``ExternalDraftTokensConfig``)
     native_logits: object | None = None
+    #: draft tokens the sequence's grammar forbids, cut before verification (they count as drafted and
+    #: rejected). When ``probs`` has a row for the first of them (a sampled draft), rejection sampling draws
+    #: the token at that position from the residual ``max(p - q, 0)``, as verifying it would have.
+    cut: int = 0
+    #: positions of tokens the grammar forced, put into the draft by the drafter rather than drafted
+    #: (one-hot rows in ``probs``); the target accepts them with certainty, and they count as forced, not as
+    #: drafted and accepted
+    forced: tuple[int, ...] = ()
 
 
 EMPTY_PROPOSAL = Proposal(tokens=[])
@@ -78,6 +124,8 @@ class SeqStats:
     drafted: int = 0
     accepted: int = 0
     emitted: int = 0
+    #: tokens the grammar forced, emitted without a model step (part of ``emitted``)
+    forced: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -92,6 +140,8 @@ class StepOutput:
     finish_reason: FinishReason | None
     drafted: int
     accepted: int
+    #: one per token of ``token_ids`` when the request asked for logprobs
+    logprobs: list[TokenLogprob] | None = None
 
 
 @dataclass(eq=False)
@@ -103,6 +153,8 @@ class SequenceState:
     max_tokens: int
     params: SamplingParams = field(default_factory=SamplingParams)
     stop_token_ids: frozenset[int] = frozenset()
+    #: the grammar the generated tokens must follow (structured output), advanced by the scheduler
+    constraint: TokenConstraint | None = None
     # prompt + generated tokens, the prefix every executor works on
     token_ids: list[int] = field(default_factory=list)
     num_generated: int = 0
@@ -123,6 +175,10 @@ class SequenceState:
     def cancelled(self) -> bool:
         """Aborted (or otherwise over): executors need not finish work for it, nothing of it will be used."""
         return not self.state.live
+
+    @property
+    def generated_ids(self) -> list[int]:
+        return self.token_ids[len(self.prompt_ids) :]
 
     @property
     def remaining_tokens(self) -> int:

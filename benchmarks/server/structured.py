@@ -1,0 +1,145 @@
+"""Benchmark 6: constrained (JSON schema) generation with speculation vs without, reference backend on CPU.
+
+The models of benchmark 2 (a random Llama whose later layers refine the first, and a "layer-skip" draft made
+of its first layer), greedy, one request at a time. Each request asks for one of the generated schemas of the
+tests (``specdeploy_server.testing.json_schemas``); the same requests run unconstrained for comparison.
+Speculation under a grammar: draft tokens the grammar forbids are cut before verification (counted as drafted
+and rejected), and tokens the grammar forces are emitted without a model step (``forced``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specdeploy_server import testing
+from specdeploy_server.backends.factory import build_engine
+from specdeploy_server.config import ServerConfig
+from specdeploy_server.core.types import SamplingParams
+from specdeploy_server.engine import EngineClient
+from specdeploy_server.grammar import GrammarCompiler
+from specdeploy_server.tokenizer import HFTokenizer
+
+from benchmarks.server.assisted import build_models
+
+PROMPT = "Answer with a JSON object: "
+
+
+@dataclass(frozen=True)
+class StructuredResult:
+    method: str
+    constrained: bool
+    tok_s: float
+    tokens_per_target_step: float
+    acceptance: float | None
+    forced_share: float
+    identical: bool
+    valid: int
+    requests: int
+
+
+def _config(target: Path, draft: Path, method: str, k: int) -> dict[str, Any]:
+    model: dict[str, Any] = {"target": str(target)}
+    if method == "draftTarget":
+        model["draft"] = str(draft)
+    speculative: dict[str, Any] = {"method": method}
+    if method != "none":
+        speculative["draftLen"] = k
+    return {"model": model, "speculative": speculative, "placement": {"device": "cpu", "cpuThreads": 1}}
+
+
+async def _one_config(
+    engine: EngineClient, schemas: list[dict[str, Any]], max_new: int, constrained: bool
+) -> tuple[float, list[list[int]], int]:
+    tokenizer = engine.tokenizer
+    assert isinstance(tokenizer, HFTokenizer)
+    compiler = GrammarCompiler(tokenizer.hf, engine.info.vocab_size or 0, tokenizer.eos_token_ids)
+    grammars = [GrammarCompiler.from_json_schema(s) for s in schemas]
+    prompt = tokenizer.encode(PROMPT)
+    outputs: list[list[int]] = []
+    seconds = 0.0
+    for grammar in grammars:
+        constraint = compiler.compile(grammar) if constrained else None
+        started = time.perf_counter()
+        gen = engine.generate(prompt, max_new, SamplingParams(temperature=0.0), constraint)
+        outputs.append([t async for out in gen.outputs for t in out.token_ids])
+        seconds += time.perf_counter() - started
+    valid = 0
+    if constrained:
+        import json  # noqa: PLC0415
+
+        import jsonschema  # noqa: PLC0415
+
+        for schema, tokens in zip(schemas, outputs, strict=True):
+            try:
+                jsonschema.validate(json.loads(tokenizer.decode(tokens)), schema)
+                valid += 1
+            except (ValueError, jsonschema.ValidationError):
+                pass
+    return seconds, outputs, valid
+
+
+def run(requests: int = 12, max_new: int = 200, k: int = 4) -> list[StructuredResult]:
+    schemas = testing.json_schemas(requests, seed=6)
+    results: list[StructuredResult] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        target, draft = build_models(Path(tmp))
+        baseline: dict[bool, list[list[int]]] = {}
+        for method in ("none", "draftTarget", "promptLookup"):
+            for constrained in (False, True):
+
+                async def main(
+                    config: dict[str, Any], constrained: bool
+                ) -> tuple[float, list[list[int]], int, Any]:
+                    engine = build_engine(ServerConfig.model_validate(config))
+                    await engine.start()
+                    seconds, outputs, valid = await _one_config(engine, schemas, max_new, constrained)
+                    stats = engine.stats
+                    await engine.stop(5)
+                    return seconds, outputs, valid, stats
+
+                seconds, outputs, valid, stats = asyncio.run(
+                    main(_config(target, draft, method, k), constrained)
+                )
+                baseline.setdefault(constrained, outputs)
+                emitted = sum(len(o) for o in outputs)
+                forced = stats.forced
+                results.append(
+                    StructuredResult(
+                        method=method,
+                        constrained=constrained,
+                        tok_s=emitted / seconds,
+                        tokens_per_target_step=(emitted - forced) / max(stats.sequence_steps, 1),
+                        acceptance=stats.accepted / stats.drafted if stats.drafted else None,
+                        forced_share=forced / emitted if emitted else 0.0,
+                        identical=outputs == baseline[constrained],
+                        valid=valid,
+                        requests=requests,
+                    )
+                )
+    return results
+
+
+def table(results: list[StructuredResult]) -> str:
+    lines = [
+        "| method | output | tok/s | tokens per target step | acceptance | forced tokens | = method none "
+        "| valid JSON |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        acc = f"{r.acceptance:.2f}" if r.acceptance is not None else "n/a"
+        valid = f"{r.valid}/{r.requests}" if r.constrained else "n/a"
+        lines.append(
+            f"| {r.method} | {'json_schema' if r.constrained else 'free'} | {r.tok_s:.0f} | "
+            f"{r.tokens_per_target_step:.2f} | {acc} | {r.forced_share:.0%} | "
+            f"{'yes' if r.identical else 'NO'} | {valid} |"
+        )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(table(run()))

@@ -1,0 +1,160 @@
+"""``response_format`` and ``tools`` -> a grammar (llguidance), and generated tool calls -> the OpenAI shape.
+
+Accepted ``response_format`` types (as llgtrt): ``text``; ``json_object`` (any JSON object);
+``json_schema`` (``{"json_schema": {"name": ..., "schema": {...}}}``); ``lark_grammar``
+(``{"lark_grammar": "<Lark source>"}``, llguidance's Lark dialect); ``llguidance`` (``{"grammar": {...}}``,
+a top-level llguidance grammar). ``tool_choice: "required"`` or a named function constrains the output to
+``{"name": <a tool's name>, "arguments": <that tool's parameters>}``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from specdeploy_server.api.errors import BadRequestError
+from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest, Tool
+from specdeploy_server.grammar import GrammarCompiler
+
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema", "lark_grammar", "llguidance")
+_ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+def requested_grammar(req: CompletionRequest | ChatCompletionRequest) -> str | None:
+    """The llguidance grammar the request's output must follow, or None (raises BadRequestError)."""
+    tools = isinstance(req, ChatCompletionRequest) and req.calls_tools()
+    fmt = req.response_format or {}
+    kind = fmt.get("type", "text")
+    if tools:
+        if kind != "text":
+            raise BadRequestError(
+                "response_format cannot be combined with tools and tool_choice", param="response_format"
+            )
+        assert isinstance(req, ChatCompletionRequest)
+        return GrammarCompiler.from_json_schema(tool_call_schema(req))
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return GrammarCompiler.from_json_schema(_ANY_OBJECT)
+    if kind == "json_schema":
+        spec = fmt.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise BadRequestError(
+                "response_format json_schema needs json_schema.schema (an object)", param="response_format"
+            )
+        return GrammarCompiler.from_json_schema(schema)
+    if kind == "lark_grammar":
+        lark = fmt.get("lark_grammar")
+        if not isinstance(lark, str) or not lark.strip():
+            raise BadRequestError(
+                "response_format lark_grammar needs lark_grammar (Lark source)", param="response_format"
+            )
+        return GrammarCompiler.from_lark(lark)
+    if kind == "llguidance":
+        grammar = fmt.get("grammar")
+        if not isinstance(grammar, dict):
+            raise BadRequestError(
+                "response_format llguidance needs grammar (an object)", param="response_format"
+            )
+        return json.dumps(grammar)
+    raise BadRequestError(
+        f"response_format type '{kind}' is not supported; use one of {', '.join(RESPONSE_FORMAT_TYPES)}",
+        param="response_format",
+    )
+
+
+def _call_schema(tool: Tool) -> dict[str, Any]:
+    parameters = tool.function.parameters or {"type": "object", "properties": {}}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": tool.function.name}, "arguments": parameters},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def tool_call_schema(req: ChatCompletionRequest) -> dict[str, Any]:
+    """The JSON schema of one call of the allowed tool(s): the named one, or any of them (``required``)."""
+    tools = req.tools or []
+    choice = req.tool_choice
+    if choice is not None and not isinstance(choice, str):
+        named = [t for t in tools if t.function.name == choice.function.name]
+        if not named:
+            raise BadRequestError(
+                f"tool_choice names '{choice.function.name}', which is not in tools", param="tool_choice"
+            )
+        return _call_schema(named[0])
+    if len(tools) == 1:
+        return _call_schema(tools[0])
+    return {"anyOf": [_call_schema(t) for t in tools]}
+
+
+def _call(name: str, arguments: object) -> dict[str, Any]:
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": json.dumps(arguments)},
+    }
+
+
+def _as_call(obj: object, names: frozenset[str] | None) -> dict[str, Any] | None:
+    """``{"name": ..., "arguments" | "parameters": ...}`` (naming one of ``names``, when given) as a call."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    if names is not None and obj["name"] not in names:
+        return None
+    key = "arguments" if "arguments" in obj else "parameters" if "parameters" in obj else None
+    if key is None:
+        return None
+    return _call(obj["name"], obj[key])
+
+
+def tool_calls_from(text: str) -> list[dict[str, Any]] | None:
+    """A forced call's text as OpenAI ``tool_calls``; None when the text is not a complete call (the output
+    was cut by max_tokens)."""
+    try:
+        call = _as_call(json.loads(text), None)
+    except json.JSONDecodeError:
+        return None
+    return [call] if call is not None else None
+
+
+_TAGGED = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def auto_tool_calls(text: str, names: frozenset[str]) -> tuple[str | None, list[dict[str, Any]]] | None:
+    """The calls a model made on its own (``tool_choice: auto``), in the two formats chat templates ask for:
+    ``<tool_call>{"name": …, "arguments": …}</tool_call>`` blocks (Hermes, Qwen), or the whole answer being
+    one ``{"name": …, "parameters"|"arguments": …}`` object (Llama 3.1+). Returns the text before the first
+    call (None when empty) and the calls; None when the text holds no call of a known tool."""
+    blocks = _TAGGED.findall(text)
+    calls: list[dict[str, Any]] = []
+    for block in blocks:
+        try:
+            call = _as_call(json.loads(block), names)
+        except json.JSONDecodeError:
+            call = None
+        if call is not None:
+            calls.append(call)
+    if calls:
+        before = text[: text.index("<tool_call>")].strip()
+        return (before or None), calls
+    stripped = text.strip()
+    if stripped.startswith("{"):
+        try:
+            call = _as_call(json.loads(stripped), names)
+        except json.JSONDecodeError:
+            call = None
+        if call is not None:
+            return None, [call]
+    return None
+
+
+def tool_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
+    """The tools as plain dicts for the chat template (None when there are none)."""
+    if not req.tools:
+        return None
+    return [t.model_dump(exclude_none=True) for t in req.tools]

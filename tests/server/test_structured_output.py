@@ -1,0 +1,141 @@
+"""Structured output through the official openai client, with speculation on (draft model, prompt lookup)
+and off: every output follows its schema, and greedy constrained output is plain constrained greedy output."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+from specdeploy_server.api.app import create_app
+from specdeploy_server.backends.factory import build_engine
+from specdeploy_server.config import ServerConfig
+from specdeploy_server.grammar import GrammarCompiler
+from specdeploy_server.testing import json_schemas
+from specdeploy_server.tokenizer import HFTokenizer
+
+from tests.server.conftest import LiveServer, TinyModels, run_live
+from tests.server.plain_decoding import PlainDecoder
+
+SCHEMAS = json_schemas(50, seed=23)
+MAX_TOKENS = 200
+MESSAGES: list[Any] = [{"role": "user", "content": "answer in json"}]
+METHODS = ["draftTarget", "promptLookup", "none"]
+
+
+def _config(models: TinyModels, method: str) -> dict[str, Any]:
+    model: dict[str, Any] = {"target": str(models.target), "servedModelName": "tiny"}
+    if method == "draftTarget":
+        model["draft"] = str(models.draft_unrelated)
+    speculative = {"method": method, "draftLen": 4} if method != "none" else {"method": "none"}
+    return {"model": model, "speculative": speculative, "placement": {"device": "cpu"}}
+
+
+@pytest.fixture(scope="module", params=METHODS)
+def server(request: pytest.FixtureRequest, tiny_models: TinyModels) -> Iterator[LiveServer]:
+    config = ServerConfig.model_validate(_config(tiny_models, request.param))
+    with run_live(create_app(build_engine(config), served_model_name="tiny")) as live:
+        yield live
+
+
+@pytest.fixture
+def client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_models: TinyModels) -> PlainDecoder:
+    return PlainDecoder(tiny_models.target)
+
+
+@pytest.fixture(scope="module")
+def chat_prompt(tiny_models: TinyModels) -> list[int]:
+    tokenizer = HFTokenizer(tiny_models.target)
+    return tokenizer.encode(tokenizer.render_chat(MESSAGES), add_special_tokens=False)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(plain: PlainDecoder, chat_prompt: list[int]) -> list[str]:
+    """Plain constrained greedy decoding of every schema (computed once for the three servers)."""
+    out = []
+    for schema in SCHEMAS:
+        tokens = plain.greedy(chat_prompt, MAX_TOKENS, grammar=GrammarCompiler.from_json_schema(schema))
+        out.append(plain.tokenizer.decode(tokens, skip_special_tokens=True))
+    return out
+
+
+def _json_schema(schema: dict[str, Any]) -> Any:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+
+
+def test_every_greedy_output_validates_and_equals_plain_constrained_greedy_decoding(
+    client: openai.OpenAI, plain_outputs: list[str]
+) -> None:
+    drafted = accepted = forced = 0
+    for schema, expected in zip(SCHEMAS, plain_outputs, strict=True):
+        result = client.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            response_format=_json_schema(schema),
+        )
+        choice = result.choices[0]
+        assert choice.finish_reason == "stop", (schema, choice.message.content)
+        content = choice.message.content or ""
+        jsonschema.validate(json.loads(content), schema)
+        assert content == expected
+        stats = (result.model_extra or {})["speculative"]
+        drafted += stats["draft_tokens"]
+        accepted += stats["accepted_draft_tokens"]
+        forced += stats["forced_tokens"]
+    assert forced > 0  # separators, keys and closing brackets cost no model step
+    assert accepted <= drafted
+
+
+def test_sampled_outputs_validate_too(client: openai.OpenAI) -> None:
+    for i, schema in enumerate(SCHEMAS[:20]):
+        result = client.chat.completions.create(
+            model="tiny",
+            messages=MESSAGES,
+            max_tokens=MAX_TOKENS,
+            temperature=1.0,
+            seed=i,
+            n=2,
+            response_format=_json_schema(schema),
+        )
+        for choice in result.choices:
+            assert choice.finish_reason == "stop"
+            jsonschema.validate(json.loads(choice.message.content or ""), schema)
+
+
+def test_json_object_mode_returns_a_json_object(client: openai.OpenAI) -> None:
+    result = client.chat.completions.create(
+        model="tiny",
+        messages=MESSAGES,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        response_format={"type": "json_object"},
+    )
+    assert result.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(result.choices[0].message.content or ""), dict)
+
+
+def test_a_lark_grammar_constrains_a_completion(client: openai.OpenAI) -> None:
+    grammar = 'start: ("yes" | "no") " " NUM\nNUM: /[0-9]{1,3}/'
+    for seed in range(5):
+        result = client.completions.create(
+            model="tiny",
+            prompt="is it",
+            max_tokens=20,
+            temperature=1.0,
+            seed=seed,
+            extra_body={"response_format": {"type": "lark_grammar", "lark_grammar": grammar}},
+        )
+        word, number = result.choices[0].text.split(" ")
+        assert word in ("yes", "no")
+        assert number.isdigit()
+        assert len(number) <= 3
