@@ -77,6 +77,10 @@ measure: ## time NAME (make test, a cold .ci/run, make demo, build.sh ...; `pyth
 	@test -n "$(NAME)" || { $(PYTHON) hack/measure.py --list; echo 'usage: make measure NAME=<name>'; exit 2; }
 	$(PYTHON) hack/measure.py $(NAME)
 
+.PHONY: bench-memory
+bench-memory: venv bins ## resident memory of a server on the demo models, of import torch, of the local cluster -> docs/local-cluster.md
+	$(PY) -m benchmarks.memory
+
 .PHONY: cluster-up
 cluster-up: venv bins ## start the local control plane + kwok GPU node pools; kubeconfig in .cluster/kubeconfig
 	$(if $(AUTOSCALING),SPECDEPLOY_AUTOSCALING=$(AUTOSCALING)) $(PY) hack/cluster/localcluster.py up --dir $(CLUSTER_DIR) --nodepools $(NODEPOOLS)

@@ -107,6 +107,13 @@ def blocks() -> list[Block]:
             "python -m benchmarks.operator",
         ),
         Block(
+            "memory",
+            CLUSTER_DOC,
+            ("memory",),
+            "benchmarks.memory:render",
+            "python -m benchmarks.memory",
+        ),
+        Block(
             "local-cluster-times",
             CLUSTER_DOC,
             _timing_names(),

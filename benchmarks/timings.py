@@ -88,7 +88,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
     ),
     _cluster(
         "cluster",
-        "the local cluster with the metrics adapter and the Cluster Autoscaler (7 processes, 4 Ready nodes)",
+        "the local cluster with the metrics adapter and the Cluster Autoscaler (7 processes, 5 Ready nodes)",
         "",
     ),
     _cluster(
