@@ -227,6 +227,7 @@ COMMANDS: dict[str, Row] = {
     "make bench-server": NotHere("test_benchmark_commands", BENCH_WHY),
     "make bench-operator": NotHere("test_benchmark_commands", BENCH_WHY),
     "make bench-autoscaling": NotHere("test_benchmark_commands", BENCH_WHY),
+    "make bench-memory": NotHere("test_benchmark_commands", BENCH_WHY),
     "make measure NAME=test-warm": NotHere(
         "test_benchmark_commands",
         "it runs `make test` (the suite inside the suite) and rewrites docs/local-cluster.md",
@@ -707,6 +708,7 @@ def test_benchmark_commands(shell: Shell) -> None:
         ("make bench-server", "benchmarks.server"),
         ("make bench-operator", "benchmarks.operator"),
         ("make bench-autoscaling", "benchmarks.autoscaling"),
+        ("make bench-memory", "benchmarks.memory"),
     ):
         recipe = make_dry_run(shell, *make_target(readme_command(command)))
         assert f".venv/bin/python -m {module}" in recipe, recipe
