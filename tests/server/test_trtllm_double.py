@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from tests.server.conftest import TinyModels
 from tests.server.trtllm_double import DoubleState, padded_vocab, trtllm_double, write_engine
@@ -155,3 +156,50 @@ def test_cancel_request_ignores_terminated_requests_and_fails_after_shutdown(
         executor.cancel_request(request_id)
     with pytest.raises(RuntimeError, match="Shutdown"):
         executor.enqueue_requests([b.Request([5], 1)])
+
+
+def test_guided_decoding_and_sampling_values_are_validated_as_tensorrt_llm_validates_them(
+    tiny_models: TinyModels, trtllm_double: DoubleState
+) -> None:
+    llmapi = _llmapi()
+    with pytest.raises(ValueError, match="Only one guide"):
+        llmapi.SamplingParams(guided_decoding=llmapi.GuidedDecodingParams(json_object=True, regex="a+"))
+    with pytest.raises(ValueError, match="Unsupported guided decoding backend"):
+        llmapi.LLM(str(tiny_models.target), guided_decoding_backend="outlines")
+    plain = llmapi.LLM(str(tiny_models.target))
+    guided = llmapi.SamplingParams(guided_decoding=llmapi.GuidedDecodingParams(regex="[ab]+"))
+    with pytest.raises(ValueError, match="guided_decoding_backend"):
+        plain.generate_async([5, 6, 7], guided)
+    llm = llmapi.LLM(str(tiny_models.target), guided_decoding_backend="llguidance")
+    tag = llmapi.SamplingParams(guided_decoding=llmapi.GuidedDecodingParams(structural_tag="{}"))
+    with pytest.raises(ValueError, match="Unsupported guide type"):  # llguidance takes no structural tags
+        llm.generate_async([5, 6, 7], tag)
+    for bad in ({"repetition_penalty": 0.0}, {"top_k": -1}, {"min_p": 1.5}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            llm.generate_async([5, 6, 7], llmapi.SamplingParams(**bad))
+
+
+def test_the_doubles_guided_decoding_constrains_its_model_output(
+    tiny_models: TinyModels, trtllm_double: DoubleState
+) -> None:
+    llmapi = _llmapi()
+    llm = llmapi.LLM(str(tiny_models.target), guided_decoding_backend="llguidance")
+    guide = llmapi.GuidedDecodingParams(regex="(ab)+c")
+    output = llm.generate_async(
+        [5, 6, 7], llmapi.SamplingParams(max_tokens=30, temperature=1.0, seed=3, guided_decoding=guide)
+    )
+
+    async def main() -> list[int]:
+        async for out in output:
+            if out.finished:
+                return list(out.outputs[0].token_ids)
+        return []
+
+    tokens = asyncio.run(main())
+    assert output.outputs[0].finish_reason == "stop"
+    assert tokens[-1] == llm.eos_token_id
+    tokenizer: Any = AutoTokenizer.from_pretrained(str(tiny_models.target), local_files_only=True)
+    text = tokenizer.decode(tokens[:-1])
+    assert len(text) >= 3
+    assert text.endswith("c")
+    assert text[:-1] == "ab" * (len(text) // 2)

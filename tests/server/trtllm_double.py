@@ -77,6 +77,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tests.server.trtllm_double_sampling import (
+    GuideCompiler,
+    GuidedDecodingParams,
+    check_sampling_values,
+    penalised,
+    probabilities,
+)
+
 log = logging.getLogger("tensorrt_llm")
 
 
@@ -620,13 +628,20 @@ class SamplingParams:
     top_p: float | None = None
     seed: int | None = None
     temperature: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
     return_perf_metrics: bool = False
     exclude_input_from_output: bool = True
     detokenize: bool = True
+    guided_decoding: GuidedDecodingParams | None = None
 
     def __post_init__(self) -> None:
         if self.pad_id is None:
             self.pad_id = self.end_id
+        if self.guided_decoding is not None:
+            self.guided_decoding._validate()
 
 
 @dataclass
@@ -659,8 +674,11 @@ class RequestOutput:
     """``GenerationResult``: one executor response per iteration of ``async for``, the same object each time
     with cumulative ``token_ids``."""
 
-    def __init__(self, llm: LLM, prompt: list[int], params: SamplingParams, stop_words: set[int]) -> None:
+    def __init__(
+        self, llm: LLM, prompt: list[int], params: SamplingParams, stop_words: set[int], matcher: Any
+    ) -> None:
         self.llm, self.prompt_token_ids, self.params = llm, prompt, params
+        self.matcher = matcher  # the request's grammar state (guided decoding), or None
         self._stop_words = stop_words  # stop_token_ids + the generation config's extra end ids
         self._outputs = [CompletionOutput(0)]
         self._done = False
@@ -700,7 +718,13 @@ class RequestOutput:
         room = self.params.max_tokens - len(out.token_ids)
         first = not out.token_ids
         tokens, drafted, accepted = await asyncio.to_thread(
-            self.llm.step, self.prompt_token_ids + out.token_ids, self.params, room, first
+            self.llm.step,
+            self.prompt_token_ids,
+            out.token_ids,
+            self.params,
+            room,
+            first=first,
+            matcher=self.matcher,
         )
         self.drafted += drafted
         self.accepted += accepted
@@ -744,8 +768,10 @@ _LLM_ARGS = frozenset(
         "disable_overlap_scheduler",
         "return_perf_metrics",
         "enable_iter_perf_stats",
+        "guided_decoding_backend",
     }
 )
+GUIDED_DECODING_BACKENDS = (None, "xgrammar", "llguidance")
 
 
 class LLM:
@@ -753,11 +779,20 @@ class LLM:
         unknown = set(kwargs) - _LLM_ARGS
         if unknown:
             raise ValidationError(f"1 validation error for TorchLlmArgs: {sorted(unknown)} not permitted")
+        backend = kwargs.get("guided_decoding_backend")
+        if backend not in GUIDED_DECODING_BACKENDS:
+            raise ValueError(f"Unsupported guided decoding backend {backend}")
         self.kwargs: dict[str, Any] = {"model": model, "tokenizer": tokenizer, **kwargs}
         loaded: Any = AutoModelForCausalLM.from_pretrained(model, local_files_only=True)
         self.model: Any = loaded.eval()
         tok: Any = AutoTokenizer.from_pretrained(tokenizer or model, local_files_only=True)
         self.eos_token_id: int | None = tok.eos_token_id
+        # llguidance only: the double does not model xgrammar (a guided request fails, see generate_async)
+        self.guides = (
+            GuideCompiler(tok, int(loaded.config.vocab_size), tok.eos_token_id)
+            if backend == "llguidance"
+            else None
+        )
         self.pad_token_id: int | None = tok.pad_token_id
         generation = Path(model) / "generation_config.json"
         extra = json.loads(generation.read_text()).get("eos_token_id") if generation.is_file() else None
@@ -809,18 +844,33 @@ class LLM:
             params.end_id = self.eos_token_id
             params.pad_id = self.pad_token_id if self.pad_token_id is not None else params.end_id
             stop_words |= self.generation_eos - {params.end_id}
+        check_sampling_values(params)
+        matcher = None
+        if params.guided_decoding is not None:
+            if self.guides is None:  # no GuidedDecoder without a backend (xgrammar: not modelled)
+                raise ValueError("guided decoding needs guided_decoding_backend='llguidance' in the double")
+            matcher = self.guides.matcher(params.guided_decoding)
         problem = STATE.fail_when(Request(prompt, params.max_tokens)) if STATE.fail_when else None
         if problem is not None:
             raise RuntimeError(problem)
-        output = RequestOutput(self, prompt, params, stop_words)
+        output = RequestOutput(self, prompt, params, stop_words, matcher)
         self.requests.append(output)
         return output
 
     # inside ----------------------------------------------------------------------------------------
-    def _pick(self, row: torch.Tensor, params: SamplingParams) -> int:
-        if params.top_k == 1:
-            return int(row.argmax())
-        return int(torch.multinomial(_probs(row, params.temperature, params.top_p), 1))
+    def _pick(
+        self, row: torch.Tensor, params: SamplingParams, prompt: list[int], output: list[int], matcher: Any
+    ) -> int:
+        """The target's token at one position: penalties, the grammar's mask, then greedy or sampling."""
+        x = penalised(row, params, prompt, output)
+        if matcher is not None:
+            assert self.guides is not None
+            x[~self.guides.allowed(matcher, x.numel())] = -math.inf
+        greedy = params.top_k == 1
+        token = int(x.argmax()) if greedy else int(torch.multinomial(probabilities(x, params), 1))
+        if matcher is not None and token != params.end_id and not matcher.is_stopped():
+            matcher.consume_token(token)
+        return token
 
     def _draft(self, ids: list[int]) -> list[int]:
         spec, kind = self.spec, type(self.spec).__name__
@@ -839,20 +889,30 @@ class LLM:
 
     @torch.inference_mode()
     def step(
-        self, ids: list[int], params: SamplingParams, room: int, first: bool
+        self,
+        prompt: list[int],
+        output: list[int],
+        params: SamplingParams,
+        room: int,
+        *,
+        first: bool,
+        matcher: Any = None,
     ) -> tuple[list[int], int, int]:
         """One iteration of one request: (new tokens, drafted, accepted). The context step yields one
-        token; a generation step verifies the drafter's tokens and yields the accepted ones + one."""
+        token; a generation step verifies the drafter's tokens and yields the accepted ones + one. Each
+        position is picked from the target's logits there, penalised and masked by the grammar state after
+        the tokens before it (the matcher consumes each picked token)."""
+        ids = prompt + output
         draft = [] if first else self._draft(ids)
         logits = self.model(torch.tensor([ids + draft])).logits[0, len(ids) - 1 :].float()
         out: list[int] = []
         for i, token in enumerate(draft):
-            own = self._pick(logits[i], params)
+            own = self._pick(logits[i], params, prompt, output + out, matcher)
             out.append(own)
-            if own != token:
+            if own != token or own == params.end_id:
                 break
         else:
-            out.append(self._pick(logits[len(draft)], params))
+            out.append(self._pick(logits[len(draft)], params, prompt, output + out, matcher))
         out = out[:room]  # accepted tokens past max_tokens are not output, nor counted
         return out, len(draft), len(out) - 1 if draft else 0
 
@@ -906,6 +966,7 @@ def trtllm_double(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[D
         DraftTargetDecodingConfig=DraftTargetDecodingConfig,
         MTPDecodingConfig=MTPDecodingConfig,
         SamplingParams=SamplingParams,
+        GuidedDecodingParams=GuidedDecodingParams,
     )
     bindings = _module("tensorrt_llm.bindings", executor=executor)
     root = _module(

@@ -26,6 +26,7 @@ class Feature:
     LOGPROBS = "logprobs"  # logprobs of the generated tokens
     PROMPT_LOGPROBS = "prompt_logprobs"  # echo with logprobs
     GRAMMAR = "grammar"  # response_format json_object / json_schema / lark_grammar, tools
+    GRAMMAR_LLGUIDANCE = "grammar_llguidance"  # response_format llguidance (a raw llguidance grammar)
 
 
 #: every feature: the reference backend applies all of them in the speculative core
@@ -37,6 +38,7 @@ ALL_FEATURES = frozenset(
         Feature.LOGPROBS,
         Feature.PROMPT_LOGPROBS,
         Feature.GRAMMAR,
+        Feature.GRAMMAR_LLGUIDANCE,
     }
 )
 
@@ -54,6 +56,9 @@ def features_needed(params: SamplingParams, constraint: TokenConstraint | None) 
         needed.add(Feature.LOGPROBS)
     if constraint is not None:
         needed.add(Feature.GRAMMAR)
+        guide = getattr(constraint, "guide", None)
+        if guide is not None and guide.kind == "llguidance":
+            needed.add(Feature.GRAMMAR_LLGUIDANCE)
     return frozenset(needed)
 
 

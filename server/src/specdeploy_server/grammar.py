@@ -11,8 +11,10 @@ allowed is emitted without a model step.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +29,28 @@ JSON_DEFAULTS: dict[str, Any] = {"whitespace_flexible": False}
 
 class GrammarError(ValueError):
     """The grammar (or schema) does not compile; the message says why."""
+
+
+@dataclass(frozen=True)
+class Guide:
+    """What a request asked its output to follow, in the request's own terms: ``kind`` is ``json_object``,
+    ``json_schema`` (``source``: the schema as JSON text), ``lark`` (Lark source) or ``llguidance`` (a
+    top-level llguidance grammar as JSON text). Backends that constrain decoding themselves (TensorRT-LLM's
+    guided decoding) take this form; :meth:`grammar` is the llguidance grammar our own core compiles."""
+
+    kind: str
+    source: str = ""
+
+    def grammar(self) -> str:
+        if self.kind == "json_object":
+            return GrammarCompiler.from_json_schema({"type": "object"})
+        if self.kind == "json_schema":
+            return GrammarCompiler.from_json_schema(json.loads(self.source))
+        if self.kind == "lark":
+            return GrammarCompiler.from_lark(self.source)
+        if self.kind == "llguidance":
+            return self.source
+        raise GrammarError(f"unknown grammar kind {self.kind}")
 
 
 def _llguidance() -> Any:
@@ -69,8 +93,9 @@ class GrammarCompiler:
     def from_lark(lark: str) -> str:
         return str(_llguidance().LLMatcher.grammar_from_lark(lark))
 
-    def compile(self, grammar: str) -> GrammarConstraint:
-        """A fresh constraint at the grammar's start (raises GrammarError when it does not compile)."""
+    def compile(self, grammar: str, guide: Guide | None = None) -> GrammarConstraint:
+        """A fresh constraint at the grammar's start (raises GrammarError when it does not compile);
+        ``guide``: the request's form of it, kept on the constraint for backends that take that form."""
         llg = _llguidance()
         tokenizer = self.tokenizer
         problem = llg.LLMatcher.validate_grammar(grammar, tokenizer)
@@ -79,13 +104,16 @@ class GrammarCompiler:
         matcher = llg.LLMatcher(tokenizer, grammar, log_level=0)
         if matcher.is_error():
             raise GrammarError(matcher.get_error())
-        return GrammarConstraint(matcher, self.vocab_size, self.eos_token_ids)
+        return GrammarConstraint(matcher, self.vocab_size, self.eos_token_ids, guide)
 
 
 class GrammarConstraint:
     """One sequence's grammar state (an ``LLMatcher``); implements ``TokenConstraint``."""
 
-    def __init__(self, matcher: Any, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self, matcher: Any, vocab_size: int, eos_token_ids: frozenset[int], guide: Guide | None = None
+    ) -> None:
+        self.guide = guide
         self._matcher = matcher
         self._vocab_size = vocab_size
         self._eos = eos_token_ids
@@ -94,7 +122,7 @@ class GrammarConstraint:
 
     def copy(self) -> GrammarConstraint:
         """An independent constraint in the same state (one per choice when ``n > 1``)."""
-        return GrammarConstraint(self._matcher.deep_copy(), self._vocab_size, self._eos)
+        return GrammarConstraint(self._matcher.deep_copy(), self._vocab_size, self._eos, self.guide)
 
     @property
     def finished(self) -> bool:

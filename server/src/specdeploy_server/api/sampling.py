@@ -71,6 +71,8 @@ def required_features(req: Request, grammar: bool) -> list[tuple[str, str]]:
     if grammar:
         tools = isinstance(req, ChatCompletionRequest) and req.calls_tools()
         out.append(("tool_choice" if tools else "response_format", Feature.GRAMMAR))
+        if not tools and (req.response_format or {}).get("type") == "llguidance":
+            out.append(("response_format", Feature.GRAMMAR_LLGUIDANCE))
     return out
 
 

@@ -15,7 +15,7 @@ from specdeploy_server.api.logprobs import LogprobFormatter
 from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest
 from specdeploy_server.api.runs import Delta, Prepared, Run
 from specdeploy_server.api.sampling import choice_seed, required_features, sampling_params
-from specdeploy_server.api.structured import requested_grammar, tool_dicts
+from specdeploy_server.api.structured import requested_guide, tool_dicts
 from specdeploy_server.core.scheduler import EngineStoppedError, QueueFullError
 from specdeploy_server.core.types import TokenLogprob
 from specdeploy_server.engine import EngineClient, Generation, ScoresPrompts
@@ -140,14 +140,14 @@ class OpenAIServing:
 
     async def _grammar(self, req: CompletionRequest | ChatCompletionRequest) -> GrammarConstraint | None:
         """The request's grammar compiled against the served tokenizer (400 when it does not compile)."""
-        grammar = requested_grammar(req)
-        if grammar is None:
+        guide = requested_guide(req)
+        if guide is None:
             return None
         param = "tool_choice" if isinstance(req, ChatCompletionRequest) and req.calls_tools() else None
         self._check_common(req, grammar=True)
         compiler = self._grammar_compiler()
         try:
-            return await asyncio.to_thread(compiler.compile, grammar)
+            return await asyncio.to_thread(lambda: compiler.compile(guide.grammar(), guide))
         except GrammarError as exc:
             raise BadRequestError(f"invalid grammar: {exc}", param=param or "response_format") from exc
 

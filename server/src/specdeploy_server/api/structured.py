@@ -16,14 +16,14 @@ from typing import Any
 
 from specdeploy_server.api.errors import BadRequestError
 from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest, Tool
-from specdeploy_server.grammar import GrammarCompiler
+from specdeploy_server.grammar import Guide
 
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema", "lark_grammar", "llguidance")
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 
-def requested_grammar(req: CompletionRequest | ChatCompletionRequest) -> str | None:
-    """The llguidance grammar the request's output must follow, or None (raises BadRequestError)."""
+def requested_guide(req: CompletionRequest | ChatCompletionRequest) -> Guide | None:
+    """What the request's output must follow, or None (raises BadRequestError)."""
     tools = isinstance(req, ChatCompletionRequest) and req.calls_tools()
     fmt = req.response_format or {}
     kind = fmt.get("type", "text")
@@ -33,11 +33,11 @@ def requested_grammar(req: CompletionRequest | ChatCompletionRequest) -> str | N
                 "response_format cannot be combined with tools and tool_choice", param="response_format"
             )
         assert isinstance(req, ChatCompletionRequest)
-        return GrammarCompiler.from_json_schema(tool_call_schema(req))
+        return Guide("json_schema", json.dumps(tool_call_schema(req)))
     if kind == "text":
         return None
     if kind == "json_object":
-        return GrammarCompiler.from_json_schema(_ANY_OBJECT)
+        return Guide("json_object")
     if kind == "json_schema":
         spec = fmt.get("json_schema")
         schema = spec.get("schema") if isinstance(spec, dict) else None
@@ -45,21 +45,21 @@ def requested_grammar(req: CompletionRequest | ChatCompletionRequest) -> str | N
             raise BadRequestError(
                 "response_format json_schema needs json_schema.schema (an object)", param="response_format"
             )
-        return GrammarCompiler.from_json_schema(schema)
+        return Guide("json_schema", json.dumps(schema))
     if kind == "lark_grammar":
         lark = fmt.get("lark_grammar")
         if not isinstance(lark, str) or not lark.strip():
             raise BadRequestError(
                 "response_format lark_grammar needs lark_grammar (Lark source)", param="response_format"
             )
-        return GrammarCompiler.from_lark(lark)
+        return Guide("lark", lark)
     if kind == "llguidance":
         grammar = fmt.get("grammar")
         if not isinstance(grammar, dict):
             raise BadRequestError(
                 "response_format llguidance needs grammar (an object)", param="response_format"
             )
-        return json.dumps(grammar)
+        return Guide("llguidance", json.dumps(grammar))
     raise BadRequestError(
         f"response_format type '{kind}' is not supported; use one of {', '.join(RESPONSE_FORMAT_TYPES)}",
         param="response_format",

@@ -51,7 +51,8 @@ from specdeploy_server.core.scheduler import (
     SchedulerObserver,
 )
 from specdeploy_server.core.types import FinishReason, SamplingParams, SeqStats, StepOutput
-from specdeploy_server.engine import Generation, ModelInfo, check_features, model_info
+from specdeploy_server.engine import Feature, Generation, ModelInfo, check_features, model_info
+from specdeploy_server.grammar import JSON_DEFAULTS, Guide
 from specdeploy_server.metrics import ExecutorSample
 from specdeploy_server.tokenizer import HFTokenizer, Tokenizer
 
@@ -64,6 +65,11 @@ _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
 SOURCE_PERF_METRICS = "perf_metrics"  # TensorRT-LLM's request_perf_metrics.speculative_decoding
 SOURCE_TOKEN_COUNTS = "token_counts"  # tokens per streamed response beyond 1; k drafted per generation step
 _ABORT_WAIT_SECONDS = 1.0  # how long aborted streams get to end before the LLM shuts down
+#: TensorRT-LLM's guided decoding backend: llguidance, as our own core (it also takes Lark grammars)
+GUIDED_DECODING_BACKEND = "llguidance"
+#: what this backend passes to TensorRT-LLM (SamplingParams' penalties, top_k, min_p; guided_decoding for
+#: json_object, json_schema, Lark and tools); logit_bias, logprobs and raw llguidance grammars are refused
+FEATURES = frozenset({Feature.PENALTIES, Feature.FILTERS, Feature.GRAMMAR})
 
 
 @runtime_checkable
@@ -152,18 +158,40 @@ def llm_arguments(llmapi: Any, config: ServerConfig, tokenizer: Path) -> dict[st
         "speculative_config": spec,
         # TensorRT-LLM's speculative decoding examples run with the overlap scheduler off.
         "disable_overlap_scheduler": spec is not None,
+        "guided_decoding_backend": GUIDED_DECODING_BACKEND,
     }
     if runtime.max_seq_len is not None:
         args["max_seq_len"] = runtime.max_seq_len
     return args
 
 
-def checkpoint_max_len(path: Path) -> int | None:
+def _checkpoint_field(path: Path, name: str) -> int | None:
     config_file = path / "config.json"
     if not config_file.is_file():
         return None
-    value = json.loads(config_file.read_text(encoding="utf-8")).get("max_position_embeddings")
+    value = json.loads(config_file.read_text(encoding="utf-8")).get(name)
     return int(value) if isinstance(value, int) else None
+
+
+def checkpoint_max_len(path: Path) -> int | None:
+    return _checkpoint_field(path, "max_position_embeddings")
+
+
+def guided_decoding(llmapi: Any, guide: Guide) -> Any:
+    """``GuidedDecodingParams`` for a request's guide. TensorRT-LLM's llguidance backend compiles ``json``
+    with ``grammar_from_json_schema`` and ``grammar`` as Lark. JSON goes as a schema carrying our JSON
+    options in its ``x-guidance`` key (fixed separators, as the reference backend: llguidance's default
+    lets a model pad with whitespace until max_tokens), ``json_object`` too (TensorRT-LLM's own
+    ``json_object`` compiles ``{"type": "object"}`` with the defaults)."""
+    if guide.kind in ("json_object", "json_schema"):
+        schema: dict[str, Any] = {"type": "object"}
+        if guide.kind == "json_schema":
+            schema = json.loads(guide.source)
+        options = {**JSON_DEFAULTS, **schema.get("x-guidance", {})}
+        return llmapi.GuidedDecodingParams(json=json.dumps({**schema, "x-guidance": options}))
+    if guide.kind == "lark":
+        return llmapi.GuidedDecodingParams(grammar=guide.source)
+    raise ValueError(f"backend {BACKEND} does not support response_format {guide.kind}")
 
 
 class LlmApiEngine:
@@ -173,6 +201,7 @@ class LlmApiEngine:
         self,
         llm: Any,
         sampling_params: Callable[..., Any],
+        guided_decoding_params: Callable[[Guide], Any],
         tokenizer: HFTokenizer,
         info: ModelInfo,
         *,
@@ -188,6 +217,7 @@ class LlmApiEngine:
         self.executor_stats: Callable[[], list[ExecutorSample]] | None = None
         self._llm = llm
         self._sampling_params = sampling_params
+        self._guided = guided_decoding_params
         # maxQueueSize 0 or None: no limit, as in TensorRT-LLM's executor
         self._capacity = max_batch_size + max_queue_size if max_queue_size else None
         self._remaining: dict[str, int] = {}  # tokens each active request may still generate
@@ -251,7 +281,8 @@ class LlmApiEngine:
         if self._busy_since is None:
             self._busy_since = time.perf_counter()
         stats = SeqStats()
-        outputs = self._run(request_id, prompt_ids, max_tokens, params, stats)
+        guide = getattr(constraint, "guide", None)
+        outputs = self._run(request_id, prompt_ids, lambda: self._sampling(max_tokens, params, guide), stats)
         return Generation(outputs, stats, lambda: self._forget(request_id))
 
     def _forget(self, request_id: str) -> None:
@@ -277,7 +308,7 @@ class LlmApiEngine:
         self._llm.shutdown()
 
     # ------------------------------------------------------------------------------------------
-    def _sampling(self, max_tokens: int, params: SamplingParams) -> Any:
+    def _sampling(self, max_tokens: int, params: SamplingParams, guide: Guide | None) -> Any:
         # No end_id: given one, TensorRT-LLM skips its own setup of the model's end ids and pad id.
         kwargs: dict[str, Any] = {
             "max_tokens": max_tokens,
@@ -290,19 +321,30 @@ class LlmApiEngine:
             kwargs["top_k"] = 1
         else:
             kwargs.update(temperature=params.temperature, top_p=params.top_p)
+            if params.top_k > 0:
+                kwargs["top_k"] = params.top_k
+            if params.min_p > 0.0:
+                kwargs["min_p"] = params.min_p
         if params.seed is not None:
             kwargs["seed"] = params.seed
+        # TensorRT-LLM's defaults (None) are no penalty: only set what the request changes.
+        if params.repetition_penalty != 1.0:
+            kwargs["repetition_penalty"] = params.repetition_penalty
+        if params.presence_penalty:
+            kwargs["presence_penalty"] = params.presence_penalty
+        if params.frequency_penalty:
+            kwargs["frequency_penalty"] = params.frequency_penalty
+        if guide is not None:
+            kwargs["guided_decoding"] = self._guided(guide)
         return self._sampling_params(**kwargs)
 
     async def _run(
-        self, request_id: str, prompt_ids: list[int], max_tokens: int, params: SamplingParams, stats: SeqStats
+        self, request_id: str, prompt_ids: list[int], sampling: Callable[[], Any], stats: SeqStats
     ) -> AsyncGenerator[StepOutput, None]:
         finished = False
         output: Any = None
         try:
-            output = self._llm.generate_async(
-                list(prompt_ids), sampling_params=self._sampling(max_tokens, params), streaming=True
-            )
+            output = self._llm.generate_async(list(prompt_ids), sampling_params=sampling(), streaming=True)
             self._outputs[request_id] = output
             sent = 0
             counts = _StreamCounts()
@@ -426,11 +468,13 @@ def build_llmapi_engine(config: ServerConfig) -> LlmApiEngine:
         draft_len(config),
         len(config.placement.target_device_ids),
     )
+    vocab_size = _checkpoint_field(config.model.target, "vocab_size")
     return LlmApiEngine(
         llm,
         llmapi.SamplingParams,
+        lambda guide: guided_decoding(llmapi, guide),
         tokenizer,
-        model_info(config.model.name, max_len, backend="trtllm-llmapi"),
+        model_info(config.model.name, max_len, vocab_size, FEATURES, backend=BACKEND),
         max_batch_size=runtime.max_batch_size,
         max_queue_size=runtime.max_queue_size,
         draft_len=0 if config.method == Method.NONE else draft_len(config),
