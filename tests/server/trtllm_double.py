@@ -25,7 +25,10 @@ The double rejects what the real classes reject:
   executor response with cumulative ``token_ids``, several new tokens when a step accepted drafts;
   ``abort()`` ends the stream with a final output whose ``finish_reason`` is ``'cancelled'``; ``end_id`` left
   unset is filled in from the tokenizer and the checkpoint's ``generation_config.json`` adds its other
-  end-of-sequence ids as stop tokens, while an explicit ``end_id`` skips that setup.
+  end-of-sequence ids as stop tokens, while an explicit ``end_id`` skips that setup; ``SamplingParams``'
+  penalties, ``top_k``, ``min_p`` and ``guided_decoding`` are applied and validated as in
+  ``tests/server/trtllm_double_sampling.py`` (guided decoding with llguidance, as TensorRT-LLM's llguidance
+  backend: the mask really constrains the model's output).
 
 Differences from the real API that remain, and why:
 

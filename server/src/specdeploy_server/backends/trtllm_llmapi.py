@@ -20,6 +20,12 @@ the tokens it adds beyond 1 are accepted draft tokens; drafted is ``k`` per gene
 methods that always draft ``k``, an upper bound for promptLookup, which drafts only on an n-gram match).
 ``specdeploy_llmapi_acceptance_source_total{source}`` in /metrics counts requests by where their figures
 came from.
+
+Request fields: penalties, ``top_k`` and ``min_p`` go into ``SamplingParams``; structured output into
+``guided_decoding`` (``GuidedDecodingParams``), with the LLM's ``guided_decoding_backend`` llguidance.
+TensorRT-LLM masks the target's logits at every draft position itself, with every speculative method we
+render.
+``logit_bias``, ``logprobs`` and raw llguidance grammars are refused (``FEATURES``).
 """
 
 from __future__ import annotations
