@@ -197,6 +197,10 @@ COMMANDS: dict[str, Row] = {
         "test_watch_scale_and_troubleshoot_commands", LOGS_WHY
     ),
     "kubectl logs deployment/NAME -c server": NotHere("test_watch_scale_and_troubleshoot_commands", LOGS_WHY),
+    "kubectl annotate eb ENGINE specdeploy.dev/retry=2 --overwrite": NotHere(
+        "test_the_retry_command_sets_the_operators_retry_annotation",
+        "it needs a failed build; tests/integration/test_operator_live_state.py retries one with it",
+    ),
     # ... and calling make demo's CPU deployment, served for real
     "kubectl port-forward svc/tiny-cpu 8000:8000 &": Here("test_calling_the_cpu_deployment_commands"),
     (
@@ -1158,3 +1162,12 @@ def test_inline_commands_are_told_from_mentions() -> None:
     assert not is_command("crds/")
     assert not is_command("nvidia.com/gpu=present:NoSchedule")
     assert not is_command("--set 'a={b}'")
+
+
+def test_the_retry_command_sets_the_operators_retry_annotation() -> None:
+    """The README's retry of a failed build sets the annotation the operator reads (`builders.job`)."""
+    from specdeploy_operator.builders.job import RETRY_ANNOTATION
+
+    words = shlex.split(readme_command("kubectl annotate eb ENGINE specdeploy.dev/retry=2 --overwrite"))
+    assert words[:3] == ["kubectl", "annotate", "eb"]
+    assert any(word.startswith(f"{RETRY_ANNOTATION}=") for word in words)
