@@ -260,3 +260,33 @@ def test_a_read_only_root_leaves_only_the_writable_volumes_writable_to_the_pods_
     assert (writable / "ok").stat().st_uid == 10001
     # Outside the container the machine's file systems stayed writable.
     (base / "outside").write_text("still writable")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces and setpriv need root")
+def test_the_image_stays_visible_under_a_volume_mounted_over_its_parent(traversable_dir: Path) -> None:
+    """A checkout under /tmp and a pod with an emptyDir at /tmp: the programs must still be there (they are
+    the image), next to the volume's own files; a real runtime mounts volumes over the image the same way."""
+    base = traversable_dir
+    parent = base / "tmp"
+    checkout = parent / "private" / "checkout"
+    (checkout / "bin").mkdir(parents=True)
+    (checkout / "bin" / "program").write_text("the image's program\n")
+    (parent / "private").chmod(0o700)  # like mkdtemp: the pod's user cannot enter it
+    volume = base / "empty-dir"
+    volume.mkdir()
+    volume.chmod(0o777)
+    mounts = [Mount(volume, str(parent), read_only=False)]
+    exposed = hidden_ancestors([checkout / "bin" / "program"])
+    script = base / "run.sh"
+    script.write_text(
+        _mount_script(
+            mounts, workdir=None, read_only_root=True, exposed=exposed, keep=base / "keep", image=[checkout]
+        )
+    )
+    who = ProcessIdentity(10001, 10001, (10001,), no_new_privs=True, read_only_root=True)
+    check = f"cat {checkout}/bin/program; touch {parent}/scratch && echo volume-writable"
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", str(script), *privilege_drop(who)]
+    out = subprocess.run([*argv, "sh", "-c", check], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["the image's program", "volume-writable"]
+    assert (volume / "scratch").exists(), "the volume is the pod's emptyDir"
+    assert not (parent / "scratch").exists(), "and only inside the container"

@@ -18,7 +18,7 @@ import re
 import shlex
 import subprocess
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -132,6 +132,10 @@ _READ_ONLY_ROOT = r"""awk '{print $5}' /proc/self/mountinfo | while read -r poin
 done"""
 
 
+_IMAGE_FD = 3
+"""First file descriptor the mount script holds an image directory open on (sh's `exec N<` takes 3 to 9)."""
+
+
 def _mount_script(
     mounts: list[Mount],
     workdir: str | None,
@@ -139,12 +143,21 @@ def _mount_script(
     read_only_root: bool = False,
     exposed: Mapping[Path, set[str]] | None = None,
     keep: Path | None = None,
+    image: Sequence[Path] = (),
 ) -> str:
     """The shell script that mounts the container's volumes at their paths (mount points are created
     first, before a read-only root forbids it), then execs its arguments. `exposed`: directories a non-root
     user cannot enter, each replaced by a tmpfs that shows only the given entries (kept aside under `keep`
-    while the tmpfs is mounted)."""
+    while the tmpfs is mounted). `image`: the directories that are the "image" here (this checkout and its
+    virtualenv); a volume mounted over one of their ancestors (an emptyDir at `/tmp` while the checkout is
+    under /tmp) would hide the programs, so each is opened before the volumes are mounted and bound back at
+    its own path afterwards, as the image's files stay visible under a real container's volumes."""
     lines = ["set -e"]
+    covered = [
+        root
+        for root in dict.fromkeys(image)
+        if any(Path(m.target) == root or Path(m.target) in root.parents for m in mounts)
+    ]
     for n, (hidden, entries) in enumerate(sorted((exposed or {}).items())):
         assert keep is not None, "exposing directories needs a place to keep them"
         pairs = [
@@ -162,15 +175,26 @@ def _mount_script(
             lines.append(f"mkdir -p {shlex.quote(str(Path(m.target).parent))} && touch {dst}")
     if workdir:
         lines.append(f"mkdir -p {shlex.quote(workdir)}")
+    for fd, root in enumerate(covered, start=_IMAGE_FD):
+        lines.append(f"exec {fd}< {shlex.quote(str(root))}")
     if read_only_root:
         lines.append(_READ_ONLY_ROOT)
     for m in mounts:
         src, dst = shlex.quote(str(m.source)), shlex.quote(m.target)
         lines.append(f"mount --bind {src} {dst}")
+        if not m.read_only and read_only_root:
+            lines.append(f"mount -o remount,bind,rw {dst}")
+        lines += [
+            f"mkdir -p {shlex.quote(str(root))} 2>/dev/null || true"
+            for root in covered
+            if Path(m.target) == root or Path(m.target) in root.parents
+        ]
         if m.read_only:
             lines.append(f"mount -o remount,bind,ro {dst}")
-        elif read_only_root:
-            lines.append(f"mount -o remount,bind,rw {dst}")
+    for fd, root in enumerate(covered, start=_IMAGE_FD):
+        # --no-canonicalize: mount would resolve the /proc link to its path, the empty directory just made.
+        lines.append(f'mount --no-canonicalize --bind "/proc/$$/fd/{fd}" {shlex.quote(str(root))}')
+        lines.append(f"exec {fd}<&-")
     if workdir:
         lines.append(f"cd {shlex.quote(workdir)}")
     lines.append('exec "$@"')
@@ -202,13 +226,14 @@ def launch(
     netns: str,
     read_only_root: bool = False,
     exposed: Mapping[Path, set[str]] | None = None,
+    image: Sequence[Path] = (),
 ) -> subprocess.Popen[bytes]:
     """Start the process in its own mount namespace and process group; its stdout and stderr go to
     `log_path` as CRI log lines. A command that cannot be executed ends the process with status 127 or 126,
     as a shell reports it."""
     keep = script.parent / f"{script.stem}-keep"
     script.write_text(
-        _mount_script(mounts, workdir, read_only_root=read_only_root, exposed=exposed, keep=keep)
+        _mount_script(mounts, workdir, read_only_root=read_only_root, exposed=exposed, keep=keep, image=image)
     )
     proc = subprocess.Popen(
         netns_exec(netns, ["unshare", "--mount", "--propagation", "private", "sh", str(script), *argv]),

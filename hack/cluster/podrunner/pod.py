@@ -40,6 +40,18 @@ def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+CHECKOUT = Path(__file__).resolve().parents[3]
+"""This checkout: with the virtualenv, the "image" the runner's processes run from (editable installs point
+here)."""
+
+
+def image_directories(venv_bin: Path) -> list[Path]:
+    """The directories that make up the "image": the checkout, and the virtualenv where it lives elsewhere."""
+    venv = venv_bin.parent
+    roots = [CHECKOUT, venv.absolute()]
+    return [root for i, root in enumerate(roots) if not any(other in root.parents for other in roots[:i])]
+
+
 class PodWorker:
     """Runs one pod (a Pod as JSON, as first seen bound to a node)."""
 
@@ -179,6 +191,7 @@ class PodWorker:
             netns=self.netns,
             read_only_root=who.read_only_root,
             exposed=hidden_ancestors([self.venv_bin / "python"]) if who.uid != 0 else None,
+            image=image_directories(self.venv_bin),
         )
         run.started_process(proc, log_path, now_rfc3339(), time.monotonic())
         self.kwok.apply(self.inits + self.mains, self.pod_ip, self._env_for)
