@@ -55,12 +55,16 @@ class WorkQueue(Generic[K]):
         max_backoff: float = 1000.0,
         retry_rate: float = 10.0,
         retry_burst: int = 100,
+        expected: tuple[type[Exception], ...] = (),
     ) -> None:
+        """`expected`: failures already reported elsewhere (say, in the object's status), logged in one line
+        without a traceback."""
         self._process = process
         self._workers = workers
         self._base_backoff = base_backoff
         self._max_backoff = max_backoff
         self._bucket = TokenBucket(retry_rate, retry_burst)
+        self._expected = expected
         self._queue: asyncio.Queue[K] = asyncio.Queue()
         self._queued: set[K] = set()
         self._active: set[K] = set()
@@ -147,11 +151,15 @@ class WorkQueue(Generic[K]):
                 again = await self._process(key)
             except asyncio.CancelledError:
                 raise
-            except Exception:
+            except Exception as error:
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
                 delay = self.retry_delay(failures)
-                log.exception("reconcile failed; retrying", extra={"key": str(key), "retry_in": delay})
+                extra = {"key": str(key), "retry_in": delay}
+                if isinstance(error, self._expected):
+                    log.warning("reconcile failed; retrying", extra={**extra, "error": str(error)})
+                else:
+                    log.exception("reconcile failed; retrying", extra=extra)
                 self._active.discard(key)
                 self.add_after(key, delay)
             else:

@@ -28,7 +28,7 @@ from specdeploy_operator.api import SpeculativeDeployment
 from specdeploy_operator.builders import OperatorSettings, build_engine_builds
 
 from . import metrics
-from .deployments import reconcile_deployment
+from .deployments import ReconcileFailed, reconcile_deployment
 from .enginebuilds import reconcile_engine
 from .indexes import Obj, one, resource_version
 from .kube import ApiError, Kube, ObjectRef, ref_of
@@ -128,7 +128,7 @@ class Reconciler:
         self.kube = kube
         self.settings = settings
         self.clock = clock
-        self.queue: WorkQueue[Key] = WorkQueue(self._process, workers=workers)
+        self.queue: WorkQueue[Key] = WorkQueue(self._process, workers=workers, expected=(ReconcileFailed,))
         self.indices: Mapping[str, Any] = {}
         self._resync: asyncio.TimerHandle | None = None
         self._own_writes: dict[tuple[str, str, str, str], OwnWrite] = {}
