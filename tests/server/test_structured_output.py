@@ -13,16 +13,18 @@ import pytest
 from specdeploy_server.api.app import create_app
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.config import ServerConfig
-from specdeploy_server.grammar import GrammarCompiler
-from specdeploy_server.testing import json_schemas
-from specdeploy_server.tokenizer import HFTokenizer
 
 from tests.server.conftest import LiveServer, TinyModels, run_live
+from tests.server.constrained_cases import (
+    MAX_TOKENS,
+    MESSAGES,
+    SCHEMAS,
+    chat_prompt_ids,
+    json_schema_format,
+    plain_constrained_outputs,
+)
 from tests.server.plain_decoding import PlainDecoder
 
-SCHEMAS = json_schemas(50, seed=23)
-MAX_TOKENS = 200
-MESSAGES: list[Any] = [{"role": "user", "content": "answer in json"}]
 METHODS = ["draftTarget", "promptLookup", "none"]
 
 
@@ -53,22 +55,13 @@ def plain(tiny_models: TinyModels) -> PlainDecoder:
 
 @pytest.fixture(scope="module")
 def chat_prompt(tiny_models: TinyModels) -> list[int]:
-    tokenizer = HFTokenizer(tiny_models.target)
-    return tokenizer.encode(tokenizer.render_chat(MESSAGES), add_special_tokens=False)
+    return chat_prompt_ids(tiny_models.target)
 
 
 @pytest.fixture(scope="module")
 def plain_outputs(plain: PlainDecoder, chat_prompt: list[int]) -> list[str]:
     """Plain constrained greedy decoding of every schema (computed once for the three servers)."""
-    out = []
-    for schema in SCHEMAS:
-        tokens = plain.greedy(chat_prompt, MAX_TOKENS, grammar=GrammarCompiler.from_json_schema(schema))
-        out.append(plain.tokenizer.decode(tokens, skip_special_tokens=True))
-    return out
-
-
-def _json_schema(schema: dict[str, Any]) -> Any:
-    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
+    return plain_constrained_outputs(plain, chat_prompt)
 
 
 def test_every_greedy_output_validates_and_equals_plain_constrained_greedy_decoding(
@@ -81,7 +74,7 @@ def test_every_greedy_output_validates_and_equals_plain_constrained_greedy_decod
             messages=MESSAGES,
             max_tokens=MAX_TOKENS,
             temperature=0,
-            response_format=_json_schema(schema),
+            response_format=json_schema_format(schema),
         )
         choice = result.choices[0]
         assert choice.finish_reason == "stop", (schema, choice.message.content)
@@ -105,7 +98,7 @@ def test_sampled_outputs_validate_too(client: openai.OpenAI) -> None:
             temperature=1.0,
             seed=i,
             n=2,
-            response_format=_json_schema(schema),
+            response_format=json_schema_format(schema),
         )
         for choice in result.choices:
             assert choice.finish_reason == "stop"

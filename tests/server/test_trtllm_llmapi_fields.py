@@ -15,19 +15,21 @@ import pytest
 from specdeploy_server.api.app import create_app
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.config import ServerConfig
-from specdeploy_server.grammar import GrammarCompiler
-from specdeploy_server.testing import json_schemas
-from specdeploy_server.tokenizer import HFTokenizer
 
 from tests.server.conftest import LiveServer, TinyModels, run_live
+from tests.server.constrained_cases import (
+    MAX_TOKENS,
+    MESSAGES,
+    SCHEMAS,
+    chat_prompt_ids,
+    json_schema_format,
+    plain_constrained_outputs,
+)
 from tests.server.plain_decoding import Penalties, PlainDecoder
 from tests.server.trtllm_double import DoubleState, trtllm_double
 
 __all__ = ["trtllm_double"]
 
-SCHEMAS = json_schemas(50, seed=23)
-MAX_TOKENS = 200
-MESSAGES: list[Any] = [{"role": "user", "content": "answer in json"}]
 METHODS = ["draftTarget", "promptLookup", "none"]
 
 
@@ -52,10 +54,6 @@ def _client(live: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{live.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
 
 
-def _json_schema(schema: dict[str, Any]) -> Any:
-    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
-
-
 @pytest.fixture(scope="module")
 def plain(tiny_models: TinyModels) -> PlainDecoder:
     return PlainDecoder(tiny_models.target)
@@ -63,17 +61,12 @@ def plain(tiny_models: TinyModels) -> PlainDecoder:
 
 @pytest.fixture(scope="module")
 def chat_prompt(tiny_models: TinyModels) -> list[int]:
-    tokenizer = HFTokenizer(tiny_models.target)
-    return tokenizer.encode(tokenizer.render_chat(MESSAGES), add_special_tokens=False)
+    return chat_prompt_ids(tiny_models.target)
 
 
 @pytest.fixture(scope="module")
 def plain_outputs(plain: PlainDecoder, chat_prompt: list[int]) -> list[str]:
-    out = []
-    for schema in SCHEMAS:
-        tokens = plain.greedy(chat_prompt, MAX_TOKENS, grammar=GrammarCompiler.from_json_schema(schema))
-        out.append(plain.tokenizer.decode(tokens, skip_special_tokens=True))
-    return out
+    return plain_constrained_outputs(plain, chat_prompt)
 
 
 def test_json_schema_outputs_validate_and_equal_plain_constrained_greedy_decoding(
@@ -87,7 +80,7 @@ def test_json_schema_outputs_validate_and_equal_plain_constrained_greedy_decodin
             messages=MESSAGES,
             max_tokens=MAX_TOKENS,
             temperature=0,
-            response_format=_json_schema(schema),
+            response_format=json_schema_format(schema),
         )
         choice = result.choices[0]
         assert choice.finish_reason == "stop", (schema, choice.message.content)
@@ -116,7 +109,7 @@ def test_sampled_json_schema_outputs_json_object_lark_and_tool_calls_follow_thei
             temperature=1.0,
             seed=i,
             n=2,
-            response_format=_json_schema(schema),
+            response_format=json_schema_format(schema),
         )
         for choice in result.choices:
             assert choice.finish_reason == "stop"
