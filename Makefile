@@ -26,7 +26,7 @@ $(VENV)/.installed: operator/pyproject.toml server/pyproject.toml
 venv: $(VENV)/.installed ## create/refresh the virtualenv in .venv with both packages and their test extras
 
 .PHONY: bins
-bins: ## build (or find cached) kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok, helm, test-adapter, cluster-autoscaler
+bins: ## build (or find cached) kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok, helm, prometheus, prometheus-adapter, cluster-autoscaler
 	@hack/cluster/build.sh >/dev/null
 
 .PHONY: lint

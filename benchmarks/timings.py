@@ -26,7 +26,8 @@ BUILD_PHASES = (
     ("etcd", r"^\[build\] etcd "),
     ("kwok", r"^\[build\] kwok "),
     ("helm", r"^\[build\] helm "),
-    ("test-adapter", r"^\[build\] custom-metrics-apiserver"),
+    ("prometheus", r"^\[build\] prometheus v"),
+    ("prometheus-adapter", r"^\[build\] prometheus-adapter"),
     ("cluster-autoscaler", r"^\[build\] cluster-autoscaler "),
     ("KEDA CRDs", r"^\[build\] KEDA "),
 )

@@ -226,6 +226,8 @@ OPERATOR_TEST_SETTINGS = {
     "SPECDEPLOY_GC_GRACE_SECONDS": "3",
     "SPECDEPLOY_BUILD_BACKOFF_LIMIT": "1",
     "SPECDEPLOY_RESYNC_SECONDS": "60",
+    # status.speculation from windows of 3 s (default 30 s), so a test sees figures within seconds.
+    "SPECDEPLOY_SPECULATION_INTERVAL_SECONDS": "3",
 }
 
 

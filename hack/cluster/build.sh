@@ -2,7 +2,8 @@
 # Build (or find in the cache) every binary the local cluster needs, from published Go modules:
 #   kube-apiserver, kube-controller-manager, kube-scheduler, kubectl  (one multi-call binary, k8s.io/kubernetes)
 #   etcd (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok), helm (helm.sh/helm/v3)
-#   test-adapter (sigs.k8s.io/custom-metrics-apiserver), cluster-autoscaler (k8s.io/autoscaler, -tags kwok)
+#   prometheus (github.com/prometheus/prometheus, Kubernetes service discovery only),
+#   prometheus-adapter (sigs.k8s.io/prometheus-adapter), cluster-autoscaler (k8s.io/autoscaler, -tags kwok)
 # Binaries land in ${SPECDEPLOY_CACHE:-~/.cache/specdeploy}/bin/<key>/, key = hash of the pinned versions,
 # the wrapper modules and the Go toolchain. A warm start builds nothing. Prints the bin directory on stdout.
 set -euo pipefail
@@ -84,12 +85,27 @@ if [[ ! -x "$bin/helm" || ! -f "$bin/.helm-release-ldflags" ]]; then
   GOBIN="$bin" go install -trimpath -ldflags "$helm_ldflags" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
   echo "1.$helm_k8s_minor" > "$bin/.helm-release-ldflags"
 fi
-if [[ ! -x "$bin/test-adapter" ]]; then
-  log "custom-metrics-apiserver test adapter $CUSTOM_METRICS_APISERVER_VERSION"
-  grep -Eq "sigs.k8s.io/custom-metrics-apiserver $CUSTOM_METRICS_APISERVER_VERSION( // indirect)?\$" "$here/gomod/test-adapter/go.mod" \
-    || { log "gomod/test-adapter/go.mod does not require custom-metrics-apiserver $CUSTOM_METRICS_APISERVER_VERSION"; exit 1; }
-  (cd "$here/gomod/test-adapter" && go build -trimpath -ldflags "-s -w" -o "$bin/test-adapter.tmp" . \
-    && mv "$bin/test-adapter.tmp" "$bin/test-adapter")
+# A main package of another module is built as a tool of a wrapper module that pins it (gomod/<name>).
+require_pin() { # wrapper-dir module version
+  grep -Eq "^(require )?[[:space:]]*$2 $3( // indirect)?\$" "$here/gomod/$1/go.mod" \
+    || { log "gomod/$1/go.mod does not require $2 $3"; exit 1; }
+}
+if [[ ! -x "$bin/prometheus" ]]; then
+  log "prometheus $PROMETHEUS_VERSION (Kubernetes service discovery only)"
+  require_pin prometheus github.com/prometheus/prometheus "$PROMETHEUS_VERSION"
+  prom_release="3.${PROMETHEUS_VERSION#v0.3}"
+  (cd "$here/gomod/prometheus" \
+    && go build -trimpath -tags remove_all_sd,enable_kubernetes_sd \
+         -ldflags "-s -w -X github.com/prometheus/common/version.Version=$prom_release" \
+         -o "$bin/prometheus.tmp" github.com/prometheus/prometheus/cmd/prometheus \
+    && mv "$bin/prometheus.tmp" "$bin/prometheus")
+fi
+if [[ ! -x "$bin/prometheus-adapter" ]]; then
+  log "prometheus-adapter $PROMETHEUS_ADAPTER_VERSION"
+  require_pin prometheus-adapter sigs.k8s.io/prometheus-adapter "$PROMETHEUS_ADAPTER_VERSION"
+  (cd "$here/gomod/prometheus-adapter" \
+    && go build -trimpath -ldflags "-s -w" -o "$bin/prometheus-adapter.tmp" sigs.k8s.io/prometheus-adapter/cmd/adapter \
+    && mv "$bin/prometheus-adapter.tmp" "$bin/prometheus-adapter")
 fi
 if [[ ! -x "$bin/cluster-autoscaler" ]]; then
   log "cluster-autoscaler $CLUSTER_AUTOSCALER_VERSION with the kwok cloud provider (slow on a cold cache)"

@@ -39,6 +39,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from metricsstack import (
+    PROMETHEUS_USER,
+    adapter_argv,
+    prometheus_argv,
+    prometheus_config,
+    prometheus_query,
+    prometheus_rbac,
+    prometheus_targets,
+    render_chart_metrics,
+    write_config,
+)
 from podnet import NODE_POD_CIDR_MASK, claim_slot, release_slot, slot_ranges
 from podrunner.selection import DEFAULT_IMAGES, KWOK_CRDS, kwok_skip_expression
 
@@ -59,7 +70,7 @@ COMPONENTS = (
     "pod-runner",
 )
 # Started after the control plane unless autoscaling is switched off (`SPECDEPLOY_AUTOSCALING=0`).
-AUTOSCALING_COMPONENTS = ("metrics-adapter", "cluster-autoscaler")
+AUTOSCALING_COMPONENTS = ("prometheus", "metrics-adapter", "cluster-autoscaler")
 AUTOSCALING_ENV = "SPECDEPLOY_AUTOSCALING"
 
 # The address plan (docs/local-cluster.md): nothing of the local cluster is ever reached at an address off
@@ -416,7 +427,8 @@ def _write_pki(pki: Path) -> None:
         issue(file, ca, user, org="system:masters")
     # The custom metrics adapter: a client identity with only the RBAC it needs (see _autoscaling_objects),
     # and a serving certificate for the name the aggregator dials (<service>.<namespace>.svc).
-    issue("metrics-adapter", ca, METRICS_ADAPTER_USER)
+    for file, user in (("metrics-adapter", METRICS_ADAPTER_USER), ("prometheus", PROMETHEUS_USER)):
+        issue(file, ca, user)  # Prometheus discovers pods through the API (metricsstack.prometheus_rbac)
     service_host = f"{METRICS_ADAPTER_SERVICE}.{AUTOSCALING_NAMESPACE}.svc"
     issue(
         "metrics-adapter-serving",
@@ -553,8 +565,9 @@ class LocalCluster:
     """One local control plane whose state (PKI, etcd data, logs, pids, kubeconfig) lives in ``directory``.
 
     ``autoscaling`` (default: on unless the environment says ``SPECDEPLOY_AUTOSCALING=0``) adds the custom
-    metrics test adapter (APIServices ``v1beta1``/``v1beta2.custom.metrics.k8s.io``) and the Cluster
-    Autoscaler (kwok cloud provider, node groups from the ``autoscaledPools`` of the node-pools file)."""
+    metrics stack (Prometheus scraping the serving pods, prometheus-adapter behind the APIServices
+    ``v1beta1``/``v1beta2.custom.metrics.k8s.io``, both configured from the chart: metricsstack.py) and the
+    Cluster Autoscaler (kwok cloud provider, node groups from the node-pools file's ``autoscaledPools``)."""
 
     def __init__(
         self,
@@ -626,11 +639,11 @@ class LocalCluster:
         return f"https://127.0.0.1:{self.state()['ports']['apiserver']}"
 
     @property
-    def metrics_write_url(self) -> str:
-        """Base URL of the custom metrics test adapter's write endpoint (plain HTTP on 127.0.0.1)."""
+    def prometheus_url(self) -> str:
+        """Base URL of the cluster's Prometheus (plain HTTP on 127.0.0.1)."""
         if not self.autoscaling:
-            raise ClusterError("this cluster runs without autoscaling (no custom metrics adapter)")
-        return f"http://127.0.0.1:{self.state()['ports']['metrics_write']}/write-metrics"
+            raise ClusterError("this cluster runs without autoscaling (no metrics stack)")
+        return f"http://127.0.0.1:{self.state()['ports']['prometheus']}"
 
     # -- processes --------------------------------------------------------------------------------------
     def _running(self) -> dict[str, int]:
@@ -723,9 +736,7 @@ class LocalCluster:
             "kwok": free_port(),
         }
         if self.autoscaling:
-            ports.update(
-                metrics_adapter=free_port(), metrics_write=free_port(), cluster_autoscaler=free_port()
-            )
+            ports.update(prometheus=free_port(), metrics_adapter=free_port(), cluster_autoscaler=free_port())
         slot = claim_slot(self.dir)
         pod_cidr, kwok_fallback_cidr = slot_ranges(slot)
         self.state_file.write_text(
@@ -752,6 +763,7 @@ class LocalCluster:
             "provisioner",
             "operator",
             "metrics-adapter",
+            "prometheus",
             "cluster-autoscaler",
         ):
             text = _kubeconfig(
@@ -939,8 +951,8 @@ class LocalCluster:
         user = {"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": METRICS_ADAPTER_USER}
         ca_bundle = base64.b64encode((self.pki / "ca.crt").read_bytes()).decode()
         objects: list[dict[str, Any]] = [
-            # The test adapter lists whatever objects a metric is asked for (pods, deployments, custom
-            # resources), so it reads every resource; it writes nothing.
+            # prometheus-adapter lists the objects a metric is asked for (pods, namespaces), like upstream's
+            # chart lets it read every resource; it writes nothing.
             {
                 "apiVersion": "rbac.authorization.k8s.io/v1",
                 "kind": "ClusterRole",
@@ -1008,6 +1020,7 @@ class LocalCluster:
                     )
                 },
             },
+            *prometheus_rbac(),
         ]
         for apiservice, priority in zip(CUSTOM_METRICS_APISERVICES, (100, 200), strict=True):
             version = apiservice.split(".", 1)[0]
@@ -1054,23 +1067,29 @@ class LocalCluster:
         for obj in objects:
             if obj["kind"] != "APIService":
                 self._apply(obj)
-        adapter_kubeconfig = kubeconfigs / "metrics-adapter.kubeconfig"
+        chart = render_chart_metrics(bins / "helm")
+        prometheus_dir = self.dir / "prometheus"
+        prometheus_dir.mkdir(exist_ok=True)
+        prometheus_yaml = prometheus_dir / "prometheus.yaml"
+        scrape = prometheus_config(chart.podmonitor, kubeconfigs / "prometheus.kubeconfig")
+        write_config(prometheus_yaml, scrape)
+        adapter_rules = self.dir / "prometheus-adapter-rules.yaml"
+        adapter_rules.write_text(chart.adapter_config)
+        self._start(
+            "prometheus", prometheus_argv(bins, prometheus_yaml, prometheus_dir / "data", ports["prometheus"])
+        )
+        self._wait(self._prometheus_ready, deadline, "prometheus", "Prometheus to be ready")
         self._start(
             "metrics-adapter",
-            [
-                str(bins / "test-adapter"),
-                f"--lister-kubeconfig={adapter_kubeconfig}",
-                f"--authentication-kubeconfig={adapter_kubeconfig}",
-                f"--authorization-kubeconfig={adapter_kubeconfig}",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={ports['metrics_adapter']}",
-                f"--tls-cert-file={pki / 'metrics-adapter-serving.crt'}",
-                f"--tls-private-key-file={pki / 'metrics-adapter-serving.key'}",
-                f"--write-metrics-address=127.0.0.1:{ports['metrics_write']}",
-                # Custom resources installed after start become known within this interval.
-                "--discovery-interval=10s",
-                "--v=1",
-            ],
+            adapter_argv(
+                bins,
+                kubeconfig=kubeconfigs / "metrics-adapter.kubeconfig",
+                config_file=adapter_rules,
+                prometheus_port=ports["prometheus"],
+                port=ports["metrics_adapter"],
+                cert=pki / "metrics-adapter-serving.crt",
+                key=pki / "metrics-adapter-serving.key",
+            ),
         )
         ca_kubeconfig = kubeconfigs / "cluster-autoscaler.kubeconfig"
         self._start(
@@ -1109,10 +1128,7 @@ class LocalCluster:
             },
         )
         self._wait(
-            lambda: _port_open(ports["metrics_write"]),
-            deadline,
-            "metrics-adapter",
-            "the metric write endpoint",
+            lambda: _port_open(ports["metrics_adapter"]), deadline, "metrics-adapter", "the adapter to listen"
         )
         for obj in apiservices:
             self._apply(obj)
@@ -1145,28 +1161,20 @@ class LocalCluster:
             return False
         return "autoscalerStatus: Running" in status
 
-    def set_pod_metric(self, namespace: str, pod: str, metric: str, value: str) -> None:
-        """Set custom metric `metric` of pod `namespace/pod` to `value` (a quantity: "5", "300m", "1.5") in
-        the test adapter, which then serves it under custom.metrics.k8s.io (what an HPA `type: Pods` metric
-        reads). Values stay until overwritten; each pod needs its own."""
-        self.set_metric("pods", pod, metric, value, namespace=namespace)
-
-    def set_metric(
-        self, resource: str, name: str, metric: str, value: str, namespace: str | None = None
-    ) -> None:
-        """Set custom metric `metric` of any object (`resource`: plural, with its group unless core, e.g.
-        `speculativedeployments.specdeploy.dev`), namespaced or not: what an HPA `type: Object` metric reads.
-        Resources installed after the adapter started are known to it within 10 s (its discovery refresh)."""
-        where = f"namespaces/{namespace}/" if namespace else ""
-        url = f"{self.metrics_write_url}/{where}{resource}/{name}/{metric}"
-        req = urllib.request.Request(url, data=json.dumps(str(value)).encode(), method="POST")
-        req.add_header("Content-Type", "application/json")
+    def _prometheus_ready(self) -> bool:
         try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                resp.read()
-        except urllib.error.HTTPError as err:
-            detail = err.read().decode(errors="replace")
-            raise ClusterError(f"metric write {url} = {value!r} refused: {err.code} {detail}") from err
+            with urllib.request.urlopen(f"{self.prometheus_url}/-/ready", timeout=3) as resp:
+                return bool(resp.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def prometheus_metric(self, promql: str) -> list[tuple[dict[str, str], float]]:
+        """An instant query of the cluster's Prometheus: (labels, value) per series."""
+        return prometheus_query(self.state()["ports"]["prometheus"], promql)
+
+    def prometheus_targets(self) -> list[dict[str, Any]]:
+        """Prometheus' active scrape targets (the serving pods it discovered), with health and labels."""
+        return prometheus_targets(self.state()["ports"]["prometheus"])
 
     def autoscaled_nodes(self, pool: str | None = None) -> list[dict[str, Any]]:
         """Nodes the Cluster Autoscaler made (of one autoscaled pool, or of any)."""
@@ -1268,7 +1276,7 @@ class LocalCluster:
                         os.killpg(pid, signal.SIGKILL)
                 _wait_gone(pids, 5.0)
         release_slot(self.dir)
-        for sub in ("pids", "etcd-data", "pki", "kubeconfigs", "apiserver-certs"):
+        for sub in ("pids", "etcd-data", "pki", "kubeconfigs", "apiserver-certs", "prometheus"):
             shutil.rmtree(self.dir / sub, ignore_errors=True)
         for f in (self.state_file, self.kubeconfig, self.dir / "kwok-stages.yaml"):
             with contextlib.suppress(FileNotFoundError):

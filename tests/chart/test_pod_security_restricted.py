@@ -185,13 +185,24 @@ def test_the_serving_network_policy_admits_clients_and_monitoring_on_the_http_po
         assert kubernetes_validate.validate(policy, KUBE_VERSION, strict=True)
         spec = policy["spec"]
         assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "server"
-        clients, monitoring = spec["ingress"]
+        clients, operator, monitoring = spec["ingress"]
         assert clients["from"][0] == {"podSelector": {}}
+        # The operator's own pods, which scrape /metrics for status.speculation.
+        [from_operator] = operator["from"]
+        assert from_operator["namespaceSelector"] == {
+            "matchLabels": {"kubernetes.io/metadata.name": "specdeploy-system"}
+        }
+        assert from_operator["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
         assert clients["from"][1]["namespaceSelector"]["matchExpressions"][0]["values"] == ["gateway"]
         assert monitoring["from"] == [
             {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
         ]
-        assert clients["ports"] == monitoring["ports"] == [{"port": "http", "protocol": "TCP"}]
+        assert (
+            clients["ports"]
+            == operator["ports"]
+            == monitoring["ports"]
+            == [{"port": "http", "protocol": "TCP"}]
+        )
     # The serving container names its port `http`, so the policy follows spec.serving.port.
     deployment = next(o for o in rendered(EXAMPLES[0]) if o["kind"] == "Deployment")
     assert deployment["spec"]["template"]["spec"]["containers"][0]["ports"][0]["name"] == "http"

@@ -1,8 +1,7 @@
 """Autoscaling against the real control plane: the operator's HorizontalPodAutoscaler (or KEDA
-ScaledObject) on the SpeculativeDeployment's scale subresource, the HPA controller of kube-controller-manager
-reading per-pod metrics from the custom metrics API (the custom-metrics-apiserver test adapter; tests write
-the values a server's `/metrics` would report), and the Cluster Autoscaler's kwok provider adding and
-removing GPU nodes."""
+ScaledObject) on the SpeculativeDeployment's scale subresource, and the Cluster Autoscaler's kwok provider
+adding and removing GPU nodes for replicas that do not fit. The load signal itself (real servers →
+Prometheus → prometheus-adapter → HPA) is tested on real CPU pods in test_autoscaling_chain.py."""
 
 from __future__ import annotations
 
@@ -267,93 +266,6 @@ def status_history(cluster: Cluster, name: str) -> Iterator[list[dict[str, Any]]
         thread.join(timeout=10)
 
 
-@contextmanager
-def pod_metric(
-    local_cluster: LocalCluster, cluster: Cluster, selector: str, metric: str, value: Callable[[], str]
-) -> Iterator[None]:
-    """Report `value()` as `metric` of every serving pod, as each pod's server would, until the block ends
-    (new pods get it within a second)."""
-    stop = threading.Event()
-    errors: list[BaseException] = []
-
-    def loop() -> None:
-        while not stop.is_set():
-            try:
-                for pod in cluster.pods(selector):
-                    local_cluster.set_pod_metric(cluster.namespace, pod.metadata.name, metric, value())
-            except BaseException as error:  # reported when the block ends
-                errors.append(error)
-                return
-            stop.wait(1.0)
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=10)
-    if errors:
-        raise errors[0]
-
-
-def test_the_hpa_follows_load_within_min_and_max_and_overrides_kubectl_scale(
-    cluster: Cluster, harness: LocalCluster
-) -> None:
-    fast = {"stabilizationWindowSeconds": 5, "maxPods": 4, "periodSeconds": 15}
-    doc = autoscaled(
-        "02",
-        {
-            "minReplicas": 1,
-            "maxReplicas": 3,
-            "metric": "queueDepth",
-            "target": 4,
-            "scaleDown": fast,
-        },
-    )
-    name = cluster.apply(doc)
-    status = cluster.wait_phase(name, "Ready", timeout=120)
-    selector = status["selector"]
-    load = {"value": "40"}  # ten times the target on every replica: more than maxReplicas would serve
-    seen: list[int] = []
-
-    def ready_with(count: int) -> Callable[[], dict[str, Any] | None]:
-        def check() -> dict[str, Any] | None:
-            seen.append(replicas(cluster, name))
-            current = cluster.status(name)
-            done = current.get("phase") == "Ready" and current.get("readyReplicas") == count
-            return current if done and seen[-1] == count else None
-
-        return check
-
-    with pod_metric(harness, cluster, selector, QUEUE_DEPTH, lambda: load["value"]):
-        wait_for(ready_with(3), timeout=90, what="3 Ready replicas under load")
-        # `maxReplicas` holds however high the load: watch a few HPA syncs.
-        deadline = time.monotonic() + 12
-        while time.monotonic() < deadline:
-            seen.append(replicas(cluster, name))
-            time.sleep(0.5)
-        assert max(seen) == 3, seen
-        status = cluster.status(name)
-        assert status["autoscaler"]["desiredReplicas"] == 3
-        # A manual scale while an HPA exists is overridden at its next sync.
-        cluster.kubectl("scale", f"sdep/{name}", "-n", cluster.namespace, "--replicas=1")
-        wait_for(ready_with(3), timeout=60, what="the HPA to restore 3 replicas")
-        assert max(seen) == 3, seen
-
-        load["value"] = "0"
-        seen.clear()
-        wait_for(ready_with(1), timeout=90, what="scale-down to minReplicas")
-        deadline = time.monotonic() + 12
-        while time.monotonic() < deadline:
-            seen.append(replicas(cluster, name))
-            time.sleep(0.5)
-        assert min(seen) == 1, seen
-    found = hpa(cluster, name)
-    assert found is not None
-    assert found.status.current_replicas == 1
-
-
 # -- the Cluster Autoscaler: GPU nodes on demand -----------------------------------------------------------
 
 
@@ -367,9 +279,17 @@ def gpu_node_groups(core: client.CoreV1Api) -> dict[str, str]:
     return out
 
 
-def test_load_adds_a_gpu_node_of_the_right_pool_and_its_removal_takes_the_node_away(
+def scale(cluster: Cluster, name: str, count: int) -> None:
+    """What an HPA (or KEDA) writes: `spec.replicas` through the scale subresource."""
+    cluster.kubectl("scale", f"sdep/{name}", "-n", cluster.namespace, f"--replicas={count}")
+
+
+def test_more_replicas_add_a_gpu_node_of_the_right_pool_and_fewer_take_the_node_away(
     cluster: Cluster, harness: LocalCluster
 ) -> None:
+    # The GPU half of the autoscaling chain (its metrics half runs on real CPU pods in
+    # test_autoscaling_chain.py: no real server runs on a simulated GPU node, so nothing here could produce
+    # a load signal). Replicas change through the scale subresource, as the HPA does there.
     # One replica takes a whole 8-GPU H200 node: the only static H200 node holds the first, the second
     # needs a node from the H200 pool. Example 06 (EAGLE-3 on the PyTorch backend, TP8) builds no engine, so
     # no build pod competes for the H200 GPUs (a build that waits for a GPU gets an autoscaled node too, and
@@ -390,17 +310,9 @@ def test_load_adds_a_gpu_node_of_the_right_pool_and_its_removal_takes_the_node_a
     except BaseException:
         print(h200_nodes())
         raise
-    doc = autoscaled(
-        "06",
-        {
-            "minReplicas": 1,
-            "maxReplicas": 2,
-            "metric": "queueSeconds",
-            "target": 10,
-            "scaleDown": {"stabilizationWindowSeconds": 10, "maxPods": 1, "periodSeconds": 15},
-        },
-        placement={"gpuProduct": H200},
-    )
+    doc = copy.deepcopy(example("06"))
+    doc["spec"]["placement"] = {**doc["spec"].get("placement", {}), "gpuProduct": H200}
+    doc["spec"]["replicas"] = 1
     name = cluster.apply(doc)
     status = cluster.wait_phase(name, "Ready", timeout=120)
     assert status["gpusPerReplica"] == 8
@@ -414,12 +326,9 @@ def test_load_adds_a_gpu_node_of_the_right_pool_and_its_removal_takes_the_node_a
     ready_at = next(c.last_transition_time for c in first.status.conditions if c.type == "Ready")
     time.sleep(max(0.0, 32 - (time.time() - ready_at.timestamp())))
     before = gpu_node_groups(cluster.core)
-    load = {"value": "30"}  # three times the target
 
-    with (
-        status_history(cluster, name) as history,
-        pod_metric(harness, cluster, selector, QUEUE_SECONDS, lambda: load["value"]),
-    ):
+    with status_history(cluster, name) as history:
+        scale(cluster, name, 2)
         try:
             pending = wait_for(
                 lambda: next((s for s in history if s.get("capacityPendingReplicas")), None),
@@ -437,7 +346,7 @@ def test_load_adds_a_gpu_node_of_the_right_pool_and_its_removal_takes_the_node_a
         degraded = condition(pending, "Degraded")
         assert degraded["reason"] == "CapacityPending"
         assert "Insufficient nvidia.com/gpu" in degraded["message"]
-        assert degraded["message"].startswith("1 of 2 replicas wait for GPU capacity")
+        assert degraded["message"].startswith("1 of 2 replicas wait for capacity (8 nvidia.com/gpu each)")
         assert pending["capacityPendingReplicas"] == 1
         wait_for(lambda: "CapacityPending" in reasons(cluster), timeout=30, what="the CapacityPending event")
 
@@ -454,7 +363,7 @@ def test_load_adds_a_gpu_node_of_the_right_pool_and_its_removal_takes_the_node_a
         pods = {p.spec.node_name for p in cluster.pods(selector)}
         assert node_name in pods
 
-        load["value"] = "1"
+        scale(cluster, name, 1)
         wait_for(
             lambda: replicas(cluster, name) == 1 and len(cluster.pods(selector)) == 1,
             timeout=90,

@@ -37,8 +37,8 @@ def test_up_twice_is_harmless_and_down_leaves_no_process_or_port() -> None:
         assert _listening(ports["apiserver"])
         assert _listening(ports["etcd"])
         if cluster.autoscaling:  # a second cluster beside the session's: its adapter has ports of its own
-            assert {"metrics-adapter", "cluster-autoscaler"} <= set(pids)
-            for port in ("metrics_adapter", "metrics_write", "cluster_autoscaler"):
+            assert {"prometheus", "metrics-adapter", "cluster-autoscaler"} <= set(pids)
+            for port in ("prometheus", "metrics_adapter", "cluster_autoscaler"):
                 assert _listening(ports[port]), port
 
         cluster.up(timeout=60)  # already healthy: nothing restarts

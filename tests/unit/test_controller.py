@@ -230,7 +230,7 @@ def test_a_replica_short_of_gpus_is_capacity_pending_with_the_schedulers_message
     assert status["capacityPendingReplicas"] == 1
     degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
     assert "Insufficient nvidia.com/gpu" in degraded["message"]
-    assert degraded["message"].startswith("1 of 2 replicas wait for GPU capacity")
+    assert degraded["message"].startswith("1 of 2 replicas wait for capacity (2 nvidia.com/gpu each)")
 
     nodes_arrived = status_of(
         [engine("Succeeded")],

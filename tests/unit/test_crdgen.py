@@ -147,7 +147,17 @@ def test_resource_shape() -> None:
         },
     }
     columns = [column["name"] for column in version["additionalPrinterColumns"] if not column.get("priority")]
-    assert columns == ["Phase", "Method", "Target", "Draft", "Ready", "GPUs/replica", "Age"]
+    assert columns == [
+        "Phase",
+        "Method",
+        "Target",
+        "Draft",
+        "Ready",
+        "Acceptance",
+        "Tokens/step",
+        "GPUs/replica",
+        "Age",
+    ]
     engine_build = custom_resource_definition(KINDS[1])
     assert engine_build["spec"]["names"]["shortNames"] == ["eb"]
     eb_columns = engine_build["spec"]["versions"][0]["additionalPrinterColumns"]

@@ -84,9 +84,11 @@ def test_duplicate_pool_names_are_refused(tmp_path: Path) -> None:
         load_nodepools(f)
 
 
-def test_default_autoscaled_pools_are_h100_up_to_four_and_h200_up_to_two() -> None:
+def test_default_autoscaled_pools_are_h100_up_to_four_h200_up_to_two_and_small_cpu_nodes_up_to_two() -> None:
     pools = {p.name: p for p in load_autoscaled_pools(DEFAULT_NODEPOOLS)}
-    assert sorted(pools) == ["h100-autoscaled", "h200-autoscaled"]
+    assert sorted(pools) == ["cpu-autoscaled", "h100-autoscaled", "h200-autoscaled"]
+    assert (pools["cpu-autoscaled"].min_nodes, pools["cpu-autoscaled"].max_nodes) == (0, 2)
+    assert pools["cpu-autoscaled"].pool.gpu is None
     assert (pools["h100-autoscaled"].min_nodes, pools["h100-autoscaled"].max_nodes) == (0, 4)
     assert (pools["h200-autoscaled"].min_nodes, pools["h200-autoscaled"].max_nodes) == (0, 2)
     # The static pools are what they were: autoscaled pools add no node at start.

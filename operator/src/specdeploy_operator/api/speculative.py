@@ -50,6 +50,7 @@ __all__ = [
     "RolloutSpec",
     "RuntimeSpec",
     "ServingSpec",
+    "SpeculationFigures",
     "SpeculativeDeployment",
     "SpeculativeDeploymentSpec",
     "SpeculativeDeploymentStatus",
@@ -437,6 +438,32 @@ class AutoscalerRef(ApiModel):
     creating it)."""
 
 
+class SpeculationFigures(ApiModel):
+    """How speculation pays off, from the ready servers' own metrics over the last window (counter deltas of
+    `specdeploy_draft_tokens`, `specdeploy_accepted_draft_tokens`, `specdeploy_speculative_steps` and
+    `specdeploy_generation_tokens`, summed over the pods that were scraped at both ends of the window)."""
+
+    acceptance_rate: Annotated[float, Field(ge=0, le=1)] | None = None
+    """Accepted draft tokens ÷ drafted tokens; unset when nothing was drafted (method `none`)."""
+    tokens_per_step: Annotated[float, Field(ge=0)] | None = None
+    """Mean tokens a sequence gains per target step (1 without speculation)."""
+    draft_length: Annotated[float, Field(ge=0)] | None = None
+    """Mean draft tokens proposed per sequence step (the draft length in use, averaged)."""
+    speculating_fraction: Annotated[float, Field(ge=0, le=1)] | None = None
+    """Fraction of sequence steps that proposed at least one draft token, where the servers export it
+    (`specdeploy_speculating_steps`)."""
+    tokens_per_second: Annotated[float, Field(ge=0)] | None = None
+    """Generated tokens per second, all ready pods together."""
+    window_seconds: Annotated[float, Field(ge=0)] | None = None
+    """Length of the window the figures cover."""
+    measured_at: Annotated[str, StringConstraints(max_length=64)] | None = None
+    """When the window ended (RFC 3339)."""
+    pods: Annotated[int, Field(ge=0)] | None = None
+    """Pods the figures cover."""
+    pods_skipped: Annotated[int, Field(ge=0)] | None = None
+    """Ready pods that could not be scraped or restarted within the window (not in the figures)."""
+
+
 class SpeculativeDeploymentStatus(ApiModel):
     """Observed state, written by the operator."""
 
@@ -448,7 +475,9 @@ class SpeculativeDeploymentStatus(ApiModel):
     conditions: (
         Annotated[list[Condition], Field(max_length=16, json_schema_extra=CONDITIONS_LIST_EXTRAS)] | None
     ) = None
-    """Conditions `EnginesReady`, `Available`, `Progressing` and `Degraded`."""
+    """Conditions `EnginesReady`, `Available`, `Progressing`, `Degraded`, `Synced` and, once speculation
+    has been measured, `SpeculationEffective` (`False`, reason `LowAcceptance`, when the draft's tokens are
+    mostly rejected)."""
     engines: EngineRefs | None = None
     """EngineBuilds in use."""
     replicas: Annotated[int, Field(ge=0)] | None = None
@@ -470,6 +499,10 @@ class SpeculativeDeploymentStatus(ApiModel):
     adds nodes for them); unset when none wait."""
     autoscaler: AutoscalerRef | None = None
     """The autoscaler of `spec.autoscaling`; unset without one."""
+    speculation: SpeculationFigures | None = None
+    """Acceptance and throughput measured on the ready pods (updated at most once per
+    `SPECDEPLOY_SPECULATION_INTERVAL_SECONDS`, only when they change meaningfully, never while idle); unset
+    until a window with traffic has been measured."""
 
 
 SPECULATIVE_DEPLOYMENT = ResourceInfo(
@@ -485,6 +518,18 @@ SPECULATIVE_DEPLOYMENT = ResourceInfo(
         PrinterColumn("Target", "string", ".spec.target.model.uri", "Target model"),
         PrinterColumn("Draft", "string", ".spec.draft.model.uri", "Draft model"),
         PrinterColumn("Ready", "string", ".status.readyText", "Ready replicas / replicas"),
+        PrinterColumn(
+            "Acceptance",
+            "number",
+            ".status.speculation.acceptanceRate",
+            "Accepted / drafted tokens, last window",
+        ),
+        PrinterColumn(
+            "Tokens/step",
+            "number",
+            ".status.speculation.tokensPerStep",
+            "Tokens per target step, last window",
+        ),
         PrinterColumn("GPUs/replica", "integer", ".status.gpusPerReplica", "GPUs each replica requests"),
         PrinterColumn("Age", "date", ".metadata.creationTimestamp", "Time since creation"),
         PrinterColumn("Backend", "string", ".spec.backend", "Inference backend", priority=1),

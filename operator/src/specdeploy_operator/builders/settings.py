@@ -66,6 +66,13 @@ class OperatorSettings(BaseModel):
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     """Prometheus that KEDA ScaledObjects query when `spec.autoscaling.keda.serverAddress` is unset
     (`SPECDEPLOY_PROMETHEUS_URL`); the default is the Service the Prometheus Operator creates."""
+    speculation_interval_seconds: Annotated[float, Field(ge=0)] = 30.0
+    """How often the operator scrapes the ready serving pods' `/metrics` for `status.speculation`, which is
+    written at most once per interval per deployment (`SPECDEPLOY_SPECULATION_INTERVAL_SECONDS`); 0 turns
+    the figures off."""
+    low_acceptance_rate: Annotated[float, Field(ge=0, le=1)] = 0.2
+    """Below this acceptance rate over a window with drafting, condition `SpeculationEffective` turns
+    `False` (reason `LowAcceptance`) with a Warning event (`SPECDEPLOY_LOW_ACCEPTANCE_RATE`)."""
     shm_size: str = "16Gi"
     """Size limit of the memory-backed `/dev/shm` of serving pods (`SPECDEPLOY_SHM_SIZE`)."""
     cpu_serving_cpu_request: str = "1"

@@ -42,6 +42,7 @@ from .indexes import Obj, every
 from .kube import ApiError, ObjectRef, ref_of
 from .livestate import contains, first_difference
 from .status import (
+    SPECULATION_EFFECTIVE,
     ConditionSpec,
     EngineObservation,
     ServingObservation,
@@ -259,11 +260,25 @@ async def report(  # noqa: PLR0917 - one call site, every argument an observatio
         keep_previous=r.settings.keep_previous_engines,
         now=r.clock(),
         sync_error=error,
+        speculation=r.speculation.published((namespace, name)),
+        speculation_condition=r.speculation.condition((namespace, name), r.settings.low_acceptance_rate),
     )
     await r.write_status(body, status)
+    await _acceptance_event(r, body, previous, status)
     old_sync: Obj = next((c for c in previous.get("conditions") or () if c.get("type") == "Synced"), {})
     if error is not None and old_sync.get("message") != error[:4096]:
         await r.kube.event(body, "Warning", "ReconcileError", error)
+
+
+async def _acceptance_event(r: Reconciler, body: Obj, previous: Obj, status: Obj) -> None:
+    """A Warning event when speculation stops paying (condition `SpeculationEffective` turns False)."""
+
+    def effective(s: Obj) -> Obj:
+        return next((c for c in s.get("conditions") or () if c.get("type") == SPECULATION_EFFECTIVE), {})
+
+    now, before = effective(status), effective(previous)
+    if now.get("status") == "False" and before.get("status") != "False":
+        await r.kube.event(body, "Warning", str(now["reason"]), str(now["message"]))
 
 
 async def _write_invalid(r: Reconciler, body: Obj, error: ValidationError) -> None:

@@ -33,3 +33,8 @@ APPLIES: Final = Counter(
     ["kind"],
 )
 QUEUE_DEPTH: Final = Gauge("specdeploy_operator_queue_depth", "Keys waiting in the work queue.")
+SPECULATION_SCRAPES: Final = Counter(
+    "specdeploy_operator_speculation_scrapes",
+    "Scrapes of serving pods' /metrics for status.speculation, by result (ok, failed).",
+    ["result"],
+)

@@ -35,6 +35,7 @@ from .kube import ApiError, Kube, ObjectRef, ref_of
 from .livestate import difference
 from .podcreation import creation_event
 from .queue import WorkQueue
+from .speculation import SpeculationSampler, close_metrics_session, fetch_metrics, speculation_targets
 
 __all__ = [
     "INDEX_IDS",
@@ -136,6 +137,8 @@ class Reconciler:
         # not exist): (namespace, name) -> the spec this process applied; cleared by the periodic resync, so
         # a hand-edited or deleted ScaledObject is repaired within `resync_seconds`.
         self.scaled_objects: dict[tuple[str, str], Obj] = {}
+        self.speculation = SpeculationSampler(fetch_metrics, clock)
+        self._sampling: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------
     def bind(self, kwargs: Mapping[str, Any]) -> None:
@@ -145,10 +148,15 @@ class Reconciler:
         self.indices = {name: kwargs[name] for name in INDEX_IDS}
         self.queue.start()
         self._schedule_resync()
+        if self.settings.speculation_interval_seconds > 0:
+            self._sampling = asyncio.get_running_loop().create_task(self._sample_speculation())
 
     async def stop(self) -> None:
         if self._resync is not None:
             self._resync.cancel()
+        if self._sampling is not None:
+            self._sampling.cancel()
+            await close_metrics_session()
         await self.queue.stop()
         await self.kube.close()
 
@@ -165,6 +173,19 @@ class Reconciler:
         for namespace, name in list(self.indices["enginebuilds"]):
             self.queue.add(("engine", namespace, name))
         self._schedule_resync()
+
+    async def _sample_speculation(self) -> None:
+        """Every interval: scrape the ready serving pods and reconcile the deployments whose figures changed
+        (speculation.py). A failure here is logged, never fatal: the figures are a report."""
+        interval = self.settings.speculation_interval_seconds
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                targets = speculation_targets(self.indices)
+                for namespace, name in await self.speculation.sample(targets):
+                    self.queue.add(("sdep", namespace, name))
+            except Exception:
+                log.exception("speculation sampling failed")
 
     # -- triggers (called by handlers) ---------------------------------------------------------------------
     def deployment_changed(self, namespace: str, name: str) -> None:

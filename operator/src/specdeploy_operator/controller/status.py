@@ -16,6 +16,7 @@ from typing import Any, Final
 from .podcreation import CREATION_REASONS, PodCreationProblem, deployment_creation_problem
 
 __all__ = [
+    "SPECULATION_EFFECTIVE",
     "ConditionSpec",
     "EngineObservation",
     "ServingObservation",
@@ -46,6 +47,9 @@ class ConditionSpec:
     status: str
     reason: str
     message: str
+
+
+SPECULATION_EFFECTIVE: Final = "SpeculationEffective"
 
 
 def merge_conditions(
@@ -323,7 +327,7 @@ def _serving_verdict(
         )
     if capacity:
         text = (
-            f"{len(capacity)} of {desired} replicas wait for GPU capacity ({gpus} each); "
+            f"{len(capacity)} of {desired} replicas wait for capacity ({gpus} each); "
             f"the scheduler says: {capacity[0]}"
         )
         return (
@@ -363,9 +367,13 @@ def deployment_status(
     keep_previous: int,
     now: datetime,
     sync_error: str | None = None,
+    speculation: Obj | None = None,
+    speculation_condition: ConditionSpec | None = None,
 ) -> dict[str, Any]:
     """The SpeculativeDeployment status for what is observed; `autoscaler` is `status.autoscaler`;
-    `sync_error` says why the last reconcile could not write what it wanted (condition `Synced`)."""
+    `sync_error` says why the last reconcile could not write what it wanted (condition `Synced`);
+    `speculation` and its condition are the latest published figures (speculation.py), else the previous
+    ones are kept (an operator that restarted has measured nothing yet)."""
     previous = previous or {}
     engines_cond, engine_phase = _engines_condition(engines)
     dep_status: Obj = (serving.deployment or {}).get("status") or {}
@@ -373,11 +381,16 @@ def deployment_status(
     ready = int(dep_status.get("readyReplicas") or 0)
     updated = int(dep_status.get("updatedReplicas") or 0) if serving.current else 0
     pods = [p for p in serving.pods if not (p.get("metadata") or {}).get("deletionTimestamp")]
-    # Pending for lack of GPUs (the scheduler's "Insufficient nvidia.com/gpu"): a cluster autoscaler adds
-    # nodes for these; anything else (taints, selectors, other resources) needs a person. A deployment on
-    # CPUs (0 GPUs per replica) never waits for GPU capacity.
+    # Pending for lack of what a replica consumes (the scheduler's "Insufficient nvidia.com/gpu"; for a
+    # deployment on CPUs, 0 GPUs per replica, "Insufficient cpu" or "memory"): a cluster autoscaler adds
+    # nodes for these; anything else (taints, selectors, other resources) needs a person.
     problems = [m for m in (scheduling_problem(p) for p in _by_creation(pods)) if m]
-    capacity = [m for m in problems if gpus_per_replica > 0 and f"Insufficient {gpu_resource}" in m]
+    lacking = (
+        (f"Insufficient {gpu_resource}",)
+        if gpus_per_replica > 0
+        else ("Insufficient cpu", "Insufficient memory")
+    )
+    capacity = [m for m in problems if any(word in m for word in lacking)]
     available = _available(serving, ready, desired_replicas)
 
     if engine_phase == "Failed":
@@ -404,7 +417,9 @@ def deployment_status(
             creation=deployment_creation_problem(serving.deployment),
             rollout_done=rollout_done,
             counts=(desired_replicas, updated, ready),
-            gpus=f"{gpus_per_replica} {gpu_resource}",
+            gpus=f"{gpus_per_replica} {gpu_resource}"
+            if gpus_per_replica > 0
+            else "its CPU and memory requests",
         )
 
     status: dict[str, Any] = {"phase": phase}
@@ -415,9 +430,14 @@ def deployment_status(
         if sync_error is not None
         else ConditionSpec("Synced", "True", "ReconcileSuccess", "")
     )
-    status["conditions"] = merge_conditions(
-        previous.get("conditions"), [engines_cond, available, progressing, degraded, synced], now, generation
-    )
+    current = [engines_cond, available, progressing, degraded, synced]
+    if speculation_condition is not None:
+        current.append(speculation_condition)
+    status["conditions"] = merge_conditions(previous.get("conditions"), current, now, generation)
+    if speculation_condition is None:
+        status["conditions"] += [
+            c for c in previous.get("conditions") or () if c.get("type") == SPECULATION_EFFECTIVE
+        ]
     refs: dict[str, Any] = {}
     for engine in engines:
         refs[engine.role] = {"name": engine.name, "hash": engine.hash, "phase": engine.phase}
@@ -441,6 +461,9 @@ def deployment_status(
         status["capacityPendingReplicas"] = len(capacity)
     if autoscaler is not None:
         status["autoscaler"] = dict(autoscaler)
+    figures = speculation if speculation is not None else previous.get("speculation")
+    if figures:
+        status["speculation"] = dict(figures)
     return status
 
 
