@@ -34,7 +34,8 @@ lint: venv ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy operator/src server/src tests benchmarks hack/cluster/localcluster.py hack/cluster/operatorproc.py \
-	  hack/cluster/netguard.py hack/cluster/provisioner.py hack/cluster/podrunner hack/demo_client.py hack/demo_pods.py \
+	  hack/cluster/netguard.py hack/cluster/provisioner.py hack/cluster/podrunner hack/cluster/metricsstack.py \
+	  hack/cluster/serviceload.py hack/demo_client.py hack/demo_pods.py \
 	  hack/docgen.py hack/measure.py
 
 .PHONY: fmt
@@ -69,7 +70,7 @@ bench-operator: venv bins ## operator at scale on its own simulated cluster (100
 	$(PY) -m benchmarks.operator
 
 .PHONY: bench-autoscaling
-bench-autoscaling: venv bins ## load to a new Ready replica on a new GPU node and back, vs a Deployment+HPA -> docs/benchmarks.md
+bench-autoscaling: venv bins ## real load -> metric -> HPA -> new node -> new replica serving, and back, vs a Deployment+HPA -> docs/benchmarks.md
 	$(PY) -m benchmarks.autoscaling
 
 .PHONY: measure

@@ -1,26 +1,30 @@
-"""Autoscaling on the simulated GPU cluster: how long from load to a new Ready replica, and from no load to
-the GPU node gone; writes its record, benchmarks/results/autoscaling.json, and the autoscaling block of
+"""Autoscaling, the whole chain with real load: how long from load to a new replica serving, and from no load
+to the node gone; writes its record, benchmarks/results/autoscaling.json, and the autoscaling block of
 docs/benchmarks.md rendered from it (benchmarks/autoscaling_report.py, benchmarks/records.py).
 
-python -m benchmarks.autoscaling              # 3 rounds per path (~8 min with the cluster start)
+python -m benchmarks.autoscaling              # 3 rounds per path (~15 min with the cluster start)
 python -m benchmarks.autoscaling --rounds 1 --no-write     # a smoke run: no record, docs untouched
 
-One run on its own local cluster (a temporary directory) with the custom metrics test adapter and the Cluster
-Autoscaler (kwok provider). Every replica takes a whole 8-GPU H200 node: the one static H200 node holds the
-first, the second needs a node from the autoscaled H200 pool. Each round:
+One run on its own local cluster (a temporary directory) with Prometheus, prometheus-adapter (configured from
+the chart) and the Cluster Autoscaler (kwok provider). The deployment is the CPU example (`backend:
+transformers`, the real server in real pods, models made in the cluster by the demo's Job) on the
+`cpu-autoscaled` pool, whose 1-CPU nodes hold one replica each, autoscaled 1..2 on `queueDepth` with target 2.
+Nothing writes a metric value. Each round:
 
-1. load up: the per-pod metric is written at 3x the target on every serving pod (as the servers' `/metrics`
-   would report it through a metrics pipeline); timed until the autoscaler raised the replica count (*HPA
-   reaction*), until the new node exists (*node provisioning*, simulated: kwok makes it Ready at once), and
-   until the new replica is Ready (*pod start*);
-2. load down: the metric falls to a tenth of the target; timed until the replica count is back to one
-   (*scale-down*, bounded below by the 10 s stabilization window) and until the Cluster Autoscaler deleted the
-   emptied node (*node removal*, bounded below by its 10 s unneeded time).
+1. load up: 8 clients stream completions through the Service; timed from the load's start until the pods'
+   queue depth, as the custom metrics API serves it (servers -> Prometheus -> adapter), is above the target
+   (*metric*), until the HPA raised the replica count (*HPA reaction*), until the new node exists (*node
+   provisioning*, simulated: kwok makes it Ready at once), until the new replica is Ready (*pod start*: the
+   real server loads its models) and until a request completed through it (*serving*);
+2. load stops: timed until the replica count is back to one (*scale-down*, bounded below by the 10 s
+   stabilization window) and until the Cluster Autoscaler deleted the emptied node (*node removal*, bounded
+   below by its 10 s unneeded time).
 
-Two paths, alternating round by round: the *reference* is a plain Deployment of the same pods with a
-HorizontalPodAutoscaler on it (what the cluster itself costs); the *operator* path is a SpeculativeDeployment
-with `spec.autoscaling`, whose HPA scales it through its scale subresource, the operator then scaling its
-Deployment and reporting CapacityPending / Ready. The ratio operator / reference is what the operator adds.
+Two paths, alternating round by round: the *reference* is a plain Deployment of the same pods (its ConfigMap
+and Service too) with a HorizontalPodAutoscaler on it (what the cluster itself costs); the *operator* path is
+the SpeculativeDeployment with `spec.autoscaling`, whose HPA scales it through its scale subresource, the
+operator then scaling its Deployment and reporting CapacityPending / Ready. The ratio operator / reference is
+what the operator adds.
 """
 
 from __future__ import annotations
@@ -31,79 +35,87 @@ import dataclasses
 import functools
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack" / "cluster"))
 
-from localcluster import LocalCluster  # noqa: E402
+from demomodels import make_demo_models  # noqa: E402
+from localcluster import POOL_LABEL, LocalCluster  # noqa: E402
 from operatorproc import OperatorProcess  # noqa: E402
+from serviceload import ServiceEndpoints, StreamingLoad  # noqa: E402
 from specdeploy_operator.api import SpeculativeDeployment  # noqa: E402
 from specdeploy_operator.builders import (  # noqa: E402
     OperatorSettings,
+    build_configmap,
     build_deployment,
-    build_engine_builds,
     build_hpa,
+    build_service,
 )
 
 from benchmarks import records  # noqa: E402
 from benchmarks.autoscaling_report import render  # noqa: E402
 from benchmarks.operator import GROUP_PATH, Bench, start_cluster, wait  # noqa: E402
 
-METRIC = "specdeploy_queue_seconds"
-TARGET = 10
-H200 = "NVIDIA-H200"
+METRIC = "specdeploy_queue_depth"
+TARGET = 2
+CLIENTS = 8
+POOL = "cpu-autoscaled"
+TRAINING_STEPS = 60
 NS_REF, NS_OP = "scale-reference", "scale-operator"
 OPERATOR_ENV = {"SPECDEPLOY_RESYNC_SECONDS": "60"}
 SETTLE_SECONDS = 32
 
 
 def deployment_doc(namespace: str) -> dict[str, Any]:
-    """examples/04b at tensor parallel 8 with the draft colocated (8 GPUs a replica), autoscaled 1..2 on
-    `queueSeconds` with a 10 s scale-down window."""
-    doc: dict[str, Any] = yaml.safe_load(
-        (REPO / "examples" / "04b-draft-target-llama70b-1b-h200.yaml").read_text()
-    )
-    doc["metadata"] = {"name": "llama-70b-autoscaled", "namespace": namespace}
-    doc["spec"]["target"]["tensorParallel"] = 8
-    doc["spec"]["placement"]["draft"] = "colocated"
+    """examples/09 (the CPU example) on the `cpu-autoscaled` pool, one replica per node, autoscaled 1..2 on
+    `queueDepth` with a 10 s scale-down window."""
+    doc: dict[str, Any] = yaml.safe_load((REPO / "examples" / "09-transformers-cpu-tiny.yaml").read_text())
+    doc["metadata"] = {"name": "tiny-cpu", "namespace": namespace}
     doc["spec"].pop("replicas", None)
+    doc["spec"]["placement"] = {"device": "cpu", "nodeSelector": {POOL_LABEL: POOL}}
+    doc["spec"]["serving"]["resources"] = {
+        "requests": {"cpu": "600m", "memory": "512Mi"},
+        "limits": {"cpu": "1", "memory": "1536Mi"},
+    }
     doc["spec"]["autoscaling"] = {
         "minReplicas": 1,
         "maxReplicas": 2,
-        "metric": "queueSeconds",
+        "metric": "queueDepth",
         "target": TARGET,
+        "scaleUp": {"stabilizationWindowSeconds": 0, "periodSeconds": 5},
         "scaleDown": {"stabilizationWindowSeconds": 10, "maxPods": 1, "periodSeconds": 15},
     }
     return doc
 
 
 def reference_objects(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    """The same pods as a plain Deployment (no owner) with an HPA of the same metric and behaviour on it."""
+    """The same pods as a plain Deployment (no owner, with its ConfigMap and Service) with an HPA of the same
+    metric and behaviour on it."""
     sdep = SpeculativeDeployment.model_validate(doc)
-    deployment = build_deployment(sdep, build_engine_builds(sdep, OperatorSettings()))
-    deployment["metadata"].pop("ownerReferences", None)
-    deployment["spec"]["template"]["spec"].pop("initContainers", None)
-    deployment["spec"]["template"]["spec"]["volumes"] = []
-    deployment["spec"]["template"]["spec"]["containers"][0]["volumeMounts"] = []
+    settings = OperatorSettings()
+    configmap = build_configmap(sdep, [], settings)
+    objects = [configmap, build_service(sdep), build_deployment(sdep, [], settings, configmap=configmap)]
     hpa = build_hpa(sdep)
-    hpa["metadata"].pop("ownerReferences", None)
     hpa["spec"]["scaleTargetRef"] = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "name": sdep.metadata.name,
     }
-    return [deployment, hpa]
+    objects.append(hpa)
+    for obj in objects:
+        obj["metadata"].pop("ownerReferences", None)
+    return objects
 
 
 @dataclass
@@ -113,11 +125,12 @@ class Round:
 
 
 class Target:
-    """What a path scales: its replica count, its serving pods, whether the new replica is Ready."""
+    """What a path scales: its replica count, its serving pods, their queue depth as the HPA sees it."""
 
-    def __init__(self, bench: Bench, path: str, namespace: str, name: str) -> None:
+    def __init__(self, bench: Bench, api: k8s.ApiClient, path: str, namespace: str, name: str) -> None:
         self.bench, self.path, self.namespace, self.name = bench, path, namespace, name
         self.selector = f"app.kubernetes.io/instance={name},app.kubernetes.io/component=server"
+        self.endpoints = ServiceEndpoints(api, namespace, name)
 
     def _obj(self) -> dict[str, Any]:
         if self.path == "operator":
@@ -137,89 +150,104 @@ class Target:
             return status.get("phase") == "Ready" and status.get("readyReplicas") == count
         return status.get("readyReplicas") == count and obj["spec"]["replicas"] == count
 
-    def pods(self) -> list[str]:
+    def pods(self) -> list[dict[str, Any]]:
         path = f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={self.selector}"
-        return [p["metadata"]["name"] for p in self.bench.items(path)]
+        return [p for p in self.bench.items(path) if not p["metadata"].get("deletionTimestamp")]
+
+    def metric(self) -> float | None:
+        """Mean `METRIC` over the pods, from the custom metrics API (what the HPA controller reads)."""
+        path = f"/apis/custom.metrics.k8s.io/v1beta2/namespaces/{self.namespace}/pods/*/{METRIC}"
+        try:
+            items = self.bench.cluster.api("GET", f"{path}?labelSelector={self.selector}")["items"]
+        except OSError:
+            return None
+        values = [_quantity(i["value"]) for i in items]
+        return sum(values) / len(values) if values else None
 
 
-@contextmanager
-def load(cluster: LocalCluster, target: Target, value: Callable[[], str]) -> Iterator[None]:
-    """Write `value()` as every serving pod's metric, every 0.5 s, until the block ends."""
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.is_set():
-            for pod in target.pods():
-                cluster.set_pod_metric(target.namespace, pod, METRIC, value())
-            stop.wait(0.5)
-
-    thread = threading.Thread(target=loop, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join(timeout=10)
+def _quantity(value: str) -> float:
+    return float(value[:-1]) / 1000 if value.endswith("m") else float(value)
 
 
 def autoscaled_nodes(cluster: LocalCluster) -> set[str]:
-    return {n["metadata"]["name"] for n in cluster.autoscaled_nodes()}
+    return {n["metadata"]["name"] for n in cluster.autoscaled_nodes(POOL)}
 
 
-def one_round(cluster: LocalCluster, target: Target, timeout: float) -> Round:
+def one_round(target: Target, timeout: float) -> Round:
     seconds: dict[str, float] = {}
-    before = autoscaled_nodes(cluster)
-    value = {"now": str(TARGET * 3)}
-    with load(cluster, target, lambda: value["now"]):
-        start = time.monotonic()
-        added: set[str] = set()
-        while len(seconds) < 3:
-            if time.monotonic() - start > timeout:
-                raise TimeoutError(f"{target.path}: scale-up incomplete after {timeout}s: {seconds}")
+    [first] = [p["metadata"]["name"] for p in target.pods()]
+    before = autoscaled_nodes(target.bench.cluster)
+    load = StreamingLoad(target.endpoints, clients=CLIENTS, max_tokens=48).start()
+    start = time.monotonic()
+    new_url = None
+    try:
+        while "serving" not in seconds:
             now = time.monotonic() - start
+            if now > timeout:
+                raise TimeoutError(f"{target.path}: scale-up incomplete after {timeout}s: {seconds}")
+            if "metric" not in seconds and (target.metric() or 0) > TARGET:
+                seconds["metric"] = now
             if "hpa" not in seconds and target.replicas() == 2:
                 seconds["hpa"] = now
-            if "node" not in seconds:
-                added = autoscaled_nodes(cluster) - before
-                if added:
-                    seconds["node"] = now
+            if "node" not in seconds and autoscaled_nodes(target.bench.cluster) - before:
+                seconds["node"] = now
             if "hpa" in seconds and "pod" not in seconds and target.ready(2):
                 seconds["pod"] = now
+                [new] = [p for p in target.pods() if p["metadata"]["name"] != first]
+                new_url = f"http://{new['status']['podIP']}:8000"
+            if new_url is not None and new_url in load.report.endpoints:
+                seconds["serving"] = now
             time.sleep(0.1)
-        seconds["up"] = seconds["pod"]
-        value["now"] = str(TARGET / 10)
-        start = time.monotonic()
-        while "node_gone" not in seconds:
-            if time.monotonic() - start > timeout:
-                raise TimeoutError(f"{target.path}: scale-down incomplete after {timeout}s: {seconds}")
-            now = time.monotonic() - start
-            if "down" not in seconds and target.replicas() == 1 and len(target.pods()) == 1:
-                seconds["down"] = now
-            if "down" in seconds and not (added & autoscaled_nodes(cluster)):
-                seconds["node_gone"] = now
-            time.sleep(0.2)
+    finally:
+        report = load.stop()
+    if report.failed or report.truncated:
+        raise RuntimeError(
+            f"{target.path}: requests failed under load: {report.failed[:3]} {report.truncated[:3]}"
+        )
+    seconds["up"] = seconds["serving"] - seconds["metric"]
+    added = autoscaled_nodes(target.bench.cluster) - before
+    start = time.monotonic()
+    while "node_gone" not in seconds:
+        now = time.monotonic() - start
+        if now > timeout:
+            raise TimeoutError(f"{target.path}: scale-down incomplete after {timeout}s: {seconds}")
+        if "down" not in seconds and target.replicas() == 1 and len(target.pods()) == 1:
+            seconds["down"] = now
+        if "down" in seconds and not (added & autoscaled_nodes(target.bench.cluster)):
+            seconds["node_gone"] = now
+        time.sleep(0.2)
     wait(lambda: target.ready(1), 60, f"{target.path} back to one Ready replica")
     return Round(target.path, seconds)
 
 
+def _kubectl(bench: Bench) -> Any:
+    """`demomodels.Kubectl` over the bench's kubectl."""
+
+    def run(*args: str, input: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.CompletedProcess(list(args), 0, bench.kubectl(*args, input=input), "")
+
+    return run
+
+
 def run(rounds: int, timeout: float, keep: bool) -> list[Round]:
     state = Path(tempfile.mkdtemp(prefix="specdeploy-bench-scale-"))
-    cluster = LocalCluster(state)
+    cluster = LocalCluster(state, autoscaling=True)
     operator: OperatorProcess | None = None
     try:
         print(f"cluster in {state} ...", flush=True)
         bench = start_cluster(cluster, [])
         for ns in (NS_REF, NS_OP):
             bench.namespace(ns)
+            make_demo_models(_kubectl(bench), ns, TRAINING_STEPS)
         operator = OperatorProcess(cluster.operator_kubeconfig, cluster.logs, env=OPERATOR_ENV)
         operator.start()
-        doc = deployment_doc(NS_OP)
-        bench.apply_list(reference_objects(deployment_doc(NS_REF)))
-        bench.apply_list([doc])
-        name = doc["metadata"]["name"]
-        targets = [Target(bench, "reference", NS_REF, name), Target(bench, "operator", NS_OP, name)]
-        # The two paths take turns on the one static H200 node, which holds one replica: the other path is
-        # parked at zero replicas without an autoscaler while one is measured.
+        name = deployment_doc(NS_OP)["metadata"]["name"]
+        api = k8s_config.new_client_from_config(str(cluster.kubeconfig))
+        targets = [
+            Target(bench, api, path, ns, name) for path, ns in (("reference", NS_REF), ("operator", NS_OP))
+        ]
+        # The two paths take turns on the cpu-autoscaled pool: the other path is parked at zero replicas
+        # without an autoscaler while one is measured.
         results: list[Round] = []
         for i in range(rounds):
             for target in targets:
@@ -232,7 +260,7 @@ def run(rounds: int, timeout: float, keep: bool) -> list[Round]:
                 # is the one removed on the way down, which empties the new node.
                 time.sleep(SETTLE_SECONDS)
                 print(f"round {i + 1}: {target.path} ...", flush=True)
-                result = one_round(cluster, target, timeout)
+                result = one_round(target, timeout)
                 print("  " + ", ".join(f"{k} {v:.1f}s" for k, v in result.seconds.items()), flush=True)
                 results.append(result)
         return results
@@ -251,8 +279,9 @@ def park(bench: Bench, target: Target, cluster: LocalCluster) -> None:
     for the reference and autoscaling removed for the operator path) and zero replicas."""
     if target.path == "reference":
         bench.kubectl("delete", "hpa", target.name, "-n", target.namespace, "--ignore-not-found")
-        bench.kubectl("scale", "deployment", target.name, "-n", target.namespace, "--replicas=0")
-    else:
+        if bench._exists(f"/apis/apps/v1/namespaces/{target.namespace}/deployments/{target.name}"):
+            bench.kubectl("scale", "deployment", target.name, "-n", target.namespace, "--replicas=0")
+    elif bench._exists(f"{GROUP_PATH}/namespaces/{target.namespace}/speculativedeployments/{target.name}"):
         patch = [{"op": "remove", "path": "/spec/autoscaling"}]
         body = bench.cluster.api(
             "GET", f"{GROUP_PATH}/namespaces/{target.namespace}/speculativedeployments/{target.name}"
@@ -268,8 +297,9 @@ def park(bench: Bench, target: Target, cluster: LocalCluster) -> None:
 
 def unpark(bench: Bench, target: Target) -> None:
     if target.path == "reference":
-        bench.kubectl("scale", "deployment", target.name, "-n", target.namespace, "--replicas=1")
-        bench.apply_list([reference_objects(deployment_doc(NS_REF))[1]])
+        objects = reference_objects(deployment_doc(NS_REF))
+        objects[2]["spec"]["replicas"] = 1
+        bench.apply_list(objects)
     else:
         doc = copy.deepcopy(deployment_doc(NS_OP))
         doc["spec"]["replicas"] = 1

@@ -46,7 +46,8 @@ if [ -f "$dir/pids/operator" ] && kill -0 "$(cat "$dir/pids/operator")" 2>/dev/n
 fi
 health_port="$($py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
 metrics_port="$($py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-setsid $py -m specdeploy_operator --kubeconfig "$dir/kubeconfigs/operator.kubeconfig" \
+# status.speculation from 5 s windows (the default is 30 s), so the demo shows it within seconds.
+SPECDEPLOY_SPECULATION_INTERVAL_SECONDS=5 setsid $py -m specdeploy_operator --kubeconfig "$dir/kubeconfigs/operator.kubeconfig" \
   --health-port "$health_port" --metrics-port "$metrics_port" >>"$dir/logs/operator.log" 2>&1 &
 echo $! >"$dir/pids/operator"
 for _ in $(seq 1 100); do
@@ -115,6 +116,21 @@ curl -s "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/js
 echo
 echo "== kubectl logs -n $namespace deploy/$cpu (the server's lines for these requests):"
 k logs -n "$namespace" "deploy/$cpu" --tail=200 | grep -E '/v1/|serving' | tail -n 8 | cut -c1-200 | sed 's/^/   /'
+echo
+echo "== does speculation pay? 15 s of traffic, then the operator's figures from the servers' own counters"
+end=$((SECONDS + 15))
+while [ $SECONDS -lt $end ]; do
+  curl -s "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+    -d '{"model": "target", "prompt": "The operator", "max_tokens": 32}' >/dev/null
+done
+for _ in $(seq 1 60); do
+  [ -n "$(k get sdep "$cpu" -n "$namespace" -o jsonpath='{.status.speculation.acceptanceRate}')" ] && break
+  sleep 0.5
+done
+k get sdep "$cpu" -n "$namespace"
+k get sdep "$cpu" -n "$namespace" -o jsonpath='{.status.speculation}' | $py -m json.tool | sed 's/^/   /'
+k get sdep "$cpu" -n "$namespace" \
+  -o jsonpath='{range .status.conditions[?(@.type=="SpeculationEffective")]}   {.type}={.status} {.reason}: {.message}{"\n"}{end}'
 kill $forward 2>/dev/null || true
 echo
 echo "Simulated: GPU nodes and the GPU pods' containers (kwok). Real: the control plane, the operator, storage,"

@@ -66,12 +66,12 @@ from typing import Any
 
 import pytest
 import yaml
+from demomodels import make_demo_models
 from kubernetes import client
 from localcluster import LocalCluster
 
 from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
 from tests.docs.mdshell import SHELL_LANGUAGES, commands, fenced_blocks, inline_code
-from tests.integration.demo_models import make_demo_models
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"

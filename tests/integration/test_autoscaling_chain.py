@@ -18,12 +18,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from demomodels import make_demo_models
 from kubernetes import client
 from localcluster import NODE_GROUP_LABEL, POOL_LABEL, LocalCluster
+from serviceload import StreamingLoad
 
 from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
-from tests.integration.demo_models import make_demo_models
-from tests.integration.endpoints import StreamingLoad
 from tests.integration.test_real_pods import GROUP, TRAINING_STEPS, VERSION, Served
 
 pytestmark = pytest.mark.usefixtures("operator")

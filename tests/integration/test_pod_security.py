@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from demomodels import make_demo_models
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from specdeploy_operator.api import SpeculativeDeployment, parse_object
@@ -29,7 +30,6 @@ from specdeploy_operator.builders import OperatorSettings, render_children
 
 from tests.chart.test_pod_security_restricted import MUTATIONS
 from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
-from tests.integration.demo_models import make_demo_models
 from tests.pod_security_standards import pod_specs, violations
 
 REPO = Path(__file__).resolve().parents[2]

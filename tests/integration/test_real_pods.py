@@ -2,7 +2,7 @@
 
 The CPU example (examples/09) is applied in a fresh namespace the session's operator watches; its models are
 made inside the cluster by the same Job `make demo` runs (hack/demo-models.yaml, a short training run here).
-Clients reach the Service as kube-proxy would (tests/integration/endpoints.py) or through `kubectl
+Clients reach the Service as kube-proxy would (hack/cluster/serviceload.py) or through `kubectl
 port-forward`; nothing retries.
 """
 
@@ -23,14 +23,14 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from demomodels import make_demo_models
 from kubernetes import client
 from openai import OpenAI
+from serviceload import ServiceEndpoints, StreamingLoad
 from specdeploy_operator.builders.serverconfig import PRESTOP_SECONDS
 from specdeploy_server.config import ServerConfig, config_digest
 
 from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
-from tests.integration.demo_models import make_demo_models
-from tests.integration.endpoints import ServiceEndpoints, StreamingLoad
 from tests.server.conftest import hf_greedy_outputs
 
 REPO = Path(__file__).resolve().parents[2]

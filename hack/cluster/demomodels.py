@@ -1,15 +1,22 @@
 """The demo's models, made inside the cluster by the manifests `make demo` applies (hack/demo-models.yaml): a
-claim from the default StorageClass and a Job the pod runner runs for real. Tests train briefly."""
+claim from the default StorageClass and a Job the pod runner runs for real. Tests and benchmarks train
+briefly."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
+from typing import Protocol
 
 import yaml
 
-from tests.conftest import Kubectl
+MODELS_MANIFEST = Path(__file__).resolve().parents[1] / "demo-models.yaml"
 
-MODELS_MANIFEST = Path(__file__).resolve().parents[2] / "hack" / "demo-models.yaml"
+
+class Kubectl(Protocol):
+    """kubectl against the cluster, raising on failure (the tests' fixture, a benchmark's wrapper)."""
+
+    def __call__(self, *args: str, input: str | None = None) -> subprocess.CompletedProcess[str]: ...
 
 
 def make_demo_models(kubectl: Kubectl, namespace: str, steps: int) -> Path:

@@ -1,6 +1,7 @@
-"""Reaching a Service the way kube-proxy would, without kube-proxy: every new connection goes to one of the
-Service's *ready* endpoints as its EndpointSlices list them at that moment (round robin), never to the
-ClusterIP (which would be traffic to an address off this machine). No retries: a failure is the test's.
+"""Load through a Service of the local cluster, for tests and benchmarks: reaching a Service the way
+kube-proxy would, without kube-proxy. Every new connection goes to one of the Service's *ready* endpoints
+as its EndpointSlices list them at that moment (round robin), never to the ClusterIP (which would be traffic
+to an address off this machine). No retries: a failure is the caller's.
 """
 
 from __future__ import annotations
