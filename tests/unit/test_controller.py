@@ -166,7 +166,10 @@ def deployment(ready: int, replicas: int, updated: int, available: bool = True) 
 
 
 def status_of(
-    engines: list[EngineObservation], serving: ServingObservation, previous: dict[str, Any] | None = None
+    engines: list[EngineObservation],
+    serving: ServingObservation,
+    previous: dict[str, Any] | None = None,
+    gpus_per_replica: int = 2,
 ) -> dict[str, Any]:
     return deployment_status(
         generation=2,
@@ -175,7 +178,7 @@ def status_of(
         serving=serving,
         selector="a=b",
         endpoint="http://x.ns.svc:8000/v1",
-        gpus_per_replica=2,
+        gpus_per_replica=gpus_per_replica,
         previous=previous,
         keep_previous=1,
         now=NOW,
@@ -239,6 +242,22 @@ def test_a_replica_short_of_gpus_is_capacity_pending_with_the_schedulers_message
     )
     assert nodes_arrived["phase"] == "Ready"
     assert "capacityPendingReplicas" not in nodes_arrived
+
+
+def test_a_cpu_replica_short_of_cpu_is_capacity_pending_and_a_gpu_shortage_would_not_be() -> None:
+    short = (
+        "0/7 nodes are available: 1 Insufficient cpu, 6 node(s) didn't match Pod's node affinity/selector."
+    )
+    pods = [pod("Running"), pod("Pending", scheduled=short)]
+    serving = ServingObservation(deployment(1, 2, 2, available=False), True, pods)
+    status = status_of([], serving, gpus_per_replica=0)
+    assert reasons(status)["Degraded"] == ("True", "CapacityPending")
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["message"].startswith("1 of 2 replicas wait for capacity (CPU and memory)")
+    assert status["capacityPendingReplicas"] == 1
+    # A GPU deployment short of CPU needs a person, not a GPU node.
+    gpu = status_of([engine("Succeeded")], serving, gpus_per_replica=2)
+    assert reasons(gpu)["Degraded"] == ("True", "Unschedulable")
 
 
 def test_a_replica_that_no_node_admits_for_another_reason_is_unschedulable() -> None:

@@ -308,7 +308,7 @@ def _serving_verdict(
 ) -> tuple[str, ConditionSpec, ConditionSpec]:
     """Phase, Progressing and Degraded once the engines are built. `problems`: scheduler messages of pods
     that cannot be scheduled, `capacity`: those of them that only lack GPUs; `counts`: desired, updated and
-    ready replicas; `gpus`: what one replica requests."""
+    ready replicas; `gpus`: what the replicas wait for."""
     desired, updated, ready = counts
     if creation is not None:
         text = f"{ready} of {desired} replicas ready; serving pods cannot be created: {creation.message}"
@@ -327,7 +327,7 @@ def _serving_verdict(
         )
     if capacity:
         text = (
-            f"{len(capacity)} of {desired} replicas wait for capacity ({gpus} each); "
+            f"{len(capacity)} of {desired} replicas wait for capacity ({gpus}); "
             f"the scheduler says: {capacity[0]}"
         )
         return (
@@ -417,9 +417,7 @@ def deployment_status(
             creation=deployment_creation_problem(serving.deployment),
             rollout_done=rollout_done,
             counts=(desired_replicas, updated, ready),
-            gpus=f"{gpus_per_replica} {gpu_resource}"
-            if gpus_per_replica > 0
-            else "its CPU and memory requests",
+            gpus=f"{gpus_per_replica} {gpu_resource} each" if gpus_per_replica > 0 else "CPU and memory",
         )
 
     status: dict[str, Any] = {"phase": phase}
