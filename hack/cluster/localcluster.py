@@ -673,7 +673,48 @@ class LocalCluster:
                 cwd=self.dir,
             )
         (self.pids / f"{name}.pid").write_text(f"{proc.pid}:{_pid_start_time(proc.pid)}")
+        (self.pids / f"{name}.argv.json").write_text(json.dumps({"argv": argv, "env": dict(env or {})}))
         log.info("started %s pid=%d", name, proc.pid)
+
+    # -- faults (the reliability campaign) --------------------------------------------------------------
+    def stop_component(self, name: str, timeout: float = 15.0) -> None:
+        """Stop one process of the cluster (SIGTERM, SIGKILL after `timeout`), as when it crashes or its
+        node goes away; its data (etcd's, the PKI) stays, and `start_component` brings it back."""
+        pid = self._running().get(name)
+        if pid is None:
+            raise ClusterError(f"{name} is not running")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        if not _wait_gone([pid], timeout):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            _wait_gone([pid], 5.0)
+
+    def start_component(self, name: str, timeout: float = 60.0) -> None:
+        """Start a stopped process again with the command line it had, and wait until it serves (etcd: its
+        client port; kube-apiserver: /readyz)."""
+        saved = json.loads((self.pids / f"{name}.argv.json").read_text())
+        self._start(name, saved["argv"], saved["env"])
+        deadline = time.monotonic() + timeout
+        if name == "etcd":
+            port = self.state()["ports"]["etcd"]
+            self._wait(lambda: _port_open(port), deadline, name, "etcd to listen")
+        elif name == "kube-apiserver":
+            self._wait(self._apiserver_ready, deadline, name, "the apiserver to be ready")
+
+    def compact_etcd(self) -> int:
+        """Compact etcd's history up to its current revision (through etcd's HTTP gateway), so that a watch
+        resumed from an older resourceVersion gets 410 Gone; returns the revision."""
+        base = f"http://127.0.0.1:{self.state()['ports']['etcd']}/v3/kv"
+
+        def post(path: str, body: dict[str, Any]) -> Any:
+            req = urllib.request.Request(f"{base}/{path}", data=json.dumps(body).encode(), method="POST")
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                return json.loads(resp.read())
+
+        revision = int(post("range", {"key": base64.b64encode(b"/").decode()})["header"]["revision"])
+        post("compaction", {"revision": revision, "physical": True})
+        return revision
 
     def _expect_alive(self, name: str) -> None:
         if name not in self._running():

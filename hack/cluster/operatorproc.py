@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from localcluster import free_port
@@ -19,10 +19,18 @@ __all__ = ["OperatorProcess"]
 class OperatorProcess:
     """One operator process at a time; `start` waits for its liveness endpoint."""
 
-    def __init__(self, kubeconfig: Path, log_dir: Path, env: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        kubeconfig: Path,
+        log_dir: Path,
+        env: Mapping[str, str] | None = None,
+        args: Sequence[str] = (),
+        log_name: str = "operator.log",
+    ) -> None:
         self.kubeconfig = kubeconfig
-        self.log = log_dir / "operator.log"
+        self.log = log_dir / log_name
         self.env = {**os.environ, **(env or {})}
+        self.args = list(args)
         self.health_port = free_port()
         self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -42,6 +50,7 @@ class OperatorProcess:
                     f"--kubeconfig={self.kubeconfig}",
                     f"--health-port={self.health_port}",
                     f"--metrics-port={self.metrics_port}",
+                    *self.args,
                 ],
                 env=self.env,
                 stdout=log,
@@ -67,6 +76,15 @@ class OperatorProcess:
                 return bool(r.status == 200)
         except OSError:
             return False
+
+    def wait_exit(self, timeout: float) -> int | None:
+        """The exit code once the process has exited by itself (a failpoint), or None after `timeout`."""
+        if self.proc is None:
+            return None
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
 
     def kill(self) -> None:
         """SIGKILL: no cleanup, as when a node dies."""

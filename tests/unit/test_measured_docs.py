@@ -265,14 +265,14 @@ def test_an_operator_run_keeps_its_figures_through_json_and_renders_them() -> No
 
 def test_autoscaling_rounds_render_as_medians_per_path_and_their_ratio() -> None:
     def round_(path: str, up: float) -> dict[str, Any]:
-        return {
-            "path": path,
-            "seconds": {"hpa": 1.0, "node": 2.0, "pod": up, "up": up, "down": 9.0, "node_gone": 20.0},
-        }
+        phases = {"metric": 1.0, "hpa": 2.0, "node": 3.0, "pod": up, "serving": up + 1.0, "up": up}
+        return {"path": path, "seconds": {**phases, "down": 9.0, "node_gone": 20.0}}
 
     rounds = [round_("reference", 4.0), round_("operator", 3.0), round_("reference", 5.0)]
     rounds += [round_("operator", 4.0), round_("reference", 6.0), round_("operator", 5.0)]
     text = autoscaling_report.render([a_record("autoscaling", {"rounds": rounds})])
-    assert "| pod start (-> new replica Ready); total scale-up | 5.0 | 4.0 | 0.80x |" in text
+    pod_start = "| pod start (-> new replica Ready: the real server loaded its models) |"
+    assert f"{pod_start} 5.0 | 4.0 | 0.80x |" in text
+    assert "| metric above target -> new replica serving | 5.0 | 4.0 | 0.80x |" in text
     assert "3 rounds per path" in text
     assert "takes 4.0 s against 5.0 s" in text

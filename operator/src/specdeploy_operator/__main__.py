@@ -80,7 +80,7 @@ def configure_logging(level: str) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-def build_settings(settings: kopf.OperatorSettings, peering: str | None) -> None:
+def build_settings(settings: kopf.OperatorSettings, peering: str | None, lifetime: int = 60) -> None:
     settings.posting.enabled = False  # events are posted by the reconciler, on milestones only
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
@@ -93,6 +93,7 @@ def build_settings(settings: kopf.OperatorSettings, peering: str | None) -> None
         # kopf lets the highest priority work and pauses the others; equal priorities would all work at
         # once. A random one per process makes exactly one replica active, the others standbys.
         settings.peering.priority = secrets.randbelow(1_000_000) + 1
+        settings.peering.lifetime = lifetime
     else:
         settings.peering.standalone = True
 
@@ -100,12 +101,13 @@ def build_settings(settings: kopf.OperatorSettings, peering: str | None) -> None
 async def run(args: argparse.Namespace, settings: OperatorSettings) -> None:
     kube = Kube.from_environment(args.kubeconfig)
     reconciler = Reconciler(kube, settings, workers=settings.workers)
+    lifetime = settings.peering_lifetime_seconds
     registry = kopf.OperatorRegistry()
     register(registry)
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        build_settings(settings, args.peering)
+        build_settings(settings, args.peering, lifetime)
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:

@@ -66,6 +66,10 @@ class OperatorSettings(BaseModel):
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
     """Prometheus that KEDA ScaledObjects query when `spec.autoscaling.keda.serverAddress` is unset
     (`SPECDEPLOY_PROMETHEUS_URL`); the default is the Service the Prometheus Operator creates."""
+    peering_lifetime_seconds: Annotated[int, Field(ge=5, le=3600)] = 60
+    """With several replicas (`--peering`): how long a replica's peering record lives without renewal, so how
+    long a standby waits before it takes over from an active replica that died
+    (`SPECDEPLOY_PEERING_LIFETIME_SECONDS`)."""
     speculation_interval_seconds: Annotated[float, Field(ge=0)] = 30.0
     """How often the operator scrapes the ready serving pods' `/metrics` for `status.speculation`, which is
     written at most once per interval per deployment (`SPECDEPLOY_SPECULATION_INTERVAL_SECONDS`); 0 turns

@@ -21,7 +21,7 @@ from kubernetes import config as k8s_config
 
 from specdeploy_operator.builders import FIELD_MANAGER
 
-from . import metrics
+from . import failpoints, metrics
 
 __all__ = ["ApiError", "Kube", "ObjectRef", "ref_of"]
 
@@ -145,6 +145,8 @@ class Kube:
             )
         data = None if body is None else json.dumps(body)
         url = self._config.host.rstrip("/") + path
+        point = f"{method} {resource}"
+        failpoints.hit(f"before:{point}")
         async with self._session.request(
             method, url, data=data, params=query, headers=self._headers(content_type)
         ) as response:
@@ -152,6 +154,7 @@ class Kube:
             metrics.API_REQUESTS.labels(method, resource, str(response.status)).inc()
             if response.status >= 300:
                 raise ApiError(method, path, response.status, text)
+        failpoints.hit(f"after:{point}")
         return json.loads(text) if text else {}
 
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,75 @@
+"""The operator's fast reliability cases, on the session's cluster (the full set is the campaign,
+`python -m benchmarks.operator_faults`, which shares these scenario functions): SIGKILL at write points and a
+restart, kube-apiserver stopped mid-rollout while etcd's history is compacted (watches resume into 410 Gone),
+etcd stopped mid-rollout, a standby replica taking over from a killed active one, a deployment deleted
+mid-build, 63-character names. The scenarios' operators watch `chaos-*` namespaces, the session's operator
+`op-*`, so exactly one operator acts on each deployment."""
+
+from __future__ import annotations
+
+import pytest
+from localcluster import LocalCluster
+
+from benchmarks.operator_faults import (
+    FAST_KILL_POINTS,
+    KILL_POINTS,
+    Campaign,
+    Outcome,
+    control_plane_restart,
+    deleted_mid_build,
+    kill_at,
+    long_names,
+    takeover,
+)
+
+
+@pytest.fixture
+def campaign(local_cluster: LocalCluster | None, install_crds: list[str]) -> Campaign:
+    if local_cluster is None:
+        pytest.skip("stops and starts control-plane processes: needs the session's own local cluster")
+    return Campaign(local_cluster)
+
+
+def passed(outcome: Outcome) -> bool:
+    assert outcome.passed, f"{outcome.scenario}: {outcome.problems}"
+    return True
+
+
+@pytest.mark.parametrize("point", FAST_KILL_POINTS)
+def test_the_operator_killed_at_a_write_point_converges_after_a_restart(
+    campaign: Campaign, point: str
+) -> None:
+    kind = dict(KILL_POINTS)[point]
+    variant = 40 + FAST_KILL_POINTS.index(point)
+    outcome = kill_at(campaign, point, kind, variant)
+    assert passed(outcome)
+    assert outcome.figures["duplicate_jobs"] == 0
+    assert outcome.figures["orphans"] == 0
+
+
+def test_the_operator_rides_out_an_apiserver_restart_and_watches_resumed_into_410_gone(
+    campaign: Campaign,
+) -> None:
+    outcome = control_plane_restart(campaign, "kube-apiserver")
+    assert passed(outcome)
+    assert outcome.figures["compacted_revision"] > 0
+
+
+def test_the_operator_rides_out_an_etcd_restart(campaign: Campaign) -> None:
+    assert passed(control_plane_restart(campaign, "etcd"))
+
+
+def test_a_standby_replica_writes_nothing_then_takes_over_when_the_active_one_is_killed(
+    campaign: Campaign,
+) -> None:
+    outcome = takeover(campaign)
+    assert passed(outcome)
+    assert outcome.figures["standby_writes"] == 0
+
+
+def test_a_deployment_deleted_mid_build_leaves_no_engine_job_or_child(campaign: Campaign) -> None:
+    assert passed(deleted_mid_build(campaign))
+
+
+def test_63_character_names_give_valid_child_names_and_converge(campaign: Campaign) -> None:
+    assert passed(long_names(campaign))
