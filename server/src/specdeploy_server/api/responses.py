@@ -110,7 +110,7 @@ async def chat(serving: OpenAIServing, run: Run) -> dict[str, Any]:
     }
 
 
-async def stream_completion(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
+def stream_completion(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
     base = _base(serving, "cmpl", "text_completion")
     prepared = run.prepared
     wants_logprobs = prepared.params.logprobs is not None
@@ -130,11 +130,10 @@ async def stream_completion(serving: OpenAIServing, run: Run) -> AsyncIterator[s
         offsets[index] += len(text)
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
-    async for event in _stream(serving, run, base, first, chunk):
-        yield event
+    return _stream(serving, run, base, first, chunk)
 
 
-async def stream_chat(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
+def stream_chat(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
     base = _base(serving, "chatcmpl", "chat.completion.chunk")
     prepared = run.prepared
     wants_logprobs = prepared.params.logprobs is not None
@@ -161,8 +160,7 @@ async def stream_chat(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
         delta = {"content": text} if text or finish is None else {}
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
-    async for event in _stream(serving, run, base, first, chunk):
-        yield event
+    return _stream(serving, run, base, first, chunk)
 
 
 async def _stream(
@@ -173,6 +171,9 @@ async def _stream(
     chunk: Any,
 ) -> AsyncIterator[str]:
     finished = 0
+    # Every event is the same envelope around one choice: the envelope is serialised once, the choice per
+    # event (the bytes are those of json.dumps of the whole event, keys in the same order).
+    head = f'data: {_json(base)[:-1]},"choices":['
     try:
         for choice in first:
             yield _sse({**base, "choices": [choice]})
@@ -180,12 +181,12 @@ async def _stream(
             body = chunk(index, delta.text, delta.finish_reason, delta.token_ids, delta.logprobs or [])
             if body is None:
                 continue
-            event = {**base, "choices": [body]}
             if delta.finish_reason is not None:
                 finished += 1
                 if finished == len(run.choices):  # the last choice's final chunk carries the usage
-                    event["usage"] = run.usage()
-            yield _sse(event)
+                    yield _sse({**base, "choices": [body], "usage": run.usage()})
+                    continue
+            yield f"{head}{_json(body)}]}}\n\n"
         if run.prepared.include_usage:
             yield _sse({**base, "choices": [], "usage": run.usage()})
     except Exception as exc:  # headers are sent: report in-band, then end the stream
@@ -204,5 +205,8 @@ async def _stream(
     yield "data: [DONE]\n\n"
 
 
+_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def _sse(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+    return f"data: {_json(payload)}\n\n"
