@@ -84,7 +84,8 @@ def test_requests_in_flight_share_each_forward_pass_and_keep_greedy_output(
     model: dict[str, Any] = {"target": str(tiny_models.target)}
     if method == "draftTarget":
         model["draft"] = str(tiny_models.draft_same)
-    config = {"model": model, "speculative": {"method": method, "draftLen": 3}, "placement": {"device": "cpu"}}
+    speculative = {"method": method, "draftLen": 3}
+    config = {"model": model, "speculative": speculative, "placement": {"device": "cpu"}}
 
     async def main() -> tuple[list[list[int]], int, int, int]:
         engine = build_engine(ServerConfig.model_validate(config))
