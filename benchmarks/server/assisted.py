@@ -78,8 +78,11 @@ class _Transformers:
 
     def __init__(self, target: Path, draft: Path, k: int) -> None:
         self.tok: Any = AutoTokenizer.from_pretrained(str(target), local_files_only=True)
-        self.model: Any = AutoModelForCausalLM.from_pretrained(str(target), local_files_only=True).eval()
-        assistant: Any = AutoModelForCausalLM.from_pretrained(str(draft), local_files_only=True).eval()
+        model: Any = AutoModelForCausalLM.from_pretrained(str(target), local_files_only=True)
+        model.eval()
+        self.model: Any = model
+        assistant: Any = AutoModelForCausalLM.from_pretrained(str(draft), local_files_only=True)
+        assistant.eval()
         assistant.generation_config.num_assistant_tokens = k
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
         self.counter = _CallCounter(self.model)

@@ -204,7 +204,8 @@ class PaddedBatch:
                 fed.append(token)
         inputs = torch.tensor([ids], dtype=torch.long, device=device).T
         if self.single:
-            return self._in_place(input_ids=inputs).logits[:, -1].float().cpu()
+            logits: torch.Tensor = self._in_place(input_ids=inputs).logits[:, -1].float().cpu()
+            return logits
         assert self.positions is not None
         positions, self.positions = self.positions, self.positions + 1
         if self.mask is not None:
@@ -216,7 +217,8 @@ class PaddedBatch:
             position_ids=positions if self.mask is not None else None,
             use_cache=True,
         )
-        return out.logits[:, -1].float().cpu()
+        last: torch.Tensor = out.logits[:, -1].float().cpu()
+        return last
 
     def _in_place(self, **inputs: Any) -> Any:
         """A forward pass of the single request on its own cache; a failed one may have extended some of the

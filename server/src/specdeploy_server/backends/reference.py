@@ -54,6 +54,15 @@ from specdeploy_server.core.types import (
     TokenLogprob,
 )
 
+__all__ = [
+    "CachedModel",
+    "ReferenceDraftExecutor",
+    "ReferenceTargetExecutor",
+    "max_position_embeddings",
+    "resolve_device",
+    "resolve_dtype",
+]
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 R = TypeVar("R")
