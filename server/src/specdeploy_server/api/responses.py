@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -126,6 +126,9 @@ def stream_completion(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
     def chunk(index: int, text: str, finish: str | None, ids: list[int], items: list[TokenLogprob]) -> Any:
         if not (text or finish or (wants_logprobs and ids)):
             return None
+        if not (wants_logprobs or finish):  # the common event, serialised without building it
+            offsets[index] += len(text)
+            return f'{{"index":{index},"text":{_string(text)},"logprobs":null,"finish_reason":null}}'
         logprobs = serving.logprobs.completion(items, ids, offsets[index]) if wants_logprobs else None
         offsets[index] += len(text)
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
@@ -144,11 +147,11 @@ def stream_chat(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
     ]
 
     def chunk(index: int, text: str, finish: str | None, ids: list[int], items: list[TokenLogprob]) -> Any:
-        logprobs = serving.logprobs.chat(items) if wants_logprobs else None
         if prepared.tool_mode is not None:  # calls are sent whole once the text is complete
             held[index] += text
             if finish is None:
                 return None
+            logprobs = serving.logprobs.chat(items) if wants_logprobs else None
             message, finish = _message(held[index], finish, prepared)
             calls = message.get("tool_calls")
             delta: dict[str, Any] = {"content": message["content"]} if message["content"] else {}
@@ -157,6 +160,10 @@ def stream_chat(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
             return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         if not (text or finish or (wants_logprobs and ids)):
             return None
+        if not (wants_logprobs or finish):  # the common event, serialised without building it
+            content = _string(text)
+            return f'{{"index":{index},"delta":{{"content":{content}}},"logprobs":null,"finish_reason":null}}'
+        logprobs = serving.logprobs.chat(items) if wants_logprobs else None
         delta = {"content": text} if text or finish is None else {}
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
@@ -186,7 +193,7 @@ async def _stream(
                 if finished == len(run.choices):  # the last choice's final chunk carries the usage
                     yield _sse({**base, "choices": [body], "usage": run.usage()})
                     continue
-            yield f"{head}{_json(body)}]}}\n\n"
+            yield f"{head}{body if isinstance(body, str) else _json(body)}]}}\n\n"
         if run.prepared.include_usage:
             yield _sse({**base, "choices": [], "usage": run.usage()})
     except Exception as exc:  # headers are sent: report in-band, then end the stream
@@ -206,6 +213,8 @@ async def _stream(
 
 
 _json = json.JSONEncoder(separators=(",", ":")).encode
+#: a str as a JSON string, exactly as ``_json`` writes it (ASCII, escaped)
+_string: Callable[[str], str] = json.encoder.encode_basestring_ascii
 
 
 def _sse(payload: dict[str, Any]) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -60,66 +60,72 @@ class ChoiceRun:
 
     async def deltas(self, whole: Run | None = None) -> AsyncIterator[tuple[int, Delta]]:
         """This choice's deltas, tagged with its index; with ``whole``, this is the request's only choice and
-        also keeps the request's metrics (saving the merge layer on every event)."""
+        also keeps the request's metrics (one generator per event less than a merge)."""
+        serving = self._run.serving
+        metrics, model = serving.metrics, serving.settings.served_model_name
+        ttft, itl = metrics.ttft.labels(model), weighted_observer(metrics.itl.labels(model))
+        decoder = IncrementalDecoder(serving.engine.tokenizer)
+        stopper = StopMatcher(self._run.prepared.stops)
+        started = last = self._run.started
+        index = self.index
         if whole is not None:
             whole.begin()
         try:
-            async for delta in self._deltas():
-                yield self.index, delta
+            async with contextlib.aclosing(self.generation.outputs) as outputs:
+                async for out in outputs:
+                    now = time.perf_counter()
+                    n = len(out.token_ids)
+                    if n:
+                        if self.completion_tokens == 0:
+                            ttft.observe(now - started)
+                        else:
+                            itl((now - last) / n, n)
+                        last = now
+                    self.completion_tokens += n
+                    text = stopper.feed(decoder.feed(out.token_ids))
+                    ids, logprobs = out.token_ids, out.logprobs
+                    if stopper.stopped:
+                        yield index, Delta(text, "stop", ids, logprobs)
+                        return
+                    if out.finish_reason is not None:
+                        text += stopper.feed(decoder.flush())
+                        if not stopper.stopped:
+                            text += stopper.flush()
+                        finish = "stop" if stopper.stopped else _FINISH[out.finish_reason]
+                        yield index, Delta(text, finish, ids, logprobs)
+                        return
+                    if text or ids:
+                        yield index, Delta(text, None, ids, logprobs)
         finally:
             if whole is not None:
                 whole.end()
 
-    async def _deltas(self) -> AsyncIterator[Delta]:
-        serving = self._run.serving
-        metrics, model = serving.metrics, serving.settings.served_model_name
-        ttft, itl = metrics.ttft.labels(model), metrics.itl.labels(model)
-        decoder = IncrementalDecoder(serving.engine.tokenizer)
-        stopper = StopMatcher(self._run.prepared.stops)
-        started = last = self._run.started
-        async with contextlib.aclosing(self.generation.outputs) as outputs:
-            async for out in outputs:
-                now = time.perf_counter()
-                n = len(out.token_ids)
-                if n:
-                    if self.completion_tokens == 0:
-                        ttft.observe(now - started)
-                    else:
-                        observe_times(itl, (now - last) / n, n)
-                    last = now
-                self.completion_tokens += n
-                text = stopper.feed(decoder.feed(out.token_ids))
-                ids, logprobs = list(out.token_ids), out.logprobs
-                if stopper.stopped:
-                    yield Delta(text, "stop", ids, logprobs)
-                    return
-                if out.finish_reason is not None:
-                    text += stopper.feed(decoder.flush())
-                    if not stopper.stopped:
-                        text += stopper.flush()
-                    finish = "stop" if stopper.stopped else _FINISH[out.finish_reason]
-                    yield Delta(text, finish, ids, logprobs)
-                    return
-                if text or ids:
-                    yield Delta(text, None, ids, logprobs)
 
-
-def observe_times(histogram: Any, value: float, times: int) -> None:
-    """``times`` observations of ``value`` (the inter-token latency of the tokens of one step), counted as
-    that many ``observe`` calls would count them: prometheus_client's histogram child has no weighted
-    ``observe``, so its sum and the one bucket are incremented directly where they are as expected."""
+def weighted_observer(histogram: Any) -> Callable[[float, int], None]:
+    """``observe(value, times)``: ``times`` observations of ``value`` (the inter-token latency of the tokens
+    of one step), counted as that many ``observe`` calls would count them, in one update. prometheus_client's
+    histogram child has no weighted ``observe``: its sum and the one bucket are incremented directly where
+    they are as expected, else ``observe`` is called ``times`` times. Resolved once per request."""
     buckets = getattr(histogram, "_buckets", None)
     bounds = getattr(histogram, "_upper_bounds", None)
     total = getattr(histogram, "_sum", None)
-    if times == 1 or buckets is None or bounds is None or total is None:
-        for _ in range(times):
-            histogram.observe(value)
-        return
-    total.inc(value * times)
-    for bucket, bound in zip(buckets, bounds, strict=True):
-        if value <= bound:
-            bucket.inc(times)
-            break
+    if buckets is None or bounds is None or total is None or len(buckets) != len(bounds):
+
+        def repeated(value: float, times: int) -> None:
+            for _ in range(times):
+                histogram.observe(value)
+
+        return repeated
+    pairs = list(zip(bounds, buckets, strict=True))
+
+    def weighted(value: float, times: int) -> None:
+        total.inc(value * times)
+        for bound, bucket in pairs:
+            if value <= bound:
+                bucket.inc(times)
+                return
+
+    return weighted
 
 
 class Run:
