@@ -107,3 +107,16 @@ def test_requests_in_flight_share_each_forward_pass_and_keep_greedy_output(
     assert outputs == reference
     assert forwards == steps  # one target forward per step, whatever the number of sequences
     assert sequence_steps > 3 * steps
+
+
+def test_a_pass_abandoned_before_commit_leaves_nothing_behind(tiny_models: TinyModels) -> None:
+    model = CachedModel(tiny_models.target, CPU, torch.float32)
+    model.logits_rows([("a", [5, 6, 7, 8], [])])
+    abandoned = PaddedBatch(model, [("a", [5, 6, 7, 8, 9, 10], 1)])  # one request: its cache grows in place
+    abandoned.run()
+    abandoned.feed([11])  # e.g. drafting failed here: no commit
+    again = model.logits_rows([("a", [5, 6, 7, 8, 9], [12])])[0]
+    torch.testing.assert_close(
+        again, _alone(tiny_models.target, [5, 6, 7, 8, 9], [12]), atol=TOLERANCE, rtol=0
+    )
+    assert model.cached_tokens("a") == len(model._kv["a"].tokens) == 6

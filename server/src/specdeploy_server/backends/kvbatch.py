@@ -79,10 +79,12 @@ class CachedModel:
             kv = self._kv[request_id] = _KV(DynamicCache(config=self.model.config))
         common = min(_common_prefix(kv.tokens, full, kv.confirmed), len(full) - keep_last)
         kv.confirmed = common
-        cached = len(kv.tokens)
+        # the cache's own length: a single request's pass extends its cache in place, so one that failed
+        # after its forward (before ``commit``) left positions that ``tokens`` does not list
+        cached = int(kv.cache.get_seq_length())
         if cached > common:
             kv.cache.crop(common - cached)  # negative: remove that many positions (works on 4.x and 5.x)
-            del kv.tokens[common:]
+        del kv.tokens[common:]
         return kv, list(full[common:])
 
     @torch.inference_mode()
