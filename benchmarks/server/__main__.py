@@ -46,7 +46,9 @@ def _assisted(quick: bool) -> Sequence[Any]:
 def _http_stream(quick: bool) -> Sequence[Any]:
     from benchmarks.server import http_stream  # noqa: PLC0415
 
-    return http_stream.run(streams=8, tokens=500 if quick else 2000)
+    return http_stream.run(
+        ((8, 500), (64, 125)) if quick else ((8, 2000), (64, 500)), rounds=2 if quick else 3
+    )
 
 
 def _concurrency(quick: bool) -> Sequence[Any]:
@@ -87,7 +89,11 @@ SECTIONS = (
         "http-stream",
         "HTTP streaming throughput (instant engine)",
         _http_stream,
-        lambda q: {"streams": 8, "tokens": 500 if q else 2000},
+        lambda q: {
+            "streams_tokens": [[8, 500], [64, 125]] if q else [[8, 2000], [64, 500]],
+            "tokens_per_step": 4,
+            "rounds": 2 if q else 3,
+        },
     ),
     Section(
         4,

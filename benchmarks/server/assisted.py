@@ -4,12 +4,14 @@ Models: a random-weight Llama target whose layers after the first have their out
 (they refine rather than overwrite the first layer's prediction, as in trained models where a shallow
 "layer-skip" draft is useful), and a draft made of the target's embedding, first layer, final norm and LM
 head.
-Greedy decoding, one request at a time: transformers' assisted generation supports batch size 1 only.
+Greedy decoding, one request at a time: transformers' assisted generation supports batch size 1 only. Each
+method runs transformers' and ours on the same prompts in turn, prompt by prompt, so both see the same load.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import tempfile
 import time
 from dataclasses import dataclass
@@ -71,92 +73,119 @@ class _CallCounter:
         self.calls += 1
 
 
-def _hf(
-    target: Path, draft: Path, prompts: list[str], max_new: int, k: int
-) -> dict[str, tuple[float, float, list[list[int]]]]:
-    tok: Any = AutoTokenizer.from_pretrained(str(target), local_files_only=True)
-    model: Any = AutoModelForCausalLM.from_pretrained(str(target), local_files_only=True)
-    model.eval()
-    assistant: Any = AutoModelForCausalLM.from_pretrained(str(draft), local_files_only=True)
-    assistant.eval()
-    assistant.generation_config.num_assistant_tokens = k
-    assistant.generation_config.num_assistant_tokens_schedule = "constant"
-    counter = _CallCounter(model)
-    out: dict[str, tuple[float, float, list[list[int]]]] = {}
-    variants: dict[str, dict[str, Any]] = {
-        "none": {},
-        "draftTarget": {"assistant_model": assistant},
-        "promptLookup": {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": 2},
-    }
-    for name, extra in variants.items():
-        outputs: list[list[int]] = []
-        tokens = calls = 0
-        started = time.perf_counter()
-        with torch.inference_mode():
-            for prompt in prompts:
-                ids = tok(prompt, return_tensors="pt").input_ids
-                before = counter.calls
-                gen = model.generate(ids, max_new_tokens=max_new, do_sample=False, **extra)
-                calls += counter.calls - before
-                new = gen[0, ids.shape[1] :].tolist()
-                tokens += len(new)
-                outputs.append(new)
-        out[name] = (tokens / (time.perf_counter() - started), tokens / calls, outputs)
-    return out
+class _Transformers:
+    """transformers' ``generate()`` on the target: plain, with the draft as assistant, with prompt lookup."""
 
-
-def _ours(
-    target: Path, draft: Path, prompts: list[str], max_new: int, k: int
-) -> dict[str, tuple[float, float, float | None, list[list[int]]]]:
-    out: dict[str, tuple[float, float, float | None, list[list[int]]]] = {}
-    for name in ("none", "draftTarget", "promptLookup"):
-        config = {
-            "model": {"target": str(target), "draft": str(draft)},
-            "speculative": {"method": name, "draftLen": k},
-            "placement": {"device": "cpu"},
+    def __init__(self, target: Path, draft: Path, k: int) -> None:
+        self.tok: Any = AutoTokenizer.from_pretrained(str(target), local_files_only=True)
+        model: Any = AutoModelForCausalLM.from_pretrained(str(target), local_files_only=True)
+        model.eval()
+        self.model: Any = model
+        assistant: Any = AutoModelForCausalLM.from_pretrained(str(draft), local_files_only=True)
+        assistant.eval()
+        assistant.generation_config.num_assistant_tokens = k
+        assistant.generation_config.num_assistant_tokens_schedule = "constant"
+        self.counter = _CallCounter(self.model)
+        self._reference: list[list[int]] | None = None
+        self.variants: dict[str, dict[str, Any]] = {
+            "none": {},
+            "draftTarget": {"assistant_model": assistant},
+            "promptLookup": {"prompt_lookup_num_tokens": k, "max_matching_ngram_size": 2},
         }
 
-        async def main(config: dict[str, Any]) -> tuple[float, float, float | None, list[list[int]]]:
-            engine = build_engine(ServerConfig.model_validate(config))
-            await engine.start()
-            outputs: list[list[int]] = []
-            tokens = 0
-            started = time.perf_counter()
-            for prompt in prompts:
-                gen = engine.generate(
-                    engine.tokenizer.encode(prompt), max_new, SamplingParams(temperature=0.0)
-                )
-                new = [t async for o in gen.outputs for t in o.token_ids]
-                tokens += len(new)
-                outputs.append(new)
-            elapsed = time.perf_counter() - started
-            stats = engine.stats
-            await engine.stop(5)
-            acc = stats.accepted / stats.drafted if stats.drafted else None
-            return tokens / elapsed, stats.emitted / stats.sequence_steps, acc, outputs
+    def reference(self, prompts: list[str], max_new: int) -> list[list[int]]:
+        """Plain greedy output, the reference every output is compared with."""
+        if self._reference is None:
+            self._reference = [self.generate("none", p, max_new)[2] for p in prompts]
+        return self._reference
 
-        out[name] = asyncio.run(main(config))
-    return out
+    def generate(self, method: str, prompt: str, max_new: int) -> tuple[float, int, list[int]]:
+        """Seconds, target forward calls, new tokens."""
+        with torch.inference_mode():
+            ids = self.tok(prompt, return_tensors="pt").input_ids
+            before = self.counter.calls
+            started = time.perf_counter()
+            gen = self.model.generate(ids, max_new_tokens=max_new, do_sample=False, **self.variants[method])
+            seconds = time.perf_counter() - started
+        return seconds, self.counter.calls - before, gen[0, ids.shape[1] :].tolist()
+
+
+@dataclass
+class _Tally:
+    seconds: float = 0.0
+    tokens: int = 0
+    outputs: list[list[int]] = dataclasses.field(default_factory=list)
+
+    def add(self, seconds: float, new: list[int]) -> None:
+        self.seconds += seconds
+        self.tokens += len(new)
+        self.outputs.append(new)
+
+
+def _compare(
+    hf: _Transformers, target: Path, draft: Path, method: str, prompts: list[str], *, max_new: int, k: int
+) -> list[AssistedResult]:
+    """transformers' and ours on the same prompts, prompt by prompt in turn (the machine's load drifts)."""
+    config = {
+        "model": {"target": str(target), "draft": str(draft)},
+        "speculative": {"method": method, "draftLen": k},
+        "placement": {"device": "cpu"},
+    }
+
+    async def main() -> list[AssistedResult]:
+        engine = build_engine(ServerConfig.model_validate(config))
+        await engine.start()
+
+        async def ours(prompt: str, tokens: int) -> tuple[float, list[int]]:
+            started = time.perf_counter()
+            gen = engine.generate(engine.tokenizer.encode(prompt), tokens, SamplingParams(temperature=0.0))
+            new = [t async for o in gen.outputs for t in o.token_ids]
+            return time.perf_counter() - started, new
+
+        await ours(prompts[0], 4)  # warm-up (first-call allocations)
+        hf.generate(method, prompts[0], 4)
+        before = dataclasses.replace(engine.stats)
+        theirs, mine, calls = _Tally(), _Tally(), 0
+        for prompt in prompts:
+            seconds, forwards, new = hf.generate(method, prompt, max_new)
+            theirs.add(seconds, new)
+            calls += forwards
+            mine.add(*await ours(prompt, max_new))
+        stats = engine.stats
+        await engine.stop(5)
+        drafted, accepted = stats.drafted - before.drafted, stats.accepted - before.accepted
+        steps = stats.sequence_steps - before.sequence_steps
+        return [
+            AssistedResult(
+                method,
+                "transformers generate()",
+                theirs.tokens / theirs.seconds,
+                theirs.tokens / calls,
+                None,
+                theirs.outputs == hf.reference(prompts, max_new),
+            ),
+            AssistedResult(
+                method,
+                "specdeploy reference",
+                mine.tokens / mine.seconds,
+                (stats.emitted - before.emitted) / steps,
+                accepted / drafted if drafted else None,
+                mine.outputs == hf.reference(prompts, max_new),
+            ),
+        ]
+
+    return asyncio.run(main())
 
 
 def run(prompts: int = 8, max_new: int = 64, k: int = 4) -> list[AssistedResult]:
     torch.set_num_threads(1)
     texts = testing.prompts(prompts, seed=11)
+    results = []
     with tempfile.TemporaryDirectory() as tmp:
         target, draft = build_models(Path(tmp))
-        hf = _hf(target, draft, texts, max_new, k)
-        ours = _ours(target, draft, texts, max_new, k)
-    results = []
-    reference = hf["none"][2]
-    for name in ("none", "draftTarget", "promptLookup"):
-        tok_s, per_step, outputs = hf[name]
-        results.append(
-            AssistedResult(name, "transformers generate()", tok_s, per_step, None, outputs == reference)
-        )
-        tok_s, per_step, acc, outputs = ours[name]
-        results.append(
-            AssistedResult(name, "specdeploy reference", tok_s, per_step, acc, outputs == reference)
-        )
+        hf = _Transformers(target, draft, k)
+        for name in ("none", "draftTarget", "promptLookup"):
+            results += _compare(hf, target, draft, name, texts, max_new=max_new, k=k)
     return results
 
 

@@ -102,7 +102,7 @@ def http_stream(records: Sequence[Record]) -> str:
     cls = http_stream_bench.StreamResult
     table = http_stream_bench.table([cls(**r) for r in median_rows(runs)])
     if len(runs) > 1:
-        table = with_column(table, "events/s, each run", _each(runs, "tok_s", ".0f", cls))
+        table = with_column(table, "tokens/s, each run", _each(runs, "tok_s", ".0f", cls))
     return f"{_head(record)}\n\n{table}\n"
 
 

@@ -139,14 +139,15 @@ def test_the_reference_backend_attributes_a_failed_forward_to_its_request(tiny_m
     target = engine.scheduler.target
     assert isinstance(target, ReferenceTargetExecutor)
     poison = engine.tokenizer.encode("kubernetes operator pod")
-    original = target.model.logits_for
+    original = target.model.model.forward
 
-    def logits_for(request_id: str, prefix: Sequence[int], extra: Sequence[int]) -> Any:
-        if list(prefix[: len(poison)]) == poison:
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        # the target's forward fails whenever the poisoned prompt is in its input, batched with others or not
+        if any(row[: len(poison)].tolist() == poison for row in kwargs["input_ids"]):
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        return original(request_id, prefix, extra)
+        return original(*args, **kwargs)
 
-    target.model.logits_for = logits_for  # type: ignore[method-assign]
+    target.model.model.forward = forward
 
     async def main() -> list[Any]:
         await engine.start()

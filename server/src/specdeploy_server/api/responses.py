@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -110,7 +110,7 @@ async def chat(serving: OpenAIServing, run: Run) -> dict[str, Any]:
     }
 
 
-async def stream_completion(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
+def stream_completion(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
     base = _base(serving, "cmpl", "text_completion")
     prepared = run.prepared
     wants_logprobs = prepared.params.logprobs is not None
@@ -126,15 +126,17 @@ async def stream_completion(serving: OpenAIServing, run: Run) -> AsyncIterator[s
     def chunk(index: int, text: str, finish: str | None, ids: list[int], items: list[TokenLogprob]) -> Any:
         if not (text or finish or (wants_logprobs and ids)):
             return None
+        if not (wants_logprobs or finish):  # the common event, serialised without building it
+            offsets[index] += len(text)
+            return f'{{"index":{index},"text":{_string(text)},"logprobs":null,"finish_reason":null}}'
         logprobs = serving.logprobs.completion(items, ids, offsets[index]) if wants_logprobs else None
         offsets[index] += len(text)
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
-    async for event in _stream(serving, run, base, first, chunk):
-        yield event
+    return _stream(serving, run, base, first, chunk)
 
 
-async def stream_chat(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
+def stream_chat(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
     base = _base(serving, "chatcmpl", "chat.completion.chunk")
     prepared = run.prepared
     wants_logprobs = prepared.params.logprobs is not None
@@ -145,11 +147,11 @@ async def stream_chat(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
     ]
 
     def chunk(index: int, text: str, finish: str | None, ids: list[int], items: list[TokenLogprob]) -> Any:
-        logprobs = serving.logprobs.chat(items) if wants_logprobs else None
         if prepared.tool_mode is not None:  # calls are sent whole once the text is complete
             held[index] += text
             if finish is None:
                 return None
+            logprobs = serving.logprobs.chat(items) if wants_logprobs else None
             message, finish = _message(held[index], finish, prepared)
             calls = message.get("tool_calls")
             delta: dict[str, Any] = {"content": message["content"]} if message["content"] else {}
@@ -158,11 +160,14 @@ async def stream_chat(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
             return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
         if not (text or finish or (wants_logprobs and ids)):
             return None
+        if not (wants_logprobs or finish):  # the common event, serialised without building it
+            content = _string(text)
+            return f'{{"index":{index},"delta":{{"content":{content}}},"logprobs":null,"finish_reason":null}}'
+        logprobs = serving.logprobs.chat(items) if wants_logprobs else None
         delta = {"content": text} if text or finish is None else {}
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
-    async for event in _stream(serving, run, base, first, chunk):
-        yield event
+    return _stream(serving, run, base, first, chunk)
 
 
 async def _stream(
@@ -173,6 +178,9 @@ async def _stream(
     chunk: Any,
 ) -> AsyncIterator[str]:
     finished = 0
+    # Every event is the same envelope around one choice: the envelope is serialised once, the choice per
+    # event (the bytes are those of json.dumps of the whole event, keys in the same order).
+    head = f'data: {_json(base)[:-1]},"choices":['
     try:
         for choice in first:
             yield _sse({**base, "choices": [choice]})
@@ -180,12 +188,12 @@ async def _stream(
             body = chunk(index, delta.text, delta.finish_reason, delta.token_ids, delta.logprobs or [])
             if body is None:
                 continue
-            event = {**base, "choices": [body]}
             if delta.finish_reason is not None:
                 finished += 1
                 if finished == len(run.choices):  # the last choice's final chunk carries the usage
-                    event["usage"] = run.usage()
-            yield _sse(event)
+                    yield _sse({**base, "choices": [body], "usage": run.usage()})
+                    continue
+            yield f"{head}{body if isinstance(body, str) else _json(body)}]}}\n\n"
         if run.prepared.include_usage:
             yield _sse({**base, "choices": [], "usage": run.usage()})
     except Exception as exc:  # headers are sent: report in-band, then end the stream
@@ -204,5 +212,10 @@ async def _stream(
     yield "data: [DONE]\n\n"
 
 
+_json = json.JSONEncoder(separators=(",", ":")).encode
+#: a str as a JSON string, exactly as ``_json`` writes it (ASCII, escaped)
+_string: Callable[[str], str] = json.encoder.encode_basestring_ascii
+
+
 def _sse(payload: dict[str, Any]) -> str:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+    return f"data: {_json(payload)}\n\n"

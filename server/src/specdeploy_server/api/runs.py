@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specdeploy_server.api.textstream import IncrementalDecoder, StopMatcher
 from specdeploy_server.core.types import FinishReason, SamplingParams, TokenLogprob
@@ -58,40 +58,74 @@ class ChoiceRun:
         self._run = run
         self.completion_tokens = 0
 
-    async def deltas(self) -> AsyncIterator[Delta]:
+    async def deltas(self, whole: Run | None = None) -> AsyncIterator[tuple[int, Delta]]:
+        """This choice's deltas, tagged with its index; with ``whole``, this is the request's only choice and
+        also keeps the request's metrics (one generator per event less than a merge)."""
         serving = self._run.serving
         metrics, model = serving.metrics, serving.settings.served_model_name
-        ttft, itl = metrics.ttft.labels(model), metrics.itl.labels(model)
+        ttft, itl = metrics.ttft.labels(model), weighted_observer(metrics.itl.labels(model))
         decoder = IncrementalDecoder(serving.engine.tokenizer)
         stopper = StopMatcher(self._run.prepared.stops)
         started = last = self._run.started
-        async with contextlib.aclosing(self.generation.outputs) as outputs:
-            async for out in outputs:
-                now = time.perf_counter()
-                n = len(out.token_ids)
-                if n:
-                    if self.completion_tokens == 0:
-                        ttft.observe(now - started)
-                    else:
-                        gap = (now - last) / n
-                        for _ in range(n):
-                            itl.observe(gap)
-                    last = now
-                self.completion_tokens += n
-                text = stopper.feed(decoder.feed(out.token_ids))
-                ids, logprobs = list(out.token_ids), out.logprobs
-                if stopper.stopped:
-                    yield Delta(text, "stop", ids, logprobs)
-                    return
-                if out.finish_reason is not None:
-                    text += stopper.feed(decoder.flush())
-                    if not stopper.stopped:
-                        text += stopper.flush()
-                    finish = "stop" if stopper.stopped else _FINISH[out.finish_reason]
-                    yield Delta(text, finish, ids, logprobs)
-                    return
-                if text or ids:
-                    yield Delta(text, None, ids, logprobs)
+        index = self.index
+        if whole is not None:
+            whole.begin()
+        try:
+            async with contextlib.aclosing(self.generation.outputs) as outputs:
+                async for out in outputs:
+                    now = time.perf_counter()
+                    n = len(out.token_ids)
+                    if n:
+                        if self.completion_tokens == 0:
+                            ttft.observe(now - started)
+                        else:
+                            itl((now - last) / n, n)
+                        last = now
+                    self.completion_tokens += n
+                    text = stopper.feed(decoder.feed(out.token_ids))
+                    ids, logprobs = out.token_ids, out.logprobs
+                    if stopper.stopped:
+                        yield index, Delta(text, "stop", ids, logprobs)
+                        return
+                    if out.finish_reason is not None:
+                        text += stopper.feed(decoder.flush())
+                        if not stopper.stopped:
+                            text += stopper.flush()
+                        finish = "stop" if stopper.stopped else _FINISH[out.finish_reason]
+                        yield index, Delta(text, finish, ids, logprobs)
+                        return
+                    if text or ids:
+                        yield index, Delta(text, None, ids, logprobs)
+        finally:
+            if whole is not None:
+                whole.end()
+
+
+def weighted_observer(histogram: Any) -> Callable[[float, int], None]:
+    """``observe(value, times)``: ``times`` observations of ``value`` (the inter-token latency of the tokens
+    of one step), counted as that many ``observe`` calls would count them, in one update. prometheus_client's
+    histogram child has no weighted ``observe``: its sum and the one bucket are incremented directly where
+    they are as expected, else ``observe`` is called ``times`` times. Resolved once per request."""
+    buckets = getattr(histogram, "_buckets", None)
+    bounds = getattr(histogram, "_upper_bounds", None)
+    total = getattr(histogram, "_sum", None)
+    if buckets is None or bounds is None or total is None or len(buckets) != len(bounds):
+
+        def repeated(value: float, times: int) -> None:
+            for _ in range(times):
+                histogram.observe(value)
+
+        return repeated
+    pairs = list(zip(bounds, buckets, strict=True))
+
+    def weighted(value: float, times: int) -> None:
+        total.inc(value * times)
+        for bound, bucket in pairs:
+            if value <= bound:
+                bucket.inc(times)
+                return
+
+    return weighted
 
 
 class Run:
@@ -133,29 +167,36 @@ class Run:
             "forced_tokens": sum(s.forced for s in stats),
         }
 
-    async def deltas(self) -> AsyncIterator[tuple[int, Delta]]:
-        """Every choice's deltas as they come, tagged with the choice's index."""
+    def begin(self) -> None:
+        serving = self.serving
+        serving.metrics.in_flight.labels(serving.settings.served_model_name).inc()
+
+    def end(self) -> None:
         metrics, model = self.serving.metrics, self.serving.settings.served_model_name
-        in_flight = metrics.in_flight.labels(model)
-        in_flight.inc()
+        metrics.in_flight.labels(model).dec()
+        metrics.prompt_tokens.labels(model).inc(self.prompt_tokens)
+        metrics.generation_tokens.labels(model).inc(self.completion_tokens)
+        metrics.e2e.labels(model).observe(time.perf_counter() - self.started)
+
+    def deltas(self) -> AsyncIterator[tuple[int, Delta]]:
+        """Every choice's deltas as they come, tagged with the choice's index."""
+        if len(self.choices) == 1:
+            return self.choices[0].deltas(whole=self)
+        return self._merged()
+
+    async def _merged(self) -> AsyncIterator[tuple[int, Delta]]:
+        self.begin()
         try:
-            if len(self.choices) == 1:
-                async for delta in self.choices[0].deltas():
-                    yield 0, delta
-                return
             async for item in _merge([c.deltas() for c in self.choices]):
                 yield item
         finally:
-            in_flight.dec()
-            metrics.prompt_tokens.labels(model).inc(self.prompt_tokens)
-            metrics.generation_tokens.labels(model).inc(self.completion_tokens)
-            metrics.e2e.labels(model).observe(time.perf_counter() - self.started)
+            self.end()
 
 
-async def _merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int, Delta]]:
+async def _merge(streams: list[AsyncIterator[tuple[int, Delta]]]) -> AsyncIterator[tuple[int, Delta]]:
     """Interleave async iterators as their items arrive; on exit (done, failed or closed early) every
     iterator is closed."""
-    pending: dict[asyncio.Future[Delta], int] = {
+    pending: dict[asyncio.Future[tuple[int, Delta]], int] = {
         asyncio.ensure_future(anext(s)): i for i, s in enumerate(streams)
     }
     try:
@@ -164,10 +205,10 @@ async def _merge(streams: list[AsyncIterator[Delta]]) -> AsyncIterator[tuple[int
             for fut in sorted(done, key=lambda f: pending[f]):
                 index = pending.pop(fut)
                 try:
-                    delta = fut.result()
+                    item = fut.result()
                 except StopAsyncIteration:
                     continue
-                yield index, delta
+                yield item
                 pending[asyncio.ensure_future(anext(streams[index]))] = index
     finally:
         for fut in pending:

@@ -1,17 +1,17 @@
 """Reference backend: Hugging Face transformers + PyTorch, CPU or CUDA.
 
-Each model keeps one ``DynamicCache`` per request plus the list of tokens that cache holds. Before every
-forward
-the cache is cut back to the longest common prefix with the sequence, which is how rejected draft tokens
-leave the
-cache ("trim on rejection") without the core having to say so.
-
-Sequences of a batch are run one after another on a single worker thread (no padding/batching of different
-lengths), interleaved step by step across requests. The event loop is never blocked.
+Each model keeps one KV cache per request (backends/kvbatch.py). Every call of the scheduler covers all
+running sequences, and runs as one padded batch on a single worker thread: the verification of every
+sequence's proposal is one forward pass of the target; drafting is one forward pass of the draft model that
+catches every sequence up, then one pass per draft token for all sequences together. Sequences under a
+grammar draft one by one (the grammar may force several tokens after a drafted one). The event loop is never
+blocked.
 
 Lifecycle rules (core/executors.py): a failure of one sequence's forward is reported for that sequence
-(``RequestErrors``), the batch's other sequences are unaffected; the worker skips a sequence aborted before it
-reached it; ``release`` runs on the worker thread itself, after whatever call is queued before it.
+(``RequestErrors``): when a batched pass fails, its sequences are run again one by one, so the failure is
+attributed to the sequence that causes it and the others are unaffected; the worker skips a sequence aborted
+before the call reached it; ``release`` runs on the worker thread itself, after whatever call is queued
+before it.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import asyncio
 import concurrent.futures
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache
+from transformers import AutoConfig
 
+from specdeploy_server.backends.kvbatch import CachedModel, PaddedBatch
 from specdeploy_server.core.acceptance import (
     accept_rejection_sampling,
     accept_token_match,
@@ -54,8 +54,18 @@ from specdeploy_server.core.types import (
     TokenLogprob,
 )
 
+__all__ = [
+    "CachedModel",
+    "ReferenceDraftExecutor",
+    "ReferenceTargetExecutor",
+    "max_position_embeddings",
+    "resolve_device",
+    "resolve_dtype",
+]
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+R = TypeVar("R")
 
 _DTYPES = {
     "float32": torch.float32,
@@ -83,86 +93,6 @@ def max_position_embeddings(path: Path) -> int | None:
     config = AutoConfig.from_pretrained(str(path), local_files_only=True)
     value = getattr(config, "max_position_embeddings", None)
     return int(value) if value is not None else None
-
-
-@dataclass
-class _KV:
-    cache: Any  # DynamicCache
-    tokens: list[int] = field(default_factory=list)  # what the cache holds, position by position
-    confirmed: int = 0  # tokens[:confirmed] is known to be a prefix of the request's sequence
-
-
-class CachedModel:
-    """A causal LM with per-request KV caches, trimmed to the longest common prefix before each forward."""
-
-    def __init__(self, path: Path, device: torch.device, dtype: torch.dtype | str) -> None:
-        self.path = path
-        self.device = device
-        model: Any = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype)
-        self.model: Any = model.to(device).eval()
-        self.vocab_size = int(self.model.config.vocab_size)
-        self._kv: dict[str, _KV] = {}
-
-    def release(self, request_id: str) -> None:
-        self._kv.pop(request_id, None)
-
-    def cached_tokens(self, request_id: str) -> int:
-        kv = self._kv.get(request_id)
-        return 0 if kv is None else int(kv.cache.get_seq_length())
-
-    @torch.inference_mode()
-    def logits_for(self, request_id: str, prefix: Sequence[int], extra: Sequence[int]) -> torch.Tensor:
-        """Logits (float32, on CPU) for the last ``len(extra) + 1`` positions of ``prefix + extra``.
-
-        Row i predicts the token after ``prefix + extra[:i]``.
-        """
-        kv = self._kv.get(request_id)
-        if kv is None:
-            kv = self._kv[request_id] = _KV(DynamicCache(config=self.model.config))
-        full = [*prefix, *extra]
-        common = _common_prefix(kv.tokens, full, kv.confirmed)
-        common = min(common, len(prefix) - 1)  # we need the logits of the last prefix position
-        kv.confirmed = common
-        cached = len(kv.tokens)
-        if cached > common:
-            kv.cache.crop(common - cached)  # negative: remove that many positions (works on 4.x and 5.x)
-        new = full[common:]
-        out = self.model(
-            input_ids=torch.tensor([new], dtype=torch.long, device=self.device),
-            past_key_values=kv.cache,
-            use_cache=True,
-        )
-        kv.tokens = full
-        logits: torch.Tensor = out.logits[0, -(len(extra) + 1) :].float().cpu()
-        return logits
-
-    @torch.inference_mode()
-    def prompt_logits(self, token_ids: Sequence[int]) -> torch.Tensor:
-        """Logits (float32, CPU) at every position of ``token_ids``, without a cache."""
-        out = self.model(input_ids=torch.tensor([list(token_ids)], dtype=torch.long, device=self.device))
-        logits: torch.Tensor = out.logits[0].float().cpu()
-        return logits
-
-    @torch.inference_mode()
-    def append(self, request_id: str, token: int) -> torch.Tensor:
-        """Feed one more token after what the cache holds; logits (float32, CPU) of that position."""
-        kv = self._kv[request_id]
-        out = self.model(
-            input_ids=torch.tensor([[token]], dtype=torch.long, device=self.device),
-            past_key_values=kv.cache,
-            use_cache=True,
-        )
-        kv.tokens.append(token)
-        logits: torch.Tensor = out.logits[0, -1].float().cpu()
-        return logits
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int], start: int) -> int:
-    n = min(len(a), len(b))
-    i = min(start, n)
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _pick(
@@ -202,6 +132,38 @@ def run_each(
     return out
 
 
+def run_batched(
+    executor: str,
+    batch: Sequence[T],
+    seq_of: Callable[[T], SequenceState],
+    *,
+    together: Callable[[list[T]], list[R]],
+    finish: Callable[[T, R], Any],
+    one: Callable[[T], Any],
+    skip: Any,
+    joins: Callable[[T], bool] = lambda _: True,
+) -> list[Any]:
+    """``together(items)`` for the live items that ``joins`` admits, in one go (the batched forward
+    passes), then ``finish(item, its share)`` for each of them and ``one(item)`` for the others, as
+    ``run_each`` does. When ``together`` fails, ``one(item)`` for every item instead, which attributes the
+    failure to the sequences that cause it."""
+    live = [item for item in batch if not seq_of(item).cancelled and joins(item)]
+    shares: dict[int, R] = {}
+    if live:
+        try:
+            shares = dict(zip(map(id, live), together(live), strict=True))
+        except Exception:
+            log.debug(
+                "%s executor: a batch of %d failed, retried one by one", executor, len(live), exc_info=True
+            )
+
+    def each(item: T) -> Any:
+        key = id(item)
+        return finish(item, shares[key]) if key in shares else one(item)
+
+    return run_each(executor, batch, seq_of, each, skip)
+
+
 def release_on(worker: concurrent.futures.Executor, model: CachedModel, request_id: str) -> None:
     """Free a request's cache on the worker thread, behind any call already queued there."""
     try:
@@ -234,12 +196,31 @@ class ReferenceTargetExecutor:
         return await loop.run_in_executor(self._worker, self.score_prompt, list(prompt_ids), top)
 
     def _verify_all(self, batch: list[VerifyRequest]) -> list[list[int]]:
-        return run_each("reference target", batch, lambda r: r.seq, self._verify, [])
+        if not self.model.batches:
+            return run_each("reference target", batch, lambda r: r.seq, self._verify, [])
+        return run_batched(
+            "reference target",
+            batch,
+            lambda r: r.seq,
+            together=self._forward,
+            finish=self._accept,
+            one=self._verify,
+            skip=[],
+        )
+
+    def _forward(self, batch: list[VerifyRequest]) -> list[torch.Tensor]:
+        return self.model.logits_rows([(r.seq.request_id, r.seq.token_ids, r.proposal.tokens) for r in batch])
 
     def _verify(self, req: VerifyRequest) -> list[int]:
+        seq = req.seq
+        return self._accept(req, self.model.logits_for(seq.request_id, seq.token_ids, req.proposal.tokens))
+
+    def _accept(self, req: VerifyRequest, logits_rows: torch.Tensor) -> list[int]:
         seq, draft = req.seq, req.proposal.tokens
-        raw = self.model.logits_for(seq.request_id, seq.token_ids, draft).double().numpy()
         params = seq.params
+        if params.greedy and not (params.changes_logits or seq.constraint) and req.logprobs is None:
+            return accept_token_match(draft, logits_rows.argmax(dim=-1).tolist())
+        raw = logits_rows.double().numpy()
         logits = target_logits(seq, draft, raw) if params.changes_logits or seq.constraint else raw
         if params.greedy:
             out = accept_token_match(draft, [int(i) for i in logits.argmax(axis=-1)])
@@ -263,8 +244,7 @@ class ReferenceTargetExecutor:
 
 class ReferenceDraftExecutor:
     """Generates draft tokens autoregressively: argmax for greedy requests and token-match acceptance, a
-    sample
-    from the processed draft distribution (returned with the tokens) when acceptance is by logits."""
+    sample from the processed draft distribution (returned with the tokens) when acceptance is by logits."""
 
     def __init__(self, model: CachedModel, worker: concurrent.futures.Executor) -> None:
         self.model = model
@@ -278,12 +258,48 @@ class ReferenceDraftExecutor:
         release_on(self._worker, self.model, request_id)
 
     def _draft_all(self, batch: list[DraftRequest]) -> list[Proposal]:
-        return run_each("reference draft", batch, lambda r: r.seq, self._draft, Proposal([]))
+        if not self.model.batches:
+            return run_each("reference draft", batch, lambda r: r.seq, self._draft, Proposal([]))
+        return run_batched(  # sequences under a grammar draft one by one, the others together
+            "reference draft",
+            batch,
+            lambda r: r.seq,
+            together=self._draft_together,
+            finish=lambda _, proposal: proposal,
+            one=self._draft,
+            skip=Proposal([]),
+            joins=lambda r: r.seq.constraint is None,
+        )
+
+    def _draft_together(self, batch: list[DraftRequest]) -> list[Proposal]:
+        """Every request's draft, one forward pass per draft position for all of them (no grammar: one token
+        fed per request and position)."""
+        passes = PaddedBatch(self.model, [(r.seq.request_id, r.seq.token_ids, 1) for r in batch])
+        logits = torch.stack([row[-1] for row in passes.run()])
+        params = [r.seq.params if r.want_probs and not r.seq.params.greedy else _GREEDY for r in batch]
+        tokens: list[list[int]] = [[] for _ in batch]
+        probs: list[list[FloatArray]] = [[] for _ in batch]
+        while True:
+            fed: list[int | None] = []
+            for i, req in enumerate(batch):
+                if len(tokens[i]) >= req.num_tokens:
+                    fed.append(None)
+                    continue
+                token, row = _pick(logits[i], params[i], req.seq.rng)
+                tokens[i].append(token)
+                if row is not None:
+                    probs[i].append(row)
+                fed.append(token if len(tokens[i]) < req.num_tokens else None)
+            if all(t is None for t in fed):
+                break
+            logits = passes.feed(fed)
+        passes.commit()
+        return [Proposal(t, np.stack(p) if p else None) for t, p in zip(tokens, probs, strict=True)]
 
     def _draft(self, req: DraftRequest) -> Proposal:
         seq = req.seq
         sample = req.want_probs and not seq.params.greedy
-        params = seq.params if sample else SamplingParams(temperature=0.0)
+        params = seq.params if sample else _GREEDY
         logits = self.model.logits_for(seq.request_id, seq.token_ids, [])[-1]
 
         def pick() -> tuple[int, FloatArray | None]:
@@ -295,3 +311,6 @@ class ReferenceDraftExecutor:
                 logits = self.model.append(seq.request_id, token)
 
         return draft_with_forced(seq, req.num_tokens, pick, feed)
+
+
+_GREEDY = SamplingParams(temperature=0.0)

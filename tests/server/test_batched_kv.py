@@ -1,0 +1,122 @@
+"""The reference backend's padded batches: several requests in one forward pass compute what each computes
+alone, and each request's cache afterwards holds exactly its own sequence (so rollback keeps working)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import torch
+from specdeploy_server import testing
+from specdeploy_server.backends.factory import build_engine
+from specdeploy_server.backends.kvbatch import CachedModel, PaddedBatch
+from specdeploy_server.config import ServerConfig
+from specdeploy_server.core.types import SamplingParams
+from specdeploy_server.engine import Engine
+
+from tests.server.conftest import TinyModels, hf_greedy_outputs
+
+CPU = torch.device("cpu")
+# fp32 sums in a different order (a longer, padded attention row; a matrix product over more rows) differ in
+# the last bits; nothing more may differ
+TOLERANCE = 1e-4
+
+
+def _alone(path: Any, prefix: list[int], extra: list[int]) -> torch.Tensor:
+    return CachedModel(path, CPU, torch.float32).logits_for("alone", prefix, extra)
+
+
+def test_rows_of_different_lengths_get_the_logits_they_get_alone(tiny_models: TinyModels) -> None:
+    model = CachedModel(tiny_models.target, CPU, torch.float32)
+    rows = [
+        ("a", list(range(3, 40)), [7, 8, 9]),
+        ("b", list(range(50, 60)), []),
+        ("c", list(range(100, 170)), [11]),
+    ]
+    model.logits_rows([(rid, prefix[:-5], []) for rid, prefix, _ in rows])  # caches of different lengths
+    batched = model.logits_rows(rows)
+    for (_, prefix, extra), logits in zip(rows, batched, strict=True):
+        assert logits.shape == (len(extra) + 1, model.vocab_size)
+        torch.testing.assert_close(logits, _alone(tiny_models.target, prefix, extra), atol=TOLERANCE, rtol=0)
+    assert [model.cached_tokens(rid) for rid, _, _ in rows] == [40, 10, 71]
+
+
+def test_a_rejected_draft_leaves_each_rows_cache_with_its_own_sequence_only(tiny_models: TinyModels) -> None:
+    model = CachedModel(tiny_models.target, CPU, torch.float32)
+    model.logits_rows([("a", [5, 6, 7, 8], [9, 10, 11]), ("b", [20, 21], [22])])
+    # "a" accepted 9 and then got 30 instead of 10; "b" accepted everything and got 23
+    batched = model.logits_rows([("a", [5, 6, 7, 8, 9, 30], [31]), ("b", [20, 21, 22, 23], [24, 25])])
+    torch.testing.assert_close(
+        batched[0], _alone(tiny_models.target, [5, 6, 7, 8, 9, 30], [31]), atol=TOLERANCE, rtol=0
+    )
+    torch.testing.assert_close(
+        batched[1], _alone(tiny_models.target, [20, 21, 22, 23], [24, 25]), atol=TOLERANCE, rtol=0
+    )
+    assert model._kv["a"].tokens == [5, 6, 7, 8, 9, 30, 31]
+    assert [model.cached_tokens("a"), model.cached_tokens("b")] == [7, 6]
+
+
+def test_tokens_fed_one_at_a_time_skip_the_padding_and_rows_that_are_done(tiny_models: TinyModels) -> None:
+    model = CachedModel(tiny_models.target, CPU, torch.float32)
+    model.logits_rows([("a", list(range(10, 30)), []), ("b", [3, 4], [])])
+    batch = PaddedBatch(model, [("a", list(range(10, 33)), 1), ("b", [3, 4, 5], 1)])
+    batch.run()
+    batch.feed([40, 41])
+    last = batch.feed([42, None])  # "b" is done: a padding token is fed for it and not kept
+    batch.commit()
+    torch.testing.assert_close(
+        last[0], _alone(tiny_models.target, [*range(10, 33), 40, 42], [])[-1], atol=TOLERANCE, rtol=0
+    )
+    assert model._kv["b"].tokens == [3, 4, 5, 41]
+    assert model.cached_tokens("b") == 4
+    # the next pass continues from exactly those caches
+    after = model.logits_rows([("b", [3, 4, 5, 41], [50])])[0]
+    torch.testing.assert_close(after, _alone(tiny_models.target, [3, 4, 5, 41], [50]), atol=TOLERANCE, rtol=0)
+
+
+@pytest.mark.parametrize("method", ["draftTarget", "promptLookup", "none"])
+def test_requests_in_flight_share_each_forward_pass_and_keep_greedy_output(
+    tiny_models: TinyModels, method: str
+) -> None:
+    prompts = testing.prompts(12, seed=3)
+    reference = hf_greedy_outputs(tiny_models.target, prompts, 20)
+    model: dict[str, Any] = {"target": str(tiny_models.target)}
+    if method == "draftTarget":
+        model["draft"] = str(tiny_models.draft_same)
+    speculative = {"method": method, "draftLen": 3}
+    config = {"model": model, "speculative": speculative, "placement": {"device": "cpu"}}
+
+    async def main() -> tuple[list[list[int]], int, int, int]:
+        engine = build_engine(ServerConfig.model_validate(config))
+        assert isinstance(engine, Engine)
+        target: Any = engine.scheduler.target
+        forwards = [0]
+        target.model.model.register_forward_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
+        await engine.start()
+
+        async def one(prompt: str) -> list[int]:
+            gen = engine.generate(engine.tokenizer.encode(prompt), 20, SamplingParams(temperature=0.0))
+            return [t async for out in gen.outputs for t in out.token_ids]
+
+        outputs = await asyncio.gather(*(one(p) for p in prompts))
+        await engine.stop(5)
+        return list(outputs), forwards[0], engine.stats.steps, engine.stats.sequence_steps
+
+    outputs, forwards, steps, sequence_steps = asyncio.run(main())
+    assert outputs == reference
+    assert forwards == steps  # one target forward per step, whatever the number of sequences
+    assert sequence_steps > 3 * steps
+
+
+def test_a_pass_abandoned_before_commit_leaves_nothing_behind(tiny_models: TinyModels) -> None:
+    model = CachedModel(tiny_models.target, CPU, torch.float32)
+    model.logits_rows([("a", [5, 6, 7, 8], [])])
+    abandoned = PaddedBatch(model, [("a", [5, 6, 7, 8, 9, 10], 1)])  # one request: its cache grows in place
+    abandoned.run()
+    abandoned.feed([11])  # e.g. drafting failed here: no commit
+    again = model.logits_rows([("a", [5, 6, 7, 8, 9], [12])])[0]
+    torch.testing.assert_close(
+        again, _alone(tiny_models.target, [5, 6, 7, 8, 9], [12]), atol=TOLERANCE, rtol=0
+    )
+    assert model.cached_tokens("a") == len(model._kv["a"].tokens) == 6

@@ -1,0 +1,77 @@
+"""SSE events of streamed completions and chats: one event per engine step (all of its tokens), written as
+exactly the bytes ``json.dumps`` gives the event, whatever the text (quotes, backslashes, non-ASCII); a
+step's inter-token latencies count as one observation per token."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client import CollectorRegistry, Histogram
+from specdeploy_server.api.app import create_app
+from specdeploy_server.api.runs import weighted_observer
+from specdeploy_server.backends.standin import InstantEngine
+from specdeploy_server.core.types import FinishReason, SeqStats, StepOutput
+
+from tests.server.conftest import run_live
+
+TEXT = 'a"b\\c\né€😀\tz</'
+
+
+class _TextEngine(InstantEngine):
+    """Emits TEXT's code points (the character tokenizer's ids), ``tokens_per_step`` per step."""
+
+    async def _produce(self, max_tokens: int, stats: SeqStats) -> AsyncGenerator[StepOutput, None]:
+        ids = [ord(c) for c in TEXT][:max_tokens]
+        for start in range(0, len(ids), self.tokens_per_step):
+            step = ids[start : start + self.tokens_per_step]
+            finish = FinishReason.LENGTH if start + len(step) >= len(ids) else None
+            yield StepOutput(step, finish, 0, 0)
+            await asyncio.sleep(0)
+
+
+def _events(base_url: str, path: str, body: dict[str, Any]) -> list[str]:
+    with httpx.Client(base_url=base_url, timeout=10) as client:
+        response = client.post(path, json={**body, "model": "instant", "stream": True})
+        return [line[6:] for line in response.text.splitlines() if line.startswith("data: ")][:-1]
+
+
+@pytest.mark.parametrize("per_step", [1, 4])
+def test_each_step_is_one_event_serialised_as_json_dumps_would(per_step: int) -> None:
+    app = create_app(_TextEngine(tokens_per_step=per_step), served_model_name="instant")
+    with run_live(app) as live:
+        completion = _events(live.base_url, "/v1/completions", {"prompt": "hi", "max_tokens": 64})
+        chat = _events(
+            live.base_url, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}
+        )
+    steps = -(-len(TEXT) // per_step)
+    assert len(completion) == steps
+    assert len(chat) == steps + 1  # the role comes first
+    for event in completion + chat:
+        assert event == json.dumps(json.loads(event), separators=(",", ":"))
+    assert "".join(json.loads(e)["choices"][0]["text"] for e in completion) == TEXT
+    assert "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in chat) == TEXT
+    finishes = [json.loads(e)["choices"][0]["finish_reason"] for e in completion]
+    assert finishes == [None] * (steps - 1) + ["length"]
+
+
+def test_a_steps_latencies_are_counted_as_that_many_observations() -> None:
+    registry_one, registry_many = CollectorRegistry(), CollectorRegistry()
+    one = Histogram("itl", "x", buckets=(0.01, 0.1, 1.0), registry=registry_one)
+    many = Histogram("itl", "x", buckets=(0.01, 0.1, 1.0), registry=registry_many)
+    observe = weighted_observer(many)
+    for value, times in ((0.005, 3), (0.05, 4), (0.5, 1), (5.0, 2)):
+        observe(value, times)
+        for _ in range(times):
+            one.observe(value)
+    for le in ("0.01", "0.1", "1.0", "+Inf"):
+        counted = registry_many.get_sample_value("itl_bucket", {"le": le})
+        assert counted == registry_one.get_sample_value("itl_bucket", {"le": le})
+    assert registry_many.get_sample_value("itl_count") == 10
+    assert registry_many.get_sample_value("itl_sum") == pytest.approx(
+        registry_one.get_sample_value("itl_sum")
+    )
