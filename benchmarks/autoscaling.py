@@ -58,7 +58,7 @@ from specdeploy_operator.builders import (  # noqa: E402
 
 from benchmarks import records  # noqa: E402
 from benchmarks.autoscaling_report import render  # noqa: E402
-from benchmarks.operator import GROUP_PATH, Bench, start_cluster, wait  # noqa: E402
+from benchmarks.operator.cluster import GROUP_PATH, Bench, start_cluster, wait  # noqa: E402
 
 METRIC = "specdeploy_queue_seconds"
 TARGET = 10

@@ -1,6 +1,7 @@
-"""The operator benchmark's block of docs/benchmarks.md, rendered from the record that
-`python -m benchmarks.operator` writes (benchmarks/results/operator.json; see benchmarks/records.py). The
-record's figures are what `benchmarks.operator.figures` keeps of a run: counts and times, no raw audit log."""
+"""The operator benchmark's blocks of docs/benchmarks.md, rendered from the records that
+`python -m benchmarks.operator [--count 1000]` writes (benchmarks/results/operator.json, operator-1000.json;
+see benchmarks/records.py). The record's figures are what `benchmarks.operator.figures.figures` keeps of a
+run: counts and times, no raw audit log."""
 
 from __future__ import annotations
 
@@ -39,6 +40,31 @@ def _rollout_row(label: str, r: Mapping[str, Any]) -> str:
         f"| {label} | {r['seconds']:.1f} s | {r['apply_seconds']:.1f} s | {r['p50']:.1f} / {r['p90']:.1f} / "
         f"{r['max']:.1f} s | {len(r['not_ready'])} |"
     )
+
+
+def process_section(f: Figures) -> list[str]:
+    """The operator process's memory and CPU time (records from before these were measured have none)."""
+    p = f.get("operator_process")
+    if p is None:
+        return []
+    seconds = f["operator"]["seconds"]
+    return [
+        "### The operator process",
+        "",
+        "| | resident memory | CPU seconds (user + system) |",
+        "|---|---:|---:|",
+        f"| start-up (3 s after start, before any deployment) | {p['rss_mib_started']:.0f} MiB | "
+        f"{p['cpu_seconds_startup']:.1f} |",
+        f"| rollout (until all Ready) | {p['rss_mib_ready']:.0f} MiB at the end | "
+        f"{p['cpu_seconds_rollout']:.1f} ({p['cpu_seconds_rollout'] / seconds:.2f} of a core over "
+        f"{seconds:.0f} s) |",
+        f"| steady state ({f['steady_seconds']:.0f} s) | {p['rss_mib_end']:.0f} MiB at the end | "
+        f"{p['cpu_seconds_steady']:.1f} |",
+        f"| **peak** | **{p['peak_rss_mib']:.0f} MiB** | |",
+        "",
+        "From /proc of the operator's process (VmRSS, VmHWM for the peak; utime + stime).",
+        "",
+    ]
 
 
 def report(f: Figures) -> str:
@@ -109,6 +135,7 @@ def report(f: Figures) -> str:
     lines += [
         f"Watches opened (re-opened by kopf) in the window: {f['watches_steady']}.",
         "",
+        *process_section(f),
         "### Operator log",
         "",
     ]
