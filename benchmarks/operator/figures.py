@@ -8,7 +8,7 @@ from typing import Any
 
 from .accounting import AuditEntry, ProcessUsage, by_verb_resource
 from .cluster import Rollout
-from .run import OPERATOR_ENV, Results
+from .run import OPERATOR_ENV, Results, poll_interval
 
 __all__ = ["figures"]
 
@@ -86,6 +86,7 @@ def figures(r: Results) -> dict[str, Any]:
         "extra_pools": [
             {"name": p.name, "nodes": p.nodes, "gpus": p.gpu.count if p.gpu else 0} for p in r.pools
         ],
+        "poll_seconds": poll_interval(r.count),
         "reference": rollout_figures(r.reference),
         "operator": rollout_figures(r.operator),
         "reference_cleanup_seconds": round(r.ref_cleanup_seconds, 2),

@@ -90,7 +90,8 @@ def report(f: Figures) -> str:
         _rollout_row(f"operator: {f['count']} SpeculativeDeployments", op),
         f"| **ratio operator / reference** | **{ratio:.2f}** | | | |",
         "",
-        "Both clocks start when `kubectl apply` of the whole list starts and stop at the poll (every 0.5 s) "
+        "Both clocks start when `kubectl apply` of the whole list starts and stop at the poll "
+        f"(every {f.get('poll_seconds', 0.5):g} s) "
         "that sees the last object ready. The operator's path also holds the engine builds (kwok completes a "
         "build pod 2 s after it runs) before any serving object exists.",
         "",
@@ -180,8 +181,16 @@ def interpret(f: Figures) -> str:
         f"({len(f['deployments_per_engine'])} distinct engines by the builders).",
         f"- Steady state: {steady} requests other than watches in {f['steady_seconds']:.0f} s"
         + (" - status is written only when it changes and resyncs cost nothing." if not steady else "."),
-        "",
     ]
+    process = f.get("operator_process")
+    if process is not None:
+        parts.append(
+            f"- The operator process: at most {process['peak_rss_mib']:.0f} MiB resident, "
+            f"{process['cpu_seconds_rollout']:.1f} CPU seconds for the rollout of {count} deployments "
+            f"({process['cpu_seconds_rollout'] / count * 1000:.0f} ms each), "
+            f"{process['cpu_seconds_steady']:.1f} in the {f['steady_seconds']:.0f} s of steady state."
+        )
+    parts.append("")
     return "\n".join(parts)
 
 
