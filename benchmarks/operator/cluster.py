@@ -55,12 +55,12 @@ class Bench:
     def namespace(self, name: str) -> None:
         self.cluster.api("POST", "/api/v1/namespaces", {"metadata": {"name": name}})
         wait(
-            lambda: self._exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
+            lambda: self.exists(f"/api/v1/namespaces/{name}/serviceaccounts/default"),
             60,
             f"default ServiceAccount in {name}",
         )
 
-    def _exists(self, path: str) -> bool:
+    def exists(self, path: str) -> bool:
         try:
             self.cluster.api("GET", path)
         except OSError:
