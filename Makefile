@@ -66,8 +66,8 @@ bench-server: venv ## server benchmarks (RUNS=3 for medians) -> benchmarks/resul
 	$(PY) -m benchmarks.server $(if $(RUNS),--runs $(RUNS))
 
 .PHONY: bench-operator
-bench-operator: venv bins ## operator at scale on its own simulated cluster (100 deployments, 2 min steady state) -> docs/benchmarks.md
-	$(PY) -m benchmarks.operator
+bench-operator: venv bins ## operator at scale on its own simulated cluster (100 deployments, COUNT=1000 for 1 000; 2 min steady state) -> docs/benchmarks.md
+	$(PY) -m benchmarks.operator $(if $(COUNT),--count $(COUNT))
 
 .PHONY: bench-autoscaling
 bench-autoscaling: venv bins ## real load -> metric -> HPA -> new node -> new replica serving, and back, vs a Deployment+HPA -> docs/benchmarks.md

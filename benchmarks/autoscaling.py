@@ -65,7 +65,7 @@ from specdeploy_operator.builders import (  # noqa: E402
 
 from benchmarks import records  # noqa: E402
 from benchmarks.autoscaling_report import render  # noqa: E402
-from benchmarks.operator import GROUP_PATH, Bench, start_cluster, wait  # noqa: E402
+from benchmarks.operator.cluster import GROUP_PATH, Bench, start_cluster, wait  # noqa: E402
 
 METRIC = "specdeploy_queue_depth"
 TARGET = 2
@@ -279,9 +279,9 @@ def park(bench: Bench, target: Target, cluster: LocalCluster) -> None:
     for the reference and autoscaling removed for the operator path) and zero replicas."""
     if target.path == "reference":
         bench.kubectl("delete", "hpa", target.name, "-n", target.namespace, "--ignore-not-found")
-        if bench._exists(f"/apis/apps/v1/namespaces/{target.namespace}/deployments/{target.name}"):
+        if bench.exists(f"/apis/apps/v1/namespaces/{target.namespace}/deployments/{target.name}"):
             bench.kubectl("scale", "deployment", target.name, "-n", target.namespace, "--replicas=0")
-    elif bench._exists(f"{GROUP_PATH}/namespaces/{target.namespace}/speculativedeployments/{target.name}"):
+    elif bench.exists(f"{GROUP_PATH}/namespaces/{target.namespace}/speculativedeployments/{target.name}"):
         patch = [{"op": "remove", "path": "/spec/autoscaling"}]
         body = bench.cluster.api(
             "GET", f"{GROUP_PATH}/namespaces/{target.namespace}/speculativedeployments/{target.name}"

@@ -104,8 +104,15 @@ def blocks() -> list[Block]:
             "operator",
             OPERATOR_DOC,
             ("operator",),
-            "benchmarks.operator_report:render",
+            "benchmarks.operator.report:render",
             "python -m benchmarks.operator",
+        ),
+        Block(
+            "operator-1000",
+            OPERATOR_DOC,
+            ("operator-1000",),
+            "benchmarks.operator.report:render",
+            "python -m benchmarks.operator --count 1000",
         ),
         Block(
             "memory",

@@ -14,8 +14,13 @@ from typing import Any
 import pytest
 from localcluster import GpuSpec, NodePool
 
-from benchmarks import autoscaling_report, operator_report, records, timings
-from benchmarks import operator as operator_bench
+from benchmarks import autoscaling_report, records, timings
+from benchmarks.operator import report as operator_report
+from benchmarks.operator.accounting import AuditEntry, ProcessUsage
+from benchmarks.operator.cluster import Rollout
+from benchmarks.operator.figures import figures as operator_figures
+from benchmarks.operator.run import Results
+from benchmarks.operator.workload import Plan
 from benchmarks.server import render as server_render
 from hack import measure
 
@@ -219,17 +224,17 @@ def a_record(name: str, figures: Any) -> records.Record:
 
 
 def test_an_operator_run_keeps_its_figures_through_json_and_renders_them() -> None:
-    def audit(verb: str, resource: str) -> operator_bench.AuditEntry:
-        return operator_bench.AuditEntry(1.0, verb, resource, 200)
+    def audit(verb: str, resource: str) -> AuditEntry:
+        return AuditEntry(1.0, verb, resource, 200)
 
     h100 = "NVIDIA-H100-80GB-HBM3"
-    run = operator_bench.Results(
+    run = Results(
         count=2,
         replicas=3,
         pools=[NodePool(name="bench-h100", nodes=2, instance_type="p5.48xlarge", gpu=GpuSpec(h100, 8))],
-        plan=operator_bench.Plan({"engine-a": 2}, {h100: 3}, []),
-        reference=operator_bench.Rollout(10.0, 1.0, [8.0, 10.0]),
-        operator=operator_bench.Rollout(12.0, 1.5, [9.0, 12.0]),
+        plan=Plan({"engine-a": 2}, {h100: 3}, []),
+        reference=Rollout(10.0, 1.0, [8.0, 10.0]),
+        operator=Rollout(12.0, 1.5, [9.0, 12.0]),
         ref_cleanup_seconds=3.0,
         audit_rollout=[
             audit("patch", "configmaps"),
@@ -250,8 +255,13 @@ def test_an_operator_run_keeps_its_figures_through_json_and_renders_them() -> No
         job_pods=1,
         log_problems=Counter(),
         log_lines=[],
+        usage={
+            "started": ProcessUsage(80.0, 81.0, 2.0),
+            "ready": ProcessUsage(100.0, 110.0, 8.0),
+            "end": ProcessUsage(101.0, 110.0, 8.5),
+        },
     )
-    figures = operator_bench.figures(run)
+    figures = operator_figures(run)
     in_memory = operator_report.render([a_record("operator", figures)])
     text = operator_report.render([a_record("operator", json.loads(json.dumps(figures)))])
     assert text.split("\n", 1)[1] == in_memory.split("\n", 1)[1]  # the same below the provenance line
@@ -260,6 +270,8 @@ def test_an_operator_run_keeps_its_figures_through_json_and_renders_them() -> No
     assert "| **all but watch** | | **3** | **1.50** | **3** |" in text
     assert "| **ratio operator / reference** | **1.20** |" in text
     assert "watches pods 1" in text
+    assert "| rollout (until all Ready) | 100 MiB at the end | 6.0 (0.50 of a core over 12 s) |" in text
+    assert "| **peak** | **110 MiB** | |" in text
     assert "Steady state: 0 requests other than watches in 120 s - status is written only" in text
 
 

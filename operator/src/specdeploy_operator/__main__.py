@@ -26,7 +26,7 @@ from prometheus_client import start_http_server
 from pydantic import ValidationError
 
 from specdeploy_operator.builders import OperatorSettings
-from specdeploy_operator.controller.handlers import register
+from specdeploy_operator.controller.handlers import NoEssence, register
 from specdeploy_operator.controller.kube import Kube
 from specdeploy_operator.controller.reconciler import Reconciler
 
@@ -82,6 +82,7 @@ def configure_logging(level: str) -> None:
 
 def build_settings(settings: kopf.OperatorSettings, peering: str | None, lifetime: int = 60) -> None:
     settings.posting.enabled = False  # events are posted by the reconciler, on milestones only
+    settings.persistence.diffbase_storage = NoEssence()  # no handler reads kopf's per-event diffs
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 10

@@ -22,14 +22,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
 
-from pydantic import ValidationError
-
-from specdeploy_operator.api import SpeculativeDeployment
-from specdeploy_operator.builders import OperatorSettings, build_engine_builds
+from specdeploy_operator.builders import OperatorSettings
 
 from . import metrics
 from .deployments import ReconcileFailed, reconcile_deployment
 from .enginebuilds import reconcile_engine
+from .engineusers import EngineNames, engines_used
 from .indexes import Obj, one, resource_version
 from .kube import ApiError, Kube, ObjectRef, ref_of
 from .livestate import difference
@@ -85,26 +83,6 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
-def engine_names_in_status(status: Obj | None) -> set[str]:
-    engines = (status or {}).get("engines") or {}
-    names = {
-        str(ref["name"]) for role, ref in engines.items() if role != "previous" and isinstance(ref, Mapping)
-    }
-    names.update(str(n) for n in engines.get("previous") or ())
-    return names
-
-
-def engines_used(body: Obj, settings: OperatorSettings) -> set[str]:
-    """EngineBuild names a deployment uses: those its spec renders now, and those its status still lists (in
-    use by running pods, or kept for rollback). The `engine_users` index is built from this."""
-    names = engine_names_in_status(body.get("status"))
-    try:
-        sdep = SpeculativeDeployment.model_validate(body)
-    except ValidationError:
-        return names
-    return names | {e["metadata"]["name"] for e in build_engine_builds(sdep, settings)}
-
-
 @dataclass(frozen=True, slots=True)
 class OwnWrite:
     """An object as this process wrote it, against the live version `against`."""
@@ -131,6 +109,7 @@ class Reconciler:
         self.clock = clock
         self.queue: WorkQueue[Key] = WorkQueue(self._process, workers=workers, expected=(ReconcileFailed,))
         self.indices: Mapping[str, Any] = {}
+        self.engine_names = EngineNames(settings)
         self._resync: asyncio.TimerHandle | None = None
         self._own_writes: dict[tuple[str, str, str, str], OwnWrite] = {}
         # ScaledObjects have no index (KEDA may not be installed, and kopf cannot watch a resource that does
@@ -196,9 +175,13 @@ class Reconciler:
         for user in self.users_of(namespace, name):
             self.queue.add(("sdep", namespace, user))
 
+    def engines_used(self, body: Obj) -> set[str]:
+        """EngineBuild names the deployment `body` uses (`engineusers`; feeds the `engine_users` index)."""
+        return self.engine_names.used(body)
+
     def deployment_deleted(self, namespace: str, name: str, body: Obj) -> None:
         """A deleted deployment's engines may have become garbage."""
-        for engine in engines_used(body, self.settings):
+        for engine in self.engines_used(body):
             self.queue.add(("engine", namespace, engine))
 
     def users_of(self, namespace: str, engine: str) -> list[str]:

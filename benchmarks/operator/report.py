@@ -1,6 +1,7 @@
-"""The operator benchmark's block of docs/benchmarks.md, rendered from the record that
-`python -m benchmarks.operator` writes (benchmarks/results/operator.json; see benchmarks/records.py). The
-record's figures are what `benchmarks.operator.figures` keeps of a run: counts and times, no raw audit log."""
+"""The operator benchmark's blocks of docs/benchmarks.md, rendered from the records that
+`python -m benchmarks.operator [--count 1000]` writes (benchmarks/results/operator.json, operator-1000.json;
+see benchmarks/records.py). The record's figures are what `benchmarks.operator.figures.figures` keeps of a
+run: counts and times, no raw audit log."""
 
 from __future__ import annotations
 
@@ -41,6 +42,31 @@ def _rollout_row(label: str, r: Mapping[str, Any]) -> str:
     )
 
 
+def process_section(f: Figures) -> list[str]:
+    """The operator process's memory and CPU time (records from before these were measured have none)."""
+    p = f.get("operator_process")
+    if p is None:
+        return []
+    seconds = f["operator"]["seconds"]
+    return [
+        "### The operator process",
+        "",
+        "| | resident memory | CPU seconds (user + system) |",
+        "|---|---:|---:|",
+        f"| start-up (3 s after start, before any deployment) | {p['rss_mib_started']:.0f} MiB | "
+        f"{p['cpu_seconds_startup']:.1f} |",
+        f"| rollout (until all Ready) | {p['rss_mib_ready']:.0f} MiB at the end | "
+        f"{p['cpu_seconds_rollout']:.1f} ({p['cpu_seconds_rollout'] / seconds:.2f} of a core over "
+        f"{seconds:.0f} s) |",
+        f"| steady state ({f['steady_seconds']:.0f} s) | {p['rss_mib_end']:.0f} MiB at the end | "
+        f"{p['cpu_seconds_steady']:.1f} |",
+        f"| **peak** | **{p['peak_rss_mib']:.0f} MiB** | |",
+        "",
+        "From /proc of the operator's process (VmRSS, VmHWM for the peak; utime + stime).",
+        "",
+    ]
+
+
 def report(f: Figures) -> str:
     ref, op = f["reference"], f["operator"]
     ratio = op["seconds"] / ref["seconds"] if ref["seconds"] else float("nan")
@@ -64,9 +90,12 @@ def report(f: Figures) -> str:
         _rollout_row(f"operator: {f['count']} SpeculativeDeployments", op),
         f"| **ratio operator / reference** | **{ratio:.2f}** | | | |",
         "",
-        "Both clocks start when `kubectl apply` of the whole list starts and stop at the poll (every 0.5 s) "
-        "that sees the last object ready. The operator's path also holds the engine builds (kwok completes a "
-        "build pod 2 s after it runs) before any serving object exists.",
+        "Both clocks start when `kubectl apply` of the whole list starts and stop at the poll "
+        f"(every {f.get('poll_seconds', 0.5):g} s) "
+        "that sees the last object ready; polling starts when `kubectl apply` returns, so objects ready "
+        "before that count as ready then. The operator's path also holds the engine builds (kwok completes a "
+        "build pod 2 s after it runs) before any serving object exists. Between the two, the reference "
+        f"namespace was deleted in {f['reference_cleanup_seconds']:.0f} s (before the operator started).",
         "",
     ]
     if op["not_ready"]:
@@ -109,6 +138,7 @@ def report(f: Figures) -> str:
     lines += [
         f"Watches opened (re-opened by kopf) in the window: {f['watches_steady']}.",
         "",
+        *process_section(f),
         "### Operator log",
         "",
     ]
@@ -137,7 +167,11 @@ def interpret(f: Figures) -> str:
         f"- Time: the operator brought {count} deployments to Ready in {op['seconds']:.1f} s, "
         f"{ratio:.2f} x the {ref['seconds']:.1f} s the cluster needs for the same pods applied directly. "
         "The difference is the operator's own path: engine builds first (Job, kwok's 2 s, status roll-up), "
-        "then the serving objects, then the readiness roll-up into status.",
+        "then the serving objects, then the readiness roll-up into status. "
+        f"`kubectl apply` of the {count} SpeculativeDeployments took {op['apply_seconds']:.1f} s "
+        f"({op['apply_seconds'] / ref['seconds']:.2f} x the reference's whole rollout) while the operator "
+        "wrote to the same API server; the operator creates a deployment's serving objects only once its "
+        "SpeculativeDeployment exists.",
         f"- Requests: {rollout / count:.2f} per deployment while rolling out ({rollout} in all, "
         f"{reads} of them reads: the operator reads from kopf's watch-fed indexes). Per deployment: "
         f"{children / count:.2f} applies of its serving objects (ConfigMap, Service, PDB, Deployment), "
@@ -153,8 +187,16 @@ def interpret(f: Figures) -> str:
         f"({len(f['deployments_per_engine'])} distinct engines by the builders).",
         f"- Steady state: {steady} requests other than watches in {f['steady_seconds']:.0f} s"
         + (" - status is written only when it changes and resyncs cost nothing." if not steady else "."),
-        "",
     ]
+    process = f.get("operator_process")
+    if process is not None:
+        parts.append(
+            f"- The operator process: at most {process['peak_rss_mib']:.0f} MiB resident, "
+            f"{process['cpu_seconds_rollout']:.1f} CPU seconds for the rollout of {count} deployments "
+            f"({process['cpu_seconds_rollout'] / count * 1000:.0f} ms each), "
+            f"{process['cpu_seconds_steady']:.1f} in the {f['steady_seconds']:.0f} s of steady state."
+        )
+    parts.append("")
     return "\n".join(parts)
 
 

@@ -1,0 +1,17 @@
+"""The operator at scale on the simulated GPU cluster: `python -m benchmarks.operator` (see `__main__`).
+
+Modules: `workload` (the SpeculativeDeployments and what they need, rendered offline by the operator's own
+builders), `cluster` (the benchmark's cluster, applying and waiting for Ready), `accounting` (the apiserver's
+audit log, the operator's metrics, log and process usage), `run` (one run: reference, operator, steady
+state), `figures` (what the record keeps of a run) and `report` (the docs block rendered from the record).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# The local cluster's modules (localcluster, operatorproc) live beside its scripts, not in a package.
+if str(REPO / "hack" / "cluster") not in sys.path:
+    sys.path.insert(0, str(REPO / "hack" / "cluster"))
