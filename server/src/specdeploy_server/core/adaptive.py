@@ -1,81 +1,252 @@
-"""Adaptive draft length (``draftLen: auto``).
+"""Adaptive draft length (``draftLen: auto``): per step, per sequence, for the whole batch.
 
-Model: each draft token is accepted independently with probability alpha, so a step proposing k tokens emits
-E(k) = (1 - alpha^(k+1)) / (1 - alpha) tokens and costs k*c_draft + c_verify. We pick the k in [0, max_k]
-maximising
-E(k) / cost(k). alpha is the maximum-likelihood estimate for a geometric run truncated at k: accepted
-tokens divided by
-(accepted tokens + steps that ended in a rejection). Costs are exponential moving averages of measured times.
+Model: each draft token of sequence i is accepted independently with probability alpha_i, so proposing k_i
+tokens emits ``E(alpha_i, k_i) = (1 - alpha_i^(k_i+1)) / (1 - alpha_i)`` tokens. A step costs one draft call
+(pass j over the sequences proposing at least j tokens) plus one verify call over ``sum(k_i + 1)`` tokens.
+The controller picks the k_i that maximise the batch's expected emitted tokens per second,
+``sum_i E(alpha_i, k_i) / (draft seconds + verify seconds)``. On a GPU the verify call is memory-bound at small
+batches (k extra tokens are nearly free) and compute-bound at large ones (every rejected token is paid), so
+the answer moves from "draft long" at batch 1 to "do not draft" under load.
+
+* **Acceptance.** alpha_i is sequence i's own maximum-likelihood estimate for a geometric run truncated at
+  k (accepted / (accepted + steps that ended in a rejection)), shrunk towards the batch-wide estimate by
+  ``prior_trials`` pseudo-observations, so a new sequence starts at the batch's alpha.
+* **Costs** are measured, not assumed: the verify call's seconds as a function of its tokens, the draft
+  call's seconds per pass as a function of its sequences (:class:`CostCurve`, an exponential moving average
+  per size bucket, interpolated between buckets). A size never measured is estimated optimistically (flat
+  above the largest measured size until a slope is known, proportional below the smallest), so it is tried
+  once and known from then on: a load change costs a handful of exploratory steps, not a slow drift.
+* **Search.** Adding the j-th draft token to sequence i gains alpha_i^j expected tokens, which falls with
+  j, so the best plan for a given number of draft tokens takes the largest gains: the plans worth comparing
+  are "draft every token whose gain is at least a threshold tau". Sequences are grouped by alpha (rounded
+  to ``ALPHA_GRID``); every threshold is evaluated in one walk down the sorted gains.
+* **Hysteresis.** The plan is the threshold tau. It changes only when the best plan's predicted rate beats
+  the current tau's, under the same (current) estimates, by more than ``hysteresis`` (3 %): measurement
+  noise between two near-equal plans cannot make it oscillate, while a load change that moves the optimum
+  by more than 3 % is followed at the next step.
+* **Exploration.** While the plan drafts nothing, one sequence (in turn) drafts one token every
+  ``explore_every`` steps, so alpha keeps being measured and speculation returns when it pays again.
+
+``disable_above`` (``disableAboveConcurrency``) is a hard rule on top of this: above that many sequences in
+the step nobody drafts, whatever the draft length (as TensorRT-LLM's ``max_concurrency``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+import math
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+#: per-sequence alphas are grouped to this resolution for the search
+ALPHA_GRID = 0.05
+#: a bucket of the cost curves spans a factor of sqrt(2) in size
+_BUCKETS_PER_DOUBLING = 2
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Tokens one sequence step emits when each of k draft tokens is accepted with probability alpha."""
     if alpha >= 1.0:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def choose_draft_len(alpha: float, draft_token_cost: float, verify_cost: float, max_k: int) -> int:
-    """The k in [0, max_k] with the highest expected tokens per second."""
-    best_k, best_rate = 0, 0.0
-    for k in range(max_k + 1):
-        cost = k * draft_token_cost + verify_cost
-        rate = expected_tokens_per_step(alpha, k) / cost if cost > 0 else float(k + 1)
-        if rate > best_rate * (1 + 1e-9):
-            best_k, best_rate = k, rate
-    return best_k
+@dataclass
+class CostCurve:
+    """Measured seconds of a call as a function of its size: an EMA of (size, seconds) per size bucket."""
+
+    smoothing: float = 0.2
+    _points: dict[int, list[float]] = field(default_factory=dict)  # bucket -> [size, seconds]
+
+    def observe(self, size: float, seconds: float) -> None:
+        if size <= 0:
+            return
+        bucket = round(math.log2(size) * _BUCKETS_PER_DOUBLING)
+        point = self._points.get(bucket)
+        if point is None:
+            self._points[bucket] = [size, seconds]
+        else:
+            point[0] += self.smoothing * (size - point[0])
+            point[1] += self.smoothing * (seconds - point[1])
+
+    @property
+    def known(self) -> bool:
+        return bool(self._points)
+
+    def points(self) -> list[tuple[float, float]]:
+        return sorted((p[0], p[1]) for p in self._points.values())
+
+    def estimate(self, size: float, points: list[tuple[float, float]] | None = None) -> float:
+        """Interpolated seconds; optimistic outside the measured range (see the module docstring)."""
+        pts = self.points() if points is None else points
+        if size <= 0 or not pts:
+            return 0.0
+        sizes = [p[0] for p in pts]
+        i = bisect.bisect_left(sizes, size)
+        if i == 0:
+            return pts[0][1] * size / pts[0][0]
+        if i == len(pts):
+            if len(pts) == 1:
+                return pts[-1][1]
+            (s0, t0), (s1, t1) = pts[-2], pts[-1]
+            slope = max((t1 - t0) / (s1 - s0), 0.0)
+            return t1 + slope * (size - s1)
+        (s0, t0), (s1, t1) = pts[i - 1], pts[i]
+        return t0 + (t1 - t0) * (size - s0) / (s1 - s0)
 
 
 @dataclass
 class DraftLenController:
-    """Tracks acceptance and step costs; ``fixed`` disables adaptation."""
+    """Chooses each step's per-sequence draft lengths; ``fixed`` disables adaptation."""
 
     max_k: int
     fixed: int | None = None
+    #: above this many sequences in a step, nobody drafts (None: no such rule)
+    disable_above: int | None = None
+    #: the drafter's time is worth measuring (a draft model; prompt lookup is free)
+    has_draft_cost: bool = True
     smoothing: float = 0.1
     initial: int = 4
-    #: when the model says "don't draft", still draft one token every this many steps to keep measuring alpha
+    hysteresis: float = 0.03
+    prior_trials: float = 4.0
     explore_every: int = 32
     # state
     accepted: float = 0.0
     rejections: float = 0.0
-    draft_token_cost: float | None = None
-    verify_cost: float | None = None
+    verify_curve: CostCurve = field(default_factory=CostCurve)
+    draft_curve: CostCurve = field(default_factory=CostCurve)
+    threshold: float | None = None  # the current plan: draft tokens whose gain alpha_i^j >= threshold
+    _per_sequence: dict[str, list[float]] = field(default_factory=dict)  # id -> [accepted, trials]
     _steps_without_draft: int = 0
+    _explored: int = 0
 
     @property
     def alpha(self) -> float:
+        """The batch-wide acceptance estimate (an EMA over recent sequence steps)."""
         total = self.accepted + self.rejections
         return self.accepted / total if total > 0 else 0.5
 
-    def next_k(self) -> int:
+    def alpha_of(self, request_id: str) -> float:
+        own = self._per_sequence.get(request_id)
+        accepted, trials = own if own is not None else (0.0, 0.0)
+        return (accepted + self.prior_trials * self.alpha) / (trials + self.prior_trials)
+
+    # ----------------------------------------------------------------- decisions
+    def plan(self, request_ids: Sequence[str]) -> list[int]:
+        """Draft lengths for one step's sequences, in order."""
+        batch = len(request_ids)
+        if self.disable_above is not None and batch > self.disable_above:
+            return [0] * batch
         if self.fixed is not None:
-            return min(self.fixed, self.max_k)
-        if self.draft_token_cost is None or self.verify_cost is None:
-            return min(self.initial, self.max_k)
-        k = choose_draft_len(self.alpha, self.draft_token_cost, self.verify_cost, self.max_k)
-        if k == 0 and self.max_k > 0:
-            self._steps_without_draft += 1
-            if self._steps_without_draft >= self.explore_every:
-                self._steps_without_draft = 0
-                return 1
+            return [min(self.fixed, self.max_k)] * batch
+        if self.max_k <= 0 or batch == 0:
+            return [0] * batch
+        if not self.verify_curve.known or (self.has_draft_cost and not self.draft_curve.known):
+            return [min(self.initial, self.max_k)] * batch
+        groups = [self._group(self.alpha_of(rid)) for rid in request_ids]
+        self.threshold = self.choose_threshold(Counter(groups), self.threshold)
+        lengths = {g: self._draft_len_at(g, self.threshold) for g in set(groups)}
+        ks = [lengths[g] for g in groups]
+        if any(ks):
+            self._steps_without_draft = 0
+            return ks
+        self._steps_without_draft += 1
+        if self._steps_without_draft >= self.explore_every:
+            self._steps_without_draft = 0
+            self._explored += 1
+            ks[self._explored % batch] = 1
+        return ks
+
+    def choose_threshold(self, groups: Counter[float], current: float | None) -> float:
+        """The threshold of the best plan for sequences grouped by alpha (``{alpha: count}``), or
+        ``current`` when the best does not beat it by more than the hysteresis."""
+        best_tau, best_rate, current_rate = math.inf, -1.0, -1.0
+        for tau, rate in self._threshold_rates(groups):
+            if rate > best_rate * (1 + 1e-12):
+                best_tau, best_rate = tau, rate
+            if current is not None and tau >= current:
+                current_rate = rate  # the last plan (smallest tau) still at or above the current one
+        if current is not None and best_rate <= current_rate * (1 + self.hysteresis):
+            return current
+        return best_tau
+
+    def predicted_rate(self, groups: Counter[float], tau: float) -> float:
+        """Expected emitted tokens/s of the plan ``tau`` for sequences grouped by alpha."""
+        rate = 0.0
+        for t, r in self._threshold_rates(groups):
+            if t >= tau:
+                rate = r
+        return rate
+
+    def _threshold_rates(self, groups: Counter[float]) -> list[tuple[float, float]]:
+        """(tau, predicted tokens/s) for every distinct threshold, from "no draft" (tau = inf) down."""
+        batch = sum(groups.values())
+        verify_points = self.verify_curve.points()
+        draft_points = self.draft_curve.points()
+        gains = sorted(
+            ((alpha**j, alpha, j) for alpha in groups for j in range(1, self.max_k + 1)), reverse=True
+        )
+        tokens = float(batch)
+        drafted = 0
+        per_pass = [0] * (self.max_k + 1)  # per_pass[j]: sequences proposing at least j tokens
+        draft_seconds = 0.0
+
+        def rate() -> float:
+            seconds = draft_seconds + self.verify_curve.estimate(batch + drafted, verify_points)
+            return tokens / seconds if seconds > 0 else tokens
+
+        rates = [(math.inf, rate())]
+        for gain, alpha, j in gains:
+            count = groups[alpha]
+            tokens += count * gain
+            drafted += count
+            if self.has_draft_cost:
+                old = per_pass[j]
+                draft_seconds -= self.draft_curve.estimate(old, draft_points) if old else 0.0
+                draft_seconds += self.draft_curve.estimate(old + count, draft_points)
+            per_pass[j] += count
+            if rates[-1][0] == gain:
+                rates[-1] = (gain, rate())
+            else:
+                rates.append((gain, rate()))
+        return rates
+
+    def _draft_len_at(self, alpha: float, tau: float) -> int:
+        k = 0
+        while k < self.max_k and alpha ** (k + 1) >= tau:
+            k += 1
         return k
 
-    def observe_acceptance(self, drafted: int, accepted: int) -> None:
+    @staticmethod
+    def _group(alpha: float) -> float:
+        return round(round(alpha / ALPHA_GRID) * ALPHA_GRID, 6)
+
+    # ----------------------------------------------------------------- measurements
+    def observe_acceptance(self, request_id: str, drafted: int, accepted: int) -> None:
         if drafted <= 0:
             return
+        rejected = 1.0 if accepted < drafted else 0.0
         decay = 1.0 - self.smoothing
         self.accepted = self.accepted * decay + accepted
-        self.rejections = self.rejections * decay + (1.0 if accepted < drafted else 0.0)
+        self.rejections = self.rejections * decay + rejected
+        own = self._per_sequence.get(request_id)
+        if own is None:
+            self._per_sequence[request_id] = [float(accepted), accepted + rejected]
+        else:
+            own[0] += accepted
+            own[1] += accepted + rejected
 
-    def observe_costs(self, draft_seconds: float, max_k_drafted: int, verify_seconds: float) -> None:
-        if max_k_drafted > 0:
-            self.draft_token_cost = self._ema(self.draft_token_cost, draft_seconds / max_k_drafted)
-        self.verify_cost = self._ema(self.verify_cost, verify_seconds)
+    def observe_costs(
+        self, draft_lens: Sequence[int], draft_seconds: float, verify_tokens: int, verify_seconds: float
+    ) -> None:
+        """One step's measured calls: the draft lengths it asked for, the draft call's seconds, the tokens
+        the verify call covered (drafts + one per sequence) and its seconds."""
+        passes = max(draft_lens, default=0)
+        if self.has_draft_cost and passes > 0:
+            self.draft_curve.observe(sum(draft_lens) / passes, draft_seconds / passes)
+        self.verify_curve.observe(verify_tokens, verify_seconds)
 
-    def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.smoothing * (new - old)
+    def forget(self, request_id: str) -> None:
+        """A sequence ended: drop its acceptance estimate."""
+        self._per_sequence.pop(request_id, None)
