@@ -69,7 +69,15 @@ SERVER_DOC, OPERATOR_DOC, CLUSTER_DOC = (
     DOCS / "benchmarks.md",
     DOCS / "local-cluster.md",
 )
-SERVER_SECTIONS = ("orchestration", "assisted", "http-stream", "concurrency", "loop-lag", "structured")
+SERVER_SECTIONS = (
+    "orchestration",
+    "assisted",
+    "http-stream",
+    "concurrency",
+    "loop-lag",
+    "structured",
+    "load-sweep",
+)
 
 
 def _server_block(number: int, section: str) -> Block:

@@ -6,6 +6,7 @@ above), acceptance from seeded random draws; nothing here is timed.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import Counter
 
@@ -134,11 +135,11 @@ def test_the_plan_does_not_oscillate_at_a_load_where_two_plans_are_close() -> No
     # Batch 12 at alpha 0.8: draft lengths around 5-8 predict rates within a few per cent of each other.
     ctl = DraftLenController(max_k=10)
     _simulate(ctl, 12, [0.8] * 12, 100, random.Random(2))
-    thresholds = []
+    thresholds: list[float | None] = []
     for _ in range(300):
         _simulate(ctl, 12, [0.8] * 12, 1, random.Random(len(thresholds)))
         thresholds.append(ctl.threshold)
-    changes = sum(1 for a, b in zip(thresholds, thresholds[1:], strict=False) if a != b)
+    changes = sum(1 for a, b in itertools.pairwise(thresholds) if a != b)
     assert changes <= 3
 
 

@@ -65,7 +65,12 @@ def _config(models: TinyModels, **speculative: Any) -> dict[str, Any]:
                 "acceptance_rate_threshold": 0.1,
             },
         ),
-        ({"method": "promptLookup", "draftLen": "auto"}, None, "AutoDecodingConfig", {"max_concurrency": None}),
+        (
+            {"method": "promptLookup", "draftLen": "auto"},
+            None,
+            "AutoDecodingConfig",
+            {"max_concurrency": None},
+        ),
         (
             {"method": "promptLookup", "draftLen": "auto", "disableAboveConcurrency": 4},
             None,
@@ -121,14 +126,15 @@ def test_load_aware_fields_a_version_lacks_are_left_out_with_a_warning(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     llmapi = sys.modules["tensorrt_llm.llmapi"]
-    older = {name: None for name in ("max_draft_len", "speculative_model", "max_matching_ngram_size")}
+    older = dict.fromkeys(("max_draft_len", "speculative_model", "max_matching_ngram_size"))
     monkeypatch.setattr(llmapi.DraftTargetDecodingConfig, "model_fields", older)
     monkeypatch.delattr(llmapi, "AutoDecodingConfig")
     config = _config(tiny_models, method="draftTarget", draftLen="auto", disableAboveConcurrency=4)
     config["model"]["draft"] = str(tiny_models.draft_same)
     build_engine(ServerConfig.model_validate(config))
     spec = trtllm_double.llms[-1].kwargs["speculative_config"]
-    assert spec.max_concurrency is None and spec.acceptance_rate_window_size is None
+    assert spec.max_concurrency is None
+    assert spec.acceptance_rate_window_size is None
     assert "disableAboveConcurrency is not honoured" in caplog.text
     assert "no acceptance-rate gate" in caplog.text
     build_engine(ServerConfig.model_validate(_config(tiny_models, method="promptLookup", draftLen="auto")))
@@ -140,7 +146,9 @@ def test_the_double_refuses_load_aware_values_the_real_api_refuses(trtllm_double
     with pytest.raises(ValueError, match="max_concurrency"):
         llmapi.NGramDecodingConfig(max_draft_len=2, max_concurrency=0)
     with pytest.raises(ValueError, match="acceptance_rate_threshold"):
-        llmapi.DraftTargetDecodingConfig(max_draft_len=2, speculative_model="x", acceptance_rate_threshold=1.5)
+        llmapi.DraftTargetDecodingConfig(
+            max_draft_len=2, speculative_model="x", acceptance_rate_threshold=1.5
+        )
     with pytest.raises(ValueError, match="Extra inputs"):
         llmapi.DraftTargetDecodingConfig(max_draft_len=2, speculative_model="x", num_speculative_tokens=2)
 

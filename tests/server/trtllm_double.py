@@ -573,7 +573,11 @@ class Executor:
 # ------------------------------------------------------------------------------------------ the LLM API
 #: DecodingBaseConfig's load-aware fields, in every decoding config: max_concurrency (PositiveInt: off above
 #: that many active requests), acceptance_rate_window_size (NonNegativeInt), acceptance_rate_threshold (0..1)
-_LOAD_AWARE = {"max_concurrency": None, "acceptance_rate_window_size": None, "acceptance_rate_threshold": None}
+_LOAD_AWARE = {
+    "max_concurrency": None,
+    "acceptance_rate_window_size": None,
+    "acceptance_rate_threshold": None,
+}
 
 
 def _base_fields(config: Any) -> str | None:
@@ -644,8 +648,8 @@ DraftTargetDecodingConfig = _model(
 MTPDecodingConfig = _model(
     "MTPDecodingConfig", check=_base_fields, num_nextn_predict_layers=1, max_draft_len=None, **_LOAD_AWARE
 )
-#: decoding_type AUTO: TensorRT-LLM's NGram heuristic (<= 4 active requests K=5/n=3, <= 32 K=3/n=5, above off);
-#: the base-class fields exist but are ignored
+#: decoding_type AUTO: TensorRT-LLM's NGram heuristic (<= 4 active requests K=5/n=3, <= 32 K=3/n=5, above
+#: that off); the base-class fields exist but are ignored
 AutoDecodingConfig = _model("AutoDecodingConfig", check=_base_fields, max_draft_len=None, **_LOAD_AWARE)
 #: (draft length, longest n-gram) of the AUTO heuristic by active requests; None above the last bound
 AUTO_NGRAM_SCHEDULE = ((4, 5, 3), (32, 3, 5))

@@ -34,14 +34,15 @@ def draft_len(config: ServerConfig) -> int:
 
 
 def has_field(cls: Any, name: str) -> bool:
-    """Whether a decoding config class of this TensorRT-LLM version has a field (pydantic ``model_fields``)."""
+    """Whether this TensorRT-LLM version's decoding config class has a field (pydantic ``model_fields``)."""
     return name in getattr(cls, "model_fields", {})
 
 
 def load_aware_fields(cls: Any, config: ServerConfig) -> dict[str, Any]:
     """``disableAboveConcurrency`` -> ``max_concurrency``; ``draftLen: auto`` -> the acceptance-rate gate;
     each only where the version's class has the field (otherwise a warning says what is not honoured)."""
-    spec, fields = config.speculative, {}
+    spec = config.speculative
+    fields: dict[str, Any] = {}
     if spec.disable_above_concurrency is not None:
         if has_field(cls, "max_concurrency"):
             fields["max_concurrency"] = spec.disable_above_concurrency
@@ -53,7 +54,7 @@ def load_aware_fields(cls: Any, config: ServerConfig) -> dict[str, Any]:
             fields["acceptance_rate_threshold"] = AUTO_ACCEPTANCE_THRESHOLD
         else:
             log.warning(
-                "%s has no acceptance-rate gate: draftLen auto proposes maxDraftLen %d whatever the acceptance",
+                "%s has no acceptance-rate gate: draftLen auto drafts maxDraftLen %d whatever the acceptance",
                 cls.__name__,
                 spec.max_draft_len,
             )

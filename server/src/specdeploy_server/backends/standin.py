@@ -75,6 +75,7 @@ class StandInTarget:
         seed: int = 0,
         vocab: Sequence[int] = tuple(range(97, 123)),
         max_draft_len: int = 16,
+        *,
         time_model: StepTimeModel | None = None,
         acceptance: AcceptanceModel | None = None,
     ) -> None:

@@ -4,18 +4,20 @@ Model: each draft token of sequence i is accepted independently with probability
 tokens emits ``E(alpha_i, k_i) = (1 - alpha_i^(k_i+1)) / (1 - alpha_i)`` tokens. A step costs one draft call
 (pass j over the sequences proposing at least j tokens) plus one verify call over ``sum(k_i + 1)`` tokens.
 The controller picks the k_i that maximise the batch's expected emitted tokens per second,
-``sum_i E(alpha_i, k_i) / (draft seconds + verify seconds)``. On a GPU the verify call is memory-bound at small
-batches (k extra tokens are nearly free) and compute-bound at large ones (every rejected token is paid), so
-the answer moves from "draft long" at batch 1 to "do not draft" under load.
+``sum_i E(alpha_i, k_i) / (draft seconds + verify seconds)``. On a GPU the verify call is memory-bound at
+small batches (k extra tokens are nearly free) and compute-bound at large ones (every rejected token is
+paid), so the answer moves from "draft long" at batch 1 to "do not draft" under load.
 
 * **Acceptance.** alpha_i is sequence i's own maximum-likelihood estimate for a geometric run truncated at
   k (accepted / (accepted + steps that ended in a rejection)), shrunk towards the batch-wide estimate by
   ``prior_trials`` pseudo-observations, so a new sequence starts at the batch's alpha.
 * **Costs** are measured, not assumed: the verify call's seconds as a function of its tokens, the draft
   call's seconds per pass as a function of its sequences (:class:`CostCurve`, an exponential moving average
-  per size bucket, interpolated between buckets). A size never measured is estimated optimistically (flat
-  above the largest measured size until a slope is known, proportional below the smallest), so it is tried
-  once and known from then on: a load change costs a handful of exploratory steps, not a slow drift.
+  per size bucket). A size between measured buckets is estimated optimistically, as the least time
+  consistent with a GPU step (time does not fall with size, time per token does not rise:
+  ``max(t_left, t_right * size / size_right)``); above the largest measured size along the last segment's
+  slope (flat with one point), below the smallest proportionally. So a size not yet measured is tried once
+  and known from then on: a load change costs a handful of exploratory steps, not a slow drift.
 * **Search.** Adding the j-th draft token to sequence i gains alpha_i^j expected tokens, which falls with
   j, so the best plan for a given number of draft tokens takes the largest gains: the plans worth comparing
   are "draft every token whose gain is at least a threshold tau". Sequences are grouped by alpha (rounded
@@ -24,6 +26,9 @@ the answer moves from "draft long" at batch 1 to "do not draft" under load.
   the current tau's, under the same (current) estimates, by more than ``hysteresis`` (3 %): measurement
   noise between two near-equal plans cannot make it oscillate, while a load change that moves the optimum
   by more than 3 % is followed at the next step.
+* **Cadence.** The search runs when the batch size changes (a load change is seen at once), after a step
+  that measured a size never measured before, and otherwise every ``replan_every`` (8) steps; in between
+  the current threshold is applied to the current alphas.
 * **Exploration.** While the plan drafts nothing, one sequence (in turn) drafts one token every
   ``explore_every`` steps, so alpha keeps being measured and speculation returns when it pays again.
 
@@ -59,16 +64,18 @@ class CostCurve:
     smoothing: float = 0.2
     _points: dict[int, list[float]] = field(default_factory=dict)  # bucket -> [size, seconds]
 
-    def observe(self, size: float, seconds: float) -> None:
+    def observe(self, size: float, seconds: float) -> bool:
+        """Add a measurement; True when its size had not been measured before (a new bucket)."""
         if size <= 0:
-            return
+            return False
         bucket = round(math.log2(size) * _BUCKETS_PER_DOUBLING)
         point = self._points.get(bucket)
         if point is None:
             self._points[bucket] = [size, seconds]
-        else:
-            point[0] += self.smoothing * (size - point[0])
-            point[1] += self.smoothing * (seconds - point[1])
+            return True
+        point[0] += self.smoothing * (size - point[0])
+        point[1] += self.smoothing * (seconds - point[1])
+        return False
 
     @property
     def known(self) -> bool:
@@ -77,12 +84,16 @@ class CostCurve:
     def points(self) -> list[tuple[float, float]]:
         return sorted((p[0], p[1]) for p in self._points.values())
 
-    def estimate(self, size: float, points: list[tuple[float, float]] | None = None) -> float:
-        """Interpolated seconds; optimistic outside the measured range (see the module docstring)."""
+    def estimate(
+        self, size: float, points: list[tuple[float, float]] | None = None, sizes: list[float] | None = None
+    ) -> float:
+        """Estimated seconds: the least consistent with the measured points (see the module docstring).
+        ``points`` (and their ``sizes``), as :meth:`points` returns them, save recomputing them per call."""
         pts = self.points() if points is None else points
         if size <= 0 or not pts:
             return 0.0
-        sizes = [p[0] for p in pts]
+        if sizes is None:
+            sizes = [p[0] for p in pts]
         i = bisect.bisect_left(sizes, size)
         if i == 0:
             return pts[0][1] * size / pts[0][0]
@@ -92,8 +103,11 @@ class CostCurve:
             (s0, t0), (s1, t1) = pts[-2], pts[-1]
             slope = max((t1 - t0) / (s1 - s0), 0.0)
             return t1 + slope * (size - s1)
+        # Between two measured sizes: the least time consistent with what a step costs on a GPU (time does
+        # not fall as the size grows, time per token does not rise), exact for a roofline whose knee lies
+        # between them; a size in between is then tried, not ruled out by a straight line across the knee.
         (s0, t0), (s1, t1) = pts[i - 1], pts[i]
-        return t0 + (t1 - t0) * (size - s0) / (s1 - s0)
+        return max(t0, t1 * size / s1)
 
 
 @dataclass
@@ -106,11 +120,14 @@ class DraftLenController:
     disable_above: int | None = None
     #: the drafter's time is worth measuring (a draft model; prompt lookup is free)
     has_draft_cost: bool = True
-    smoothing: float = 0.1
+    smoothing: float = 0.02
     initial: int = 4
     hysteresis: float = 0.03
     prior_trials: float = 4.0
     explore_every: int = 32
+    #: the search runs when the batch size changed, else every this many steps (between, the plan's threshold
+    #: is applied to the sequences' current alphas)
+    replan_every: int = 8
     # state
     accepted: float = 0.0
     rejections: float = 0.0
@@ -120,6 +137,9 @@ class DraftLenController:
     _per_sequence: dict[str, list[float]] = field(default_factory=dict)  # id -> [accepted, trials]
     _steps_without_draft: int = 0
     _explored: int = 0
+    _planned_batch: int = 0
+    _learned: bool = False  # the last step measured a size never measured before: search again
+    _since_replan: int = 0
 
     @property
     def alpha(self) -> float:
@@ -144,10 +164,22 @@ class DraftLenController:
             return [0] * batch
         if not self.verify_curve.known or (self.has_draft_cost and not self.draft_curve.known):
             return [min(self.initial, self.max_k)] * batch
-        groups = [self._group(self.alpha_of(rid)) for rid in request_ids]
-        self.threshold = self.choose_threshold(Counter(groups), self.threshold)
-        lengths = {g: self._draft_len_at(g, self.threshold) for g in set(groups)}
-        ks = [lengths[g] for g in groups]
+        self._since_replan += 1
+        if (
+            self.threshold is None
+            or self._learned
+            or batch != self._planned_batch
+            or self._since_replan >= self.replan_every
+        ):
+            groups = [self._group(self.alpha_of(rid)) for rid in request_ids]
+            self.threshold = self.choose_threshold(Counter(groups), self.threshold)
+            self._planned_batch, self._since_replan, self._learned = batch, 0, False
+        if self.threshold == math.inf:
+            ks = [0] * batch
+        else:
+            groups = [self._group(self.alpha_of(rid)) for rid in request_ids]
+            lengths = {g: self._draft_len_at(g, self.threshold) for g in set(groups)}
+            ks = [lengths[g] for g in groups]
         if any(ks):
             self._steps_without_draft = 0
             return ks
@@ -183,7 +215,10 @@ class DraftLenController:
         """(tau, predicted tokens/s) for every distinct threshold, from "no draft" (tau = inf) down."""
         batch = sum(groups.values())
         verify_points = self.verify_curve.points()
+        verify_sizes = [p[0] for p in verify_points]
         draft_points = self.draft_curve.points()
+        draft_sizes = [p[0] for p in draft_points]
+        verify, draft = self.verify_curve.estimate, self.draft_curve.estimate
         gains = sorted(
             ((alpha**j, alpha, j) for alpha in groups for j in range(1, self.max_k + 1)), reverse=True
         )
@@ -193,7 +228,7 @@ class DraftLenController:
         draft_seconds = 0.0
 
         def rate() -> float:
-            seconds = draft_seconds + self.verify_curve.estimate(batch + drafted, verify_points)
+            seconds = draft_seconds + verify(batch + drafted, verify_points, verify_sizes)
             return tokens / seconds if seconds > 0 else tokens
 
         rates = [(math.inf, rate())]
@@ -203,8 +238,8 @@ class DraftLenController:
             drafted += count
             if self.has_draft_cost:
                 old = per_pass[j]
-                draft_seconds -= self.draft_curve.estimate(old, draft_points) if old else 0.0
-                draft_seconds += self.draft_curve.estimate(old + count, draft_points)
+                draft_seconds -= draft(old, draft_points, draft_sizes) if old else 0.0
+                draft_seconds += draft(old + count, draft_points, draft_sizes)
             per_pass[j] += count
             if rates[-1][0] == gain:
                 rates[-1] = (gain, rate())
@@ -244,8 +279,8 @@ class DraftLenController:
         the verify call covered (drafts + one per sequence) and its seconds."""
         passes = max(draft_lens, default=0)
         if self.has_draft_cost and passes > 0:
-            self.draft_curve.observe(sum(draft_lens) / passes, draft_seconds / passes)
-        self.verify_curve.observe(verify_tokens, verify_seconds)
+            self._learned |= self.draft_curve.observe(sum(draft_lens) / passes, draft_seconds / passes)
+        self._learned |= self.verify_curve.observe(verify_tokens, verify_seconds)
 
     def forget(self, request_id: str) -> None:
         """A sequence ended: drop its acceptance estimate."""
