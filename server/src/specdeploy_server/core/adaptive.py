@@ -11,13 +11,15 @@ paid), so the answer moves from "draft long" at batch 1 to "do not draft" under 
 * **Acceptance.** alpha_i is sequence i's own maximum-likelihood estimate for a geometric run truncated at
   k (accepted / (accepted + steps that ended in a rejection)), shrunk towards the batch-wide estimate by
   ``prior_trials`` pseudo-observations, so a new sequence starts at the batch's alpha.
-* **Costs** are measured, not assumed: the verify call's seconds as a function of its tokens, the draft
-  call's seconds per pass as a function of its sequences (:class:`CostCurve`, an exponential moving average
-  per size bucket). A size between measured buckets is estimated optimistically, as the least time
-  consistent with a GPU step (time does not fall with size, time per token does not rise:
-  ``max(t_left, t_right * size / size_right)``); above the largest measured size along the last segment's
-  slope (flat with one point), below the smallest proportionally. So a size not yet measured is tried once
-  and known from then on: a load change costs a handful of exploratory steps, not a slow drift.
+* **Costs** are measured, not assumed: the verify call's seconds as a function of its tokens, kept per batch
+  size (the curve of all batch sizes together stands in for a batch size not yet seen), and the draft call's
+  seconds per pass as a function of its sequences (:class:`CostCurve`: per size bucket, the lower envelope
+  of the measurements, since interference only adds time). A size between measured buckets is estimated
+  optimistically, as the least time consistent with a GPU step (time does not fall with size, time per
+  token does not rise: ``max(t_left, t_right * size / size_right)``); above the largest measured size
+  along the last segment's slope (flat with one point), below the smallest proportionally. So a size not
+  yet measured is tried once and known from then on: a load change costs a handful of exploratory steps,
+  not a slow drift.
 * **Search.** Adding the j-th draft token to sequence i gains alpha_i^j expected tokens, which falls with
   j, so the best plan for a given number of draft tokens takes the largest gains: the plans worth comparing
   are "draft every token whose gain is at least a threshold tau". Sequences are grouped by alpha (rounded
@@ -50,6 +52,10 @@ ALPHA_GRID = 0.05
 _BUCKETS_PER_DOUBLING = 2
 
 
+def _batch_bucket(batch: int) -> int:
+    return batch if batch <= 16 else 16 + round(math.log2(batch / 16) * _BUCKETS_PER_DOUBLING)
+
+
 def expected_tokens_per_step(alpha: float, k: int) -> float:
     """Tokens one sequence step emits when each of k draft tokens is accepted with probability alpha."""
     if alpha >= 1.0:
@@ -59,9 +65,12 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
 
 @dataclass
 class CostCurve:
-    """Measured seconds of a call as a function of its size: an EMA of (size, seconds) per size bucket."""
+    """Measured seconds of a call as a function of its size, per size bucket: the lower envelope of the
+    measurements, an EMA that follows a faster measurement quickly (``down``) and a slower one slowly
+    (``up``), because interference (a busy host, a late wake-up) only ever adds time to a call."""
 
-    smoothing: float = 0.2
+    down: float = 0.5
+    up: float = 0.05
     _points: dict[int, list[float]] = field(default_factory=dict)  # bucket -> [size, seconds]
 
     def observe(self, size: float, seconds: float) -> bool:
@@ -73,8 +82,9 @@ class CostCurve:
         if point is None:
             self._points[bucket] = [size, seconds]
             return True
-        point[0] += self.smoothing * (size - point[0])
-        point[1] += self.smoothing * (seconds - point[1])
+        rate = self.down if seconds < point[1] else self.up
+        point[0] += rate * (size - point[0])
+        point[1] += rate * (seconds - point[1])
         return False
 
     @property
@@ -131,7 +141,10 @@ class DraftLenController:
     # state
     accepted: float = 0.0
     rejections: float = 0.0
+    #: verify seconds by verify tokens, all batch sizes together: the estimate for a batch size not yet seen
     verify_curve: CostCurve = field(default_factory=CostCurve)
+    #: the same per batch size (exact up to 16, then buckets a factor sqrt(2) wide): what the search uses
+    verify_by_batch: dict[int, CostCurve] = field(default_factory=dict)
     draft_curve: CostCurve = field(default_factory=CostCurve)
     threshold: float | None = None  # the current plan: draft tokens whose gain alpha_i^j >= threshold
     _per_sequence: dict[str, list[float]] = field(default_factory=dict)  # id -> [accepted, trials]
@@ -214,11 +227,13 @@ class DraftLenController:
     def _threshold_rates(self, groups: Counter[float]) -> list[tuple[float, float]]:
         """(tau, predicted tokens/s) for every distinct threshold, from "no draft" (tau = inf) down."""
         batch = sum(groups.values())
-        verify_points = self.verify_curve.points()
+        at_batch = self.verify_by_batch.get(_batch_bucket(batch))
+        verify_curve = at_batch if at_batch is not None else self.verify_curve
+        verify_points = verify_curve.points()
         verify_sizes = [p[0] for p in verify_points]
         draft_points = self.draft_curve.points()
         draft_sizes = [p[0] for p in draft_points]
-        verify, draft = self.verify_curve.estimate, self.draft_curve.estimate
+        verify, draft = verify_curve.estimate, self.draft_curve.estimate
         gains = sorted(
             ((alpha**j, alpha, j) for alpha in groups for j in range(1, self.max_k + 1)), reverse=True
         )
@@ -280,7 +295,9 @@ class DraftLenController:
         passes = max(draft_lens, default=0)
         if self.has_draft_cost and passes > 0:
             self._learned |= self.draft_curve.observe(sum(draft_lens) / passes, draft_seconds / passes)
-        self._learned |= self.verify_curve.observe(verify_tokens, verify_seconds)
+        self.verify_curve.observe(verify_tokens, verify_seconds)
+        curve = self.verify_by_batch.setdefault(_batch_bucket(len(draft_lens)), CostCurve())
+        self._learned |= curve.observe(verify_tokens, verify_seconds)
 
     def forget(self, request_id: str) -> None:
         """A sequence ended: drop its acceptance estimate."""
