@@ -25,13 +25,14 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdeploy_server.backends.standin import preset_engine
+from specdeploy_server.backends.standin import StandInDraft, preset_engine
 from specdeploy_server.backends.step_costs import PRESETS, SpeculationPreset, expected_tokens_per_step
+from specdeploy_server.core.drafters import DraftModelDrafter
 from specdeploy_server.core.scheduler import SchedulerSettings
 from specdeploy_server.core.types import SamplingParams
 
@@ -39,7 +40,7 @@ FIXED = (0, 2, 4, 8)
 STANDIN_LEVELS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 REFERENCE_LEVELS = (1, 2, 4, 8)
 TIME_SCALE = 0.25
-REQUEST_TOKENS = 512
+REQUEST_TOKENS = 256
 #: windows per point, the policies of a concurrency taking turns (k=0, k=2, ..., auto, k=0, ...); the point is
 #: the window with the median tokens/s, so that a burst of load on the shared machine hits one window of one
 #: policy, not the whole of it
@@ -53,18 +54,26 @@ class SweepPoint:
     concurrency: int
     policy: str  # "k=0", "k=2", ..., "auto"
     tokens: int
-    seconds: float  # of the window, in model time (stand-ins: measured / time scale)
+    seconds: float  # wall-clock length of the window (stand-ins: in preset time, measured / time scale)
     sequence_steps: int
     drafted: int
     speculating_steps: int
+    #: stand-ins: the seconds the time model charged for the window's calls (the simulated GPU's busy time,
+    #: no host overhead, no machine load in it); reference backend: equal to ``seconds``
+    gpu_seconds: float
 
     @property
     def tok_s(self) -> float:
+        """Tokens per second of simulated GPU time (reference backend: of wall-clock time)."""
+        return self.tokens / self.gpu_seconds
+
+    @property
+    def wall_tok_s(self) -> float:
         return self.tokens / self.seconds
 
     @property
     def itl_ms(self) -> float:
-        return 1000 * self.seconds * self.concurrency / self.tokens
+        return 1000 * self.gpu_seconds * self.concurrency / self.tokens
 
     @property
     def mean_draft_len(self) -> float:
@@ -86,8 +95,10 @@ async def _closed_loop(
     min_tokens: int,
     min_steps: int,
     max_seconds: float,
-) -> tuple[int, float, int, int, int]:
-    """(tokens, seconds, sequence steps, drafted, speculating sequence steps) of a steady-state window."""
+    busy: Callable[[], float] = time.perf_counter,
+) -> tuple[int, float, int, int, int, float]:
+    """(tokens, seconds, sequence steps, drafted, speculating sequence steps, busy seconds) of a steady-state
+    window; ``busy`` is the clock of the busy time (default: the wall clock)."""
     stats = engine.stats
     stop = False
     params = SamplingParams(temperature=0.0)
@@ -120,7 +131,7 @@ async def _closed_loop(
         stats.drafted,
         speculating[0],
     )
-    steps0 = stats.steps
+    b0, steps0 = busy(), stats.steps
     while True:
         await asyncio.sleep(0.02)
         elapsed = time.perf_counter() - t0
@@ -134,10 +145,11 @@ async def _closed_loop(
         stats.drafted,
         speculating[0],
     )
+    b1 = busy()
     stop = True
     await engine.stop(0)
     await asyncio.gather(*clients, return_exceptions=True)
-    return e1 - e0, t1 - t0, s1 - s0, d1 - d0, p1 - p0
+    return e1 - e0, t1 - t0, s1 - s0, d1 - d0, p1 - p0, b1 - b0
 
 
 def _standin_point(preset: SpeculationPreset, concurrency: int, k: int | None, quick: bool) -> SweepPoint:
@@ -150,9 +162,18 @@ def _standin_point(preset: SpeculationPreset, concurrency: int, k: int | None, q
     )
 
     async def main() -> SweepPoint:
-        engine, _ = preset_engine(preset, settings, speculate=k != 0, time_scale=TIME_SCALE, seed=concurrency)
+        engine, target = preset_engine(
+            preset, settings, speculate=k != 0, time_scale=TIME_SCALE, seed=concurrency
+        )
+        drafter = engine.scheduler.drafter
+        draft = drafter.executor if isinstance(drafter, DraftModelDrafter) else None
+
+        def modelled() -> float:
+            extra = draft.modelled_seconds if isinstance(draft, StandInDraft) else 0.0
+            return target.modelled_seconds + extra
+
         await engine.start()
-        tokens, seconds, steps, drafted, speculating = await _closed_loop(
+        tokens, seconds, steps, drafted, speculating, gpu = await _closed_loop(
             engine,
             [[97, 98, 99]],
             concurrency,
@@ -162,10 +183,11 @@ def _standin_point(preset: SpeculationPreset, concurrency: int, k: int | None, q
             min_tokens=600 if quick else 1000,
             min_steps=10,
             max_seconds=1.0 if quick else 2.0,
+            busy=modelled,
         )
         return SweepPoint(
             "standin", preset.name, concurrency, _policy(k), tokens, seconds / TIME_SCALE, steps, drafted,
-            speculating,
+            speculating, gpu / TIME_SCALE,
         )  # fmt: skip
 
     return asyncio.run(main())
@@ -206,7 +228,7 @@ def _reference_points(quick: bool) -> list[SweepPoint]:
                     async def main(engine: Any = engine, level: int = level, k: int | None = k) -> SweepPoint:
                         await engine.start()
                         prompts = [engine.tokenizer.encode(t) for t in texts]
-                        tokens, seconds, steps, drafted, speculating = await _closed_loop(
+                        tokens, seconds, steps, drafted, speculating, _ = await _closed_loop(
                             engine,
                             prompts,
                             level,
@@ -219,7 +241,7 @@ def _reference_points(quick: bool) -> list[SweepPoint]:
                         )
                         return SweepPoint(
                             "reference", "tiny-cpu", level, _policy(k), tokens, seconds, steps, drafted,
-                            speculating,
+                            speculating, seconds,
                         )  # fmt: skip
 
                     taken.append(asyncio.run(main()))
@@ -273,6 +295,9 @@ class Comparison:
     best_fixed: str
     auto_vs_best: float
     auto_vs_plain: float
+    #: the same two ratios from wall-clock tokens/s (stand-ins: with the host's overhead and load in them)
+    wall_auto_vs_best: float
+    wall_auto_vs_plain: float
 
 
 def compare(points: Sequence[SweepPoint]) -> list[Comparison]:
@@ -284,7 +309,18 @@ def compare(points: Sequence[SweepPoint]) -> list[Comparison]:
     for (backend, model, concurrency), policies in by_key.items():
         fixed = {name: p for name, p in policies.items() if name != "auto"}
         best = max(fixed.values(), key=lambda p: p.tok_s)
-        auto = policies["auto"].tok_s
-        plain = policies["k=0"].tok_s
-        out.append(Comparison(backend, model, concurrency, best.policy, auto / best.tok_s, auto / plain))
+        wall_best = max(p.wall_tok_s for p in fixed.values())
+        auto, plain = policies["auto"], policies["k=0"]
+        out.append(
+            Comparison(
+                backend,
+                model,
+                concurrency,
+                best.policy,
+                auto.tok_s / best.tok_s,
+                auto.tok_s / plain.tok_s,
+                auto.wall_tok_s / wall_best,
+                auto.wall_tok_s / plain.wall_tok_s,
+            )
+        )
     return out

@@ -91,6 +91,7 @@ class StandInTarget:
         self._max_draft_len = max_draft_len
         self.calls = 0
         self.busy_seconds = 0.0  # time spent inside verify(), as an executor's latency would be measured
+        self.modelled_seconds = 0.0  # the time model's durations of the calls (no host overhead in it)
         self.seen: list[set[str]] = []  # request ids per verify call
         self.released: set[str] = set()
 
@@ -117,7 +118,9 @@ class StandInTarget:
                 accepted.append(token)
             accepted.append(choice(vocab))
             out.append(accepted)
-        await wait_until(started + self.time_model.seconds(tokens))
+        duration = self.time_model.seconds(tokens)
+        self.modelled_seconds += duration
+        await wait_until(started + duration)
         self.busy_seconds += time.perf_counter() - started
         return out
 
@@ -150,6 +153,7 @@ class StandInDraft:
         self._stream = [self._rng.choice(self.vocab) for _ in range(1 << 16)]
         self._cursor = 0
         self.busy_seconds = 0.0
+        self.modelled_seconds = 0.0
 
     async def draft(self, batch: Sequence[DraftRequest]) -> list[Proposal]:
         started = time.perf_counter()
@@ -162,7 +166,9 @@ class StandInDraft:
             out.append(Proposal(stream[cursor : cursor + n]))
             cursor += n
         self._cursor = cursor
-        await wait_until(started + self.time_model.draft_seconds([r.num_tokens for r in batch]))
+        duration = self.time_model.draft_seconds([r.num_tokens for r in batch])
+        self.modelled_seconds += duration
+        await wait_until(started + duration)
         self.busy_seconds += time.perf_counter() - started
         return out
 

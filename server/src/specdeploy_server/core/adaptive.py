@@ -67,32 +67,39 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
 class CostCurve:
     """Measured seconds of a call as a function of its size, per size bucket: the lower envelope of the
     measurements, an EMA that follows a faster measurement quickly (``down``) and a slower one slowly
-    (``up``), because interference (a busy host, a late wake-up) only ever adds time to a call."""
+    (``up``), because interference (a busy host, a late wake-up) only ever adds time to a call. A bucket is
+    trusted from its ``trusted_after``-th measurement on; until then it is left out whenever a trusted one
+    exists, so its size is estimated (optimistically) from the others and tried again: one unlucky first
+    measurement cannot rule a size out for good."""
 
     down: float = 0.5
     up: float = 0.05
-    _points: dict[int, list[float]] = field(default_factory=dict)  # bucket -> [size, seconds]
+    trusted_after: int = 3
+    _points: dict[int, list[float]] = field(default_factory=dict)  # bucket -> [size, seconds, measurements]
 
     def observe(self, size: float, seconds: float) -> bool:
-        """Add a measurement; True when its size had not been measured before (a new bucket)."""
+        """Add a measurement; True while its bucket is not yet trusted (worth a new search)."""
         if size <= 0:
             return False
         bucket = round(math.log2(size) * _BUCKETS_PER_DOUBLING)
         point = self._points.get(bucket)
         if point is None:
-            self._points[bucket] = [size, seconds]
+            self._points[bucket] = [size, seconds, 1]
             return True
         rate = self.down if seconds < point[1] else self.up
         point[0] += rate * (size - point[0])
         point[1] += rate * (seconds - point[1])
-        return False
+        point[2] += 1
+        return point[2] <= self.trusted_after
 
     @property
     def known(self) -> bool:
         return bool(self._points)
 
     def points(self) -> list[tuple[float, float]]:
-        return sorted((p[0], p[1]) for p in self._points.values())
+        """(size, seconds), sorted: the trusted buckets, or all while none is."""
+        trusted = [p for p in self._points.values() if p[2] >= self.trusted_after]
+        return sorted((p[0], p[1]) for p in (trusted or self._points.values()))
 
     def estimate(
         self, size: float, points: list[tuple[float, float]] | None = None, sizes: list[float] | None = None
