@@ -203,7 +203,7 @@ def _reference_points(quick: bool) -> list[SweepPoint]:
 
     torch.set_num_threads(1)
     texts = testing.prompts(16, seed=11)
-    out = []
+    out: list[SweepPoint] = []
     with tempfile.TemporaryDirectory() as tmp:
         target, draft = assisted.build_models(Path(tmp))
 
@@ -255,7 +255,7 @@ def median_window(windows: Sequence[SweepPoint]) -> SweepPoint:
 
 
 def run(quick: bool = False, reference: bool = True) -> list[SweepPoint]:
-    points = []
+    points: list[SweepPoint] = []
     for preset in PRESETS.values():
         for concurrency in STANDIN_LEVELS:
             windows: dict[int | None, list[SweepPoint]] = {k: [] for k in (*FIXED, None)}

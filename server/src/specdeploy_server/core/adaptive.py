@@ -21,10 +21,12 @@ paid), so the answer moves from "draft long" at batch 1 to "do not draft" under 
   yet measured is tried once and known from then on: a load change costs a handful of exploratory steps,
   not a slow drift.
 * **Search.** Adding the j-th draft token to sequence i gains alpha_i^j expected tokens, which falls with
-  j, so the best plan for a given number of draft tokens takes the largest gains: the plans worth comparing
-  are "draft every token whose gain is at least a threshold tau". Sequences are grouped by alpha (rounded
-  to ``ALPHA_GRID``); every threshold is evaluated in one walk down the sorted gains.
-* **Hysteresis.** The plan is the threshold tau. It changes only when the best plan's predicted rate beats
+  j, so for a given number of draft tokens and draft passes the best plan takes the largest gains: the plans
+  compared are "draft every token whose gain is at least a threshold tau, at most ``cap`` per sequence"
+  (the cap bounds the draft passes, each of which costs a draft-model forward however few sequences it
+  carries). Sequences are grouped by alpha (to ``ALPHA_GRID``, each group at its members' mean); for each
+  cap every threshold is evaluated in one walk down the sorted gains.
+* **Hysteresis.** The plan is (tau, cap). It changes only when the best plan's predicted rate beats
   the current tau's, under the same (current) estimates, by more than ``hysteresis`` (3 %): measurement
   noise between two near-equal plans cannot make it oscillate, while a load change that moves the optimum
   by more than 3 % is followed at the next step.
@@ -42,14 +44,28 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 #: per-sequence alphas are grouped to this resolution for the search
 ALPHA_GRID = 0.05
 #: a bucket of the cost curves spans a factor of sqrt(2) in size
 _BUCKETS_PER_DOUBLING = 2
+
+
+Plan = tuple[float, int]
+"""(threshold tau, cap): each sequence drafts the tokens whose gain alpha_i^j >= tau, at most cap of them."""
+NO_DRAFT: Plan = (math.inf, 0)
+
+
+def group_alphas(alphas: Sequence[float]) -> dict[float, int]:
+    """Alphas grouped to ``ALPHA_GRID``: {the mean alpha of a group: its count}."""
+    sums: dict[int, list[float]] = {}
+    for alpha in alphas:
+        entry = sums.setdefault(round(alpha / ALPHA_GRID), [0.0, 0])
+        entry[0] += alpha
+        entry[1] += 1
+    return {total / count: int(count) for total, count in sums.values()}
 
 
 def _batch_bucket(batch: int) -> int:
@@ -153,7 +169,7 @@ class DraftLenController:
     #: the same per batch size (exact up to 16, then buckets a factor sqrt(2) wide): what the search uses
     verify_by_batch: dict[int, CostCurve] = field(default_factory=dict)
     draft_curve: CostCurve = field(default_factory=CostCurve)
-    threshold: float | None = None  # the current plan: draft tokens whose gain alpha_i^j >= threshold
+    current: Plan | None = None  # the plan in use
     _per_sequence: dict[str, list[float]] = field(default_factory=dict)  # id -> [accepted, trials]
     _steps_without_draft: int = 0
     _explored: int = 0
@@ -185,21 +201,21 @@ class DraftLenController:
         if not self.verify_curve.known or (self.has_draft_cost and not self.draft_curve.known):
             return [min(self.initial, self.max_k)] * batch
         self._since_replan += 1
+        alphas: list[float] | None = None
         if (
-            self.threshold is None
+            self.current is None
             or self._learned
             or batch != self._planned_batch
             or self._since_replan >= self.replan_every
         ):
-            groups = [self._group(self.alpha_of(rid)) for rid in request_ids]
-            self.threshold = self.choose_threshold(Counter(groups), self.threshold)
+            alphas = [self.alpha_of(rid) for rid in request_ids]
+            self.current = self.choose_plan(group_alphas(alphas), self.current)
             self._planned_batch, self._since_replan, self._learned = batch, 0, False
-        if self.threshold == math.inf:
+        if self.current[1] == 0:
             ks = [0] * batch
         else:
-            groups = [self._group(self.alpha_of(rid)) for rid in request_ids]
-            lengths = {g: self._draft_len_at(g, self.threshold) for g in set(groups)}
-            ks = [lengths[g] for g in groups]
+            alphas = alphas or [self.alpha_of(rid) for rid in request_ids]
+            ks = [self.draft_len_at(alpha, self.current) for alpha in alphas]
         if any(ks):
             self._steps_without_draft = 0
             return ks
@@ -210,29 +226,32 @@ class DraftLenController:
             ks[self._explored % batch] = 1
         return ks
 
-    def choose_threshold(self, groups: Counter[float], current: float | None) -> float:
-        """The threshold of the best plan for sequences grouped by alpha (``{alpha: count}``), or
-        ``current`` when the best does not beat it by more than the hysteresis."""
-        best_tau, best_rate, current_rate = math.inf, -1.0, -1.0
-        for tau, rate in self._threshold_rates(groups):
+    def choose_plan(self, groups: Mapping[float, int], current: Plan | None) -> Plan:
+        """The best plan for sequences grouped by alpha (``{alpha: count}``), or ``current`` when the best
+        does not beat it by more than the hysteresis."""
+        rates = self._plan_rates(groups)
+        best, best_rate = NO_DRAFT, -1.0
+        current_rate = rates[0][1]  # a threshold above every gain drafts nothing
+        for plan, rate in rates:
             if rate > best_rate * (1 + 1e-12):
-                best_tau, best_rate = tau, rate
-            if current is not None and tau >= current:
-                current_rate = rate  # the last plan (smallest tau) still at or above the current one
+                best, best_rate = plan, rate
+            if current is not None and plan[1] == current[1] and plan[0] >= current[0]:
+                current_rate = rate  # the last plan of that cap still at or above the current threshold
         if current is not None and best_rate <= current_rate * (1 + self.hysteresis):
             return current
-        return best_tau
+        return best
 
-    def predicted_rate(self, groups: Counter[float], tau: float) -> float:
-        """Expected emitted tokens/s of the plan ``tau`` for sequences grouped by alpha."""
-        rate = 0.0
-        for t, r in self._threshold_rates(groups):
-            if t >= tau:
+    def predicted_rate(self, groups: Mapping[float, int], plan: Plan) -> float:
+        """Expected emitted tokens/s of ``plan`` for sequences grouped by alpha."""
+        rates = self._plan_rates(groups)
+        rate = rates[0][1]
+        for (tau, cap), r in rates:
+            if cap == plan[1] and tau >= plan[0]:
                 rate = r
         return rate
 
-    def _threshold_rates(self, groups: Counter[float]) -> list[tuple[float, float]]:
-        """(tau, predicted tokens/s) for every distinct threshold, from "no draft" (tau = inf) down."""
+    def _plan_rates(self, groups: Mapping[float, int]) -> list[tuple[Plan, float]]:
+        """(plan, predicted tokens/s): "no draft" first, then for each cap every distinct threshold."""
         batch = sum(groups.values())
         at_batch = self.verify_by_batch.get(_batch_bucket(batch))
         verify_curve = at_batch if at_batch is not None else self.verify_curve
@@ -241,43 +260,43 @@ class DraftLenController:
         draft_points = self.draft_curve.points()
         draft_sizes = [p[0] for p in draft_points]
         verify, draft = verify_curve.estimate, self.draft_curve.estimate
-        gains = sorted(
-            ((alpha**j, alpha, j) for alpha in groups for j in range(1, self.max_k + 1)), reverse=True
-        )
-        tokens = float(batch)
-        drafted = 0
-        per_pass = [0] * (self.max_k + 1)  # per_pass[j]: sequences proposing at least j tokens
-        draft_seconds = 0.0
-
-        def rate() -> float:
-            seconds = draft_seconds + verify(batch + drafted, verify_points, verify_sizes)
-            return tokens / seconds if seconds > 0 else tokens
-
-        rates = [(math.inf, rate())]
-        for gain, alpha, j in gains:
-            count = groups[alpha]
-            tokens += count * gain
-            drafted += count
-            if self.has_draft_cost:
-                old = per_pass[j]
-                draft_seconds -= draft(old, draft_points, draft_sizes) if old else 0.0
-                draft_seconds += draft(old + count, draft_points, draft_sizes)
-            per_pass[j] += count
-            if rates[-1][0] == gain:
-                rates[-1] = (gain, rate())
-            else:
-                rates.append((gain, rate()))
+        no_draft_seconds = verify(batch, verify_points, verify_sizes)
+        rates: list[tuple[Plan, float]] = [
+            (NO_DRAFT, batch / no_draft_seconds if no_draft_seconds else batch)
+        ]
+        for cap in range(1, self.max_k + 1):
+            gains = sorted(
+                ((alpha**j, alpha, j) for alpha in groups for j in range(1, cap + 1)), reverse=True
+            )
+            tokens, drafted, draft_seconds = float(batch), 0, 0.0
+            per_pass = [0] * (cap + 1)  # per_pass[j]: sequences proposing at least j tokens
+            last = math.inf
+            for gain, alpha, j in gains:
+                count = groups[alpha]
+                tokens += count * gain
+                drafted += count
+                if self.has_draft_cost:
+                    old = per_pass[j]
+                    draft_seconds -= draft(old, draft_points, draft_sizes) if old else 0.0
+                    draft_seconds += draft(old + count, draft_points, draft_sizes)
+                per_pass[j] += count
+                seconds = draft_seconds + verify(batch + drafted, verify_points, verify_sizes)
+                rate = tokens / seconds if seconds > 0 else tokens
+                if gain == last:
+                    rates[-1] = ((gain, cap), rate)
+                else:
+                    rates.append(((gain, cap), rate))
+                last = gain
         return rates
 
-    def _draft_len_at(self, alpha: float, tau: float) -> int:
+    def draft_len_at(self, alpha: float, plan: Plan) -> int:
+        """A sequence's draft length under ``plan``: the tokens whose gain alpha^j reaches the threshold, at
+        most the cap."""
+        tau, cap = plan
         k = 0
-        while k < self.max_k and alpha ** (k + 1) >= tau:
+        while k < cap and alpha ** (k + 1) >= tau:
             k += 1
         return k
-
-    @staticmethod
-    def _group(alpha: float) -> float:
-        return round(round(alpha / ALPHA_GRID) * ALPHA_GRID, 6)
 
     # ----------------------------------------------------------------- measurements
     def observe_acceptance(self, request_id: str, drafted: int, accepted: int) -> None:
