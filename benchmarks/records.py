@@ -70,7 +70,15 @@ SERVER_DOC, OPERATOR_DOC, CLUSTER_DOC, RELIABILITY_DOC = (
     DOCS / "local-cluster.md",
     DOCS / "reliability.md",
 )
-SERVER_SECTIONS = ("orchestration", "assisted", "http-stream", "concurrency", "loop-lag", "structured")
+SERVER_SECTIONS = (
+    "orchestration",
+    "assisted",
+    "http-stream",
+    "concurrency",
+    "loop-lag",
+    "structured",
+    "load-sweep",
+)
 
 
 def _server_block(number: int, section: str) -> Block:

@@ -1,7 +1,8 @@
 """Run the server benchmarks: each section writes its record, benchmarks/results/server-<section>.json, and
 its block of docs/benchmarks-server.md is rendered from that record (benchmarks/records.py).
 
-python -m benchmarks.server                 # all six, one run each (about 6-7 minutes on 2 CPU cores)
+python -m benchmarks.server                 # all seven, one run each (about 15 minutes on 2 CPU cores)
+python -m benchmarks.server --only 7        # the load sweep (stand-ins + reference backend; ~8 minutes)
 python -m benchmarks.server --runs 3        # three runs of each: medians, and each run's key figure
 python -m benchmarks.server --only 1,3      # a subset
 python -m benchmarks.server --quick         # shorter runs, for a smoke check (records say --quick)
@@ -19,7 +20,7 @@ from typing import Any
 
 from benchmarks import records
 
-ALL = "1,2,3,4,5,6"
+ALL = "1,2,3,4,5,6,7"
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,8 @@ class Section:
     title: str
     run: Callable[[bool], Sequence[Any]]  # quick -> result dataclasses
     parameters: Callable[[bool], dict[str, Any]]
+    #: run after the record is saved (the load sweep writes its plot from the record)
+    after: Callable[[records.Record], None] | None = None
 
 
 def _orchestration(quick: bool) -> Sequence[Any]:
@@ -67,6 +70,32 @@ def _structured(quick: bool) -> Sequence[Any]:
     from benchmarks.server import structured  # noqa: PLC0415
 
     return structured.run(requests=4 if quick else 12)
+
+
+def _load_sweep(quick: bool) -> Sequence[Any]:
+    from benchmarks.server import load_sweep  # noqa: PLC0415
+
+    return load_sweep.run(quick=quick)
+
+
+def _load_sweep_parameters(quick: bool) -> dict[str, Any]:
+    from benchmarks.server import load_sweep  # noqa: PLC0415
+
+    return {
+        "time_scale": load_sweep.TIME_SCALE,
+        "request_tokens": load_sweep.REQUEST_TOKENS,
+        "standin_levels": list(load_sweep.STANDIN_LEVELS),
+        "reference_levels": list(load_sweep.REFERENCE_LEVELS),
+        "fixed": list(load_sweep.FIXED),
+    }
+
+
+def _load_sweep_plot(record: records.Record) -> None:
+    from benchmarks.server import load_sweep, load_sweep_report  # noqa: PLC0415
+    from benchmarks.server.render import median_rows  # noqa: PLC0415
+
+    points = [load_sweep.SweepPoint(**r) for r in median_rows(record["figures"]["runs"])]
+    load_sweep_report.plot(points, records.REPO / load_sweep_report.PLOT)
 
 
 SECTIONS = (
@@ -116,6 +145,14 @@ SECTIONS = (
         _structured,
         lambda q: {"requests": 4 if q else 12, "max_new": 200, "draft_len": 4},
     ),
+    Section(
+        7,
+        "load-sweep",
+        "Speculation under load: fixed draft lengths vs draftLen auto",
+        _load_sweep,
+        _load_sweep_parameters,
+        _load_sweep_plot,
+    ),
 )
 
 
@@ -164,6 +201,8 @@ def main(argv: list[str] | None = None) -> None:
         print(getattr(render, section.name.replace("-", "_"))([record]), flush=True)
         if not args.no_write:
             path = records.save(record)
+            if section.after is not None:
+                section.after(record)
             docs = records.update_docs([record["name"]])
             print(
                 f"wrote {path.relative_to(records.REPO)}; {', '.join(str(d) for d in docs) or 'docs current'}"

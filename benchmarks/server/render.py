@@ -16,6 +16,8 @@ from benchmarks.records import Record, provenance
 from benchmarks.server import assisted as assisted_bench
 from benchmarks.server import concurrency as concurrency_bench
 from benchmarks.server import http_stream as http_stream_bench
+from benchmarks.server import load_sweep as load_sweep_bench
+from benchmarks.server import load_sweep_report
 from benchmarks.server import loop_lag as loop_lag_bench
 from benchmarks.server import orchestration as orchestration_bench
 from benchmarks.server import structured as structured_bench
@@ -155,3 +157,10 @@ def structured(records: Sequence[Record]) -> str:
         f"{'yes' if identical else 'NO'}; every json_schema output valid against its schema: "
         f"{'yes' if valid else 'NO'}.\n"
     )
+
+
+def load_sweep(records: Sequence[Record]) -> str:
+    record = records[0]
+    runs = _runs(record)
+    points = [load_sweep_bench.SweepPoint(**r) for r in median_rows(runs)]
+    return f"{_head(record)}\n\n{load_sweep_report.render_body(points)}"

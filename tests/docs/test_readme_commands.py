@@ -229,6 +229,7 @@ COMMANDS: dict[str, Row] = {
     "hack/kind-up.sh": NotHere("test_existing_cluster_commands", "needs Docker and kind"),
     # Benchmarks
     "make bench-server": NotHere("test_benchmark_commands", BENCH_WHY),
+    "python -m benchmarks.server --only 7": NotHere("test_benchmark_commands", BENCH_WHY),
     "make bench-operator": NotHere("test_benchmark_commands", BENCH_WHY),
     "make bench-autoscaling": NotHere("test_benchmark_commands", BENCH_WHY),
     "make bench-memory": NotHere("test_benchmark_commands", BENCH_WHY),
@@ -718,6 +719,10 @@ def test_benchmark_commands(shell: Shell) -> None:
         assert f".venv/bin/python -m {module}" in recipe, recipe
         usage = shell.tool(".venv/bin/python", "-m", module, "--help").stdout
         assert usage.startswith(f"usage: python -m {module}"), usage
+    sweep = shlex.split(readme_command("python -m benchmarks.server --only 7"))
+    usage = shell.tool(".venv/bin/python", *sweep[1:3], "--help").stdout
+    assert "--only 7" in usage, usage
+    assert "load sweep" in usage, usage
     recipe = make_dry_run(shell, *make_target(readme_command("make measure NAME=test-warm")))
     assert "python3 hack/measure.py test-warm" in recipe, recipe
     listing = shell.tool("python3", "hack/measure.py", "--list").stdout

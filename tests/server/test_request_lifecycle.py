@@ -278,6 +278,18 @@ def test_speculation_metrics_are_aggregated_per_step() -> None:
     assert value("specdeploy_accepted_length_count", {"model": "m"}) == 3
 
 
+def test_the_draft_length_in_use_and_the_steps_that_speculated_are_exported() -> None:
+    metrics = ServerMetrics("m")
+    value = metrics.registry.get_sample_value
+    metrics.on_speculation(StepSpeculation(4, 10, 6, [1, 0, 1, 0, 1]))  # 3 of 4 sequences drafted 10 tokens
+    assert value("specdeploy_draft_length", {"model": "m"}) == 2.5
+    assert value("specdeploy_speculating_steps_total", {"model": "m"}) == 3
+    metrics.on_speculation(StepSpeculation(2, 0, 0, [0]))  # under load: nobody drafted
+    assert value("specdeploy_draft_length", {"model": "m"}) == 0
+    assert value("specdeploy_speculating_steps_total", {"model": "m"}) == 3
+    assert value("specdeploy_speculative_steps_total", {"model": "m"}) == 6
+
+
 def test_a_finished_request_is_finished() -> None:
     async def main() -> None:
         engine, _ = standin_engine(0.0, None, alpha=0.0, settings=SchedulerSettings(draft_len=0))

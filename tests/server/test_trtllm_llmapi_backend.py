@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +54,46 @@ def _config(models: TinyModels, **speculative: Any) -> dict[str, Any]:
             {"max_draft_len": 5},
         ),
         ({"method": "mtp", "draftLen": 2}, None, "MTPDecodingConfig", {"num_nextn_predict_layers": 2}),
+        (
+            {"method": "draftTarget", "draftLen": "auto", "maxDraftLen": 6, "disableAboveConcurrency": 8},
+            "draft",
+            "DraftTargetDecodingConfig",
+            {
+                "max_draft_len": 6,
+                "max_concurrency": 8,
+                "acceptance_rate_window_size": 128,
+                "acceptance_rate_threshold": 0.1,
+            },
+        ),
+        (
+            {"method": "promptLookup", "draftLen": "auto"},
+            None,
+            "AutoDecodingConfig",
+            {"max_concurrency": None},
+        ),
+        (
+            {"method": "promptLookup", "draftLen": "auto", "disableAboveConcurrency": 4},
+            None,
+            "NGramDecodingConfig",
+            {"max_draft_len": 10, "max_concurrency": 4, "acceptance_rate_threshold": 0.1},
+        ),
+        (
+            {"method": "draftTarget", "draftLen": 3, "disableAboveConcurrency": 2},
+            "draft",
+            "DraftTargetDecodingConfig",
+            {"max_draft_len": 3, "max_concurrency": 2, "acceptance_rate_window_size": None},
+        ),
     ],
-    ids=["eagle3", "ngram", "draft-target", "mtp"],
+    ids=[
+        "eagle3",
+        "ngram",
+        "draft-target",
+        "mtp",
+        "draft-target-auto",
+        "ngram-auto-heuristic",
+        "ngram-auto-with-a-ceiling",
+        "fixed-with-a-ceiling",
+    ],
 )
 def test_the_speculative_config_is_rendered_from_the_method(
     *,
@@ -78,6 +117,40 @@ def test_the_speculative_config_is_rendered_from_the_method(
         # passed as speculative_model_dir, an alias of the field speculative_model
         assert spec.speculative_model == str(tiny_models.draft_same)
     assert llm.kwargs["disable_overlap_scheduler"] is True
+
+
+def test_load_aware_fields_a_version_lacks_are_left_out_with_a_warning(
+    tiny_models: TinyModels,
+    trtllm_double: DoubleState,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    llmapi = sys.modules["tensorrt_llm.llmapi"]
+    older = dict.fromkeys(("max_draft_len", "speculative_model", "max_matching_ngram_size"))
+    monkeypatch.setattr(llmapi.DraftTargetDecodingConfig, "model_fields", older)
+    monkeypatch.delattr(llmapi, "AutoDecodingConfig")
+    config = _config(tiny_models, method="draftTarget", draftLen="auto", disableAboveConcurrency=4)
+    config["model"]["draft"] = str(tiny_models.draft_same)
+    build_engine(ServerConfig.model_validate(config))
+    spec = trtllm_double.llms[-1].kwargs["speculative_config"]
+    assert spec.max_concurrency is None
+    assert spec.acceptance_rate_window_size is None
+    assert "disableAboveConcurrency is not honoured" in caplog.text
+    assert "no acceptance-rate gate" in caplog.text
+    build_engine(ServerConfig.model_validate(_config(tiny_models, method="promptLookup", draftLen="auto")))
+    assert type(trtllm_double.llms[-1].kwargs["speculative_config"]).__name__ == "NGramDecodingConfig"
+
+
+def test_the_double_refuses_load_aware_values_the_real_api_refuses(trtllm_double: DoubleState) -> None:
+    llmapi = sys.modules["tensorrt_llm.llmapi"]
+    with pytest.raises(ValueError, match="max_concurrency"):
+        llmapi.NGramDecodingConfig(max_draft_len=2, max_concurrency=0)
+    with pytest.raises(ValueError, match="acceptance_rate_threshold"):
+        llmapi.DraftTargetDecodingConfig(
+            max_draft_len=2, speculative_model="x", acceptance_rate_threshold=1.5
+        )
+    with pytest.raises(ValueError, match="Extra inputs"):
+        llmapi.DraftTargetDecodingConfig(max_draft_len=2, speculative_model="x", num_speculative_tokens=2)
 
 
 def test_runtime_settings_reach_the_llm(tiny_models: TinyModels, trtllm_double: DoubleState) -> None:

@@ -140,7 +140,12 @@ def _model(
         if problem is not None:
             raise ValidationError(f"1 validation error for {name}\n  Value error, {problem}")
 
-    return type(name, (), {"__init__": __init__, "__repr__": lambda self: f"{name}({vars(self)})"})
+    attributes = {
+        "__init__": __init__,
+        "__repr__": lambda self: f"{name}({vars(self)})",
+        "model_fields": dict.fromkeys(defaults),  # pydantic's class attribute: field name -> FieldInfo
+    }
+    return type(name, (), attributes)
 
 
 class ModelType(enum.Enum):
@@ -566,10 +571,31 @@ class Executor:
 
 
 # ------------------------------------------------------------------------------------------ the LLM API
+#: DecodingBaseConfig's load-aware fields, in every decoding config: max_concurrency (PositiveInt: off above
+#: that many active requests), acceptance_rate_window_size (NonNegativeInt), acceptance_rate_threshold (0..1)
+_LOAD_AWARE = {
+    "max_concurrency": None,
+    "acceptance_rate_window_size": None,
+    "acceptance_rate_threshold": None,
+}
+
+
+def _base_fields(config: Any) -> str | None:
+    concurrency, window = config.max_concurrency, config.acceptance_rate_window_size
+    threshold = config.acceptance_rate_threshold
+    if concurrency is not None and (not isinstance(concurrency, int) or concurrency <= 0):
+        return f"max_concurrency: Input should be greater than 0, got {concurrency}"
+    if window is not None and (not isinstance(window, int) or window < 0):
+        return f"acceptance_rate_window_size: Input should be greater than or equal to 0, got {window}"
+    if threshold is not None and not 0.0 <= threshold <= 1.0:
+        return f"acceptance_rate_threshold: Input should be between 0 and 1, got {threshold}"
+    return None
+
+
 def _needs_draft_len(config: Any) -> str | None:
     if config.max_draft_len is None or config.max_draft_len <= 0:
         return f"max_draft_len must be > 0, got {config.max_draft_len}"
-    return None
+    return _base_fields(config)
 
 
 def _needs_model(config: Any) -> str | None:
@@ -585,6 +611,7 @@ LlmSchedulerConfig = _model(
 _MODEL_ALIAS = {"speculative_model_dir": "speculative_model"}
 EagleDecodingConfig = _model(
     "EagleDecodingConfig",
+    **_LOAD_AWARE,
     aliases=_MODEL_ALIAS,
     check=_needs_model,
     max_draft_len=None,
@@ -593,6 +620,7 @@ EagleDecodingConfig = _model(
 )
 Eagle3DecodingConfig = _model(
     "Eagle3DecodingConfig",
+    **_LOAD_AWARE,
     aliases=_MODEL_ALIAS,
     check=_needs_model,
     max_draft_len=None,
@@ -601,6 +629,7 @@ Eagle3DecodingConfig = _model(
 )
 NGramDecodingConfig = _model(
     "NGramDecodingConfig",
+    **_LOAD_AWARE,
     check=_needs_draft_len,
     max_draft_len=None,
     max_matching_ngram_size=2,
@@ -610,12 +639,20 @@ NGramDecodingConfig = _model(
 )
 DraftTargetDecodingConfig = _model(
     "DraftTargetDecodingConfig",
+    **_LOAD_AWARE,
     aliases=_MODEL_ALIAS,
     check=_needs_model,
     max_draft_len=None,
     speculative_model=None,
 )
-MTPDecodingConfig = _model("MTPDecodingConfig", num_nextn_predict_layers=1)
+MTPDecodingConfig = _model(
+    "MTPDecodingConfig", check=_base_fields, num_nextn_predict_layers=1, max_draft_len=None, **_LOAD_AWARE
+)
+#: decoding_type AUTO: TensorRT-LLM's NGram heuristic (<= 4 active requests K=5/n=3, <= 32 K=3/n=5, above
+#: that off); the base-class fields exist but are ignored
+AutoDecodingConfig = _model("AutoDecodingConfig", check=_base_fields, max_draft_len=None, **_LOAD_AWARE)
+#: (draft length, longest n-gram) of the AUTO heuristic by active requests; None above the last bound
+AUTO_NGRAM_SCHEDULE = ((4, 5, 3), (32, 3, 5))
 
 
 @dataclass(kw_only=True)
@@ -877,17 +914,29 @@ class LLM:
 
     def _draft(self, ids: list[int]) -> list[int]:
         spec, kind = self.spec, type(self.spec).__name__
+        active = sum(1 for r in self.requests if not r.finished)
+        if getattr(spec, "max_concurrency", None) is not None and active > spec.max_concurrency:
+            return []  # speculation is off above max_concurrency active requests
         if self.draft_model is not None:
             out: list[int] = []
             for _ in range(spec.max_draft_len):
                 out.append(int(self.draft_model(torch.tensor([ids + out])).logits[0, -1].argmax()))
             return out
         if kind == "NGramDecodingConfig":
-            for n in range(min(spec.max_matching_ngram_size, len(ids) - 1), 0, -1):
-                tail = ids[-n:]
-                for start in range(len(ids) - n):  # the oldest match
-                    if ids[start : start + n] == tail:
-                        return ids[start + n : start + n + spec.max_draft_len]
+            return self._ngram(ids, spec.max_draft_len, spec.max_matching_ngram_size)
+        if kind == "AutoDecodingConfig":
+            for bound, k, n in AUTO_NGRAM_SCHEDULE:
+                if active <= bound:
+                    return self._ngram(ids, k, n)
+        return []
+
+    @staticmethod
+    def _ngram(ids: list[int], k: int, max_n: int) -> list[int]:
+        for n in range(min(max_n, len(ids) - 1), 0, -1):
+            tail = ids[-n:]
+            for start in range(len(ids) - n):  # the oldest match
+                if ids[start : start + n] == tail:
+                    return ids[start + n : start + n + k]
         return []
 
     @torch.inference_mode()
@@ -968,6 +1017,7 @@ def trtllm_double(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[D
         NGramDecodingConfig=NGramDecodingConfig,
         DraftTargetDecodingConfig=DraftTargetDecodingConfig,
         MTPDecodingConfig=MTPDecodingConfig,
+        AutoDecodingConfig=AutoDecodingConfig,
         SamplingParams=SamplingParams,
         GuidedDecodingParams=GuidedDecodingParams,
     )

@@ -281,6 +281,16 @@ SCHEMA_CASES = [
         "spec.target.build.extraArgs",
     ),
     Case("draft-len-zero", "draftTarget", _speculative(draftLen=0), "spec.speculative.draftLen"),
+    Case(
+        "draft-len-65", "draftTarget", _speculative(draftLen=65, maxDraftLen=64), "spec.speculative.draftLen"
+    ),
+    Case("draft-len-unknown-word", "draftTarget", _speculative(draftLen="fast"), "spec.speculative.draftLen"),
+    Case(
+        "disable-above-concurrency-zero",
+        "draftTarget",
+        _speculative(disableAboveConcurrency=0),
+        "spec.speculative.disableAboveConcurrency",
+    ),
     Case("max-draft-len-65", "draftTarget", _speculative(maxDraftLen=65), "spec.speculative.maxDraftLen"),
     Case(
         "acceptance-unknown",

@@ -107,6 +107,8 @@ def _boundaries(schema: dict[str, Any]) -> list[Any]:
     """The extreme values a property of the API's JSON schema admits."""
     options = [o for o in schema.get("anyOf", [schema]) if o.get("type") != "null"]
     (prop,) = options
+    if prop.get("x-kubernetes-int-or-string"):  # an integer range or a string (draftLen: 1..64 or auto)
+        return [prop["minimum"], prop["maximum"]]
     kind = prop.get("type")
     if kind == "boolean":
         return [True, False]
@@ -135,6 +137,9 @@ def variants() -> list[dict[str, Any]]:
     for n in _boundaries(speculative["maxDraftLen"]):
         out.append({"speculative": {"maxDraftLen": n, "draftLen": n}})
         out.append({"speculative": {"maxDraftLen": n, "draftLen": None}})
+        out.append({"speculative": {"maxDraftLen": n, "draftLen": "auto"}})
+    for n in _boundaries(speculative["disableAboveConcurrency"]):
+        out.append({"speculative": {"disableAboveConcurrency": n}})
     ngram = PromptLookupSpec.model_json_schema(by_alias=True)["properties"]["maxMatchingNgramSize"]
     out.extend({"speculative": {"promptLookup": {"maxMatchingNgramSize": n}}} for n in _boundaries(ngram))
     return out

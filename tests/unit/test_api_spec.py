@@ -58,7 +58,17 @@ def test_defaults_of_a_minimal_manifest() -> None:
         "rollout": {"maxSurge": 0, "maxUnavailable": 1},
     }
     assert spec.gpus_per_replica == 1
-    assert spec.speculative.effective_draft_len == 10
+    assert spec.speculative.effective_draft_len == "auto"  # unpinned: the load-aware choice
+
+
+def test_a_pinned_draft_len_or_auto_and_a_concurrency_ceiling_are_accepted() -> None:
+    pinned = parse_sdep(minimal(speculative={"method": "promptLookup", "draftLen": 3}))
+    assert pinned.spec.speculative.effective_draft_len == 3
+    auto = parse_sdep(
+        minimal(speculative={"method": "promptLookup", "draftLen": "auto", "disableAboveConcurrency": 16})
+    )
+    assert auto.spec.speculative.effective_draft_len == "auto"
+    assert auto.spec.speculative.disable_above_concurrency == 16
 
 
 def test_nested_defaults() -> None:

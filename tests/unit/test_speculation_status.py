@@ -34,7 +34,10 @@ class Server:
         self.metrics = ServerMetrics("target")
 
     def steps(self, sequence_steps: int, drafted: int, accepted: int, generated: int) -> None:
-        self.metrics.on_speculation(StepSpeculation(sequence_steps, drafted, accepted, [0] * 5))
+        # Every sequence of these steps drafted (accepted_counts sums to the sequences that drafted).
+        self.metrics.on_speculation(
+            StepSpeculation(sequence_steps, drafted, accepted, [sequence_steps, 0, 0])
+        )
         self.metrics.generation_tokens.labels("target").inc(generated)
 
     def text(self) -> str:
@@ -45,7 +48,7 @@ def test_the_operator_reads_the_counters_the_server_exports_under_their_names() 
     server = Server()
     server.steps(sequence_steps=10, drafted=40, accepted=30, generated=40)
     sample = parse_sample(server.text(), at=5.0)
-    assert sample == PodSample(at=5.0, drafted=40, accepted=30, steps=10, generated=40, speculating=None)
+    assert sample == PodSample(at=5.0, drafted=40, accepted=30, steps=10, generated=40, speculating=10)
 
 
 def test_garbage_is_not_a_sample() -> None:
@@ -170,6 +173,7 @@ def test_the_sampler_publishes_after_two_scrapes_then_only_on_change_and_never_w
     assert published is not None
     assert published["acceptanceRate"] == 0.75
     assert published["pods"] == 2
+    assert published["speculatingFraction"] == 1.0  # the servers export specdeploy_speculating_steps
     assert "_drafted" not in published
     load(accept=302)  # the same figures, give or take: no write
     assert tick() == []

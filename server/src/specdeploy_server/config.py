@@ -88,10 +88,18 @@ class SpeculativeConfig(_Model):
     )
     draft_len: int | Literal["auto"] = Field(
         default=4,
-        description="Draft tokens per step, or `auto` to adapt it to acceptance and measured costs.",
+        description="Draft tokens per step, or `auto`: per step and per sequence, the draft lengths that "
+        "maximise the batch's expected tokens/s from measured step costs at the current batch size and each "
+        "sequence's acceptance (docs/server.md).",
     )
     max_draft_len: int = Field(
         default=10, ge=0, description="Upper bound for draftLen (the engine's max_draft_len)."
+    )
+    disable_above_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="Above this many sequences in a step nobody drafts, whatever draftLen (TensorRT-LLM: "
+        "max_concurrency of the decoding config); null: no such rule.",
     )
     acceptance: Acceptance = Field(
         default=Acceptance.TOKEN_MATCH,

@@ -159,6 +159,18 @@ class ServerMetrics:
         self.spec_steps = Counter(
             "specdeploy_speculative_steps", "Sequence steps (verify calls)", m, registry=r
         )
+        self.speculating_steps = Counter(
+            "specdeploy_speculating_steps",
+            "Sequence steps that proposed at least one draft token (a share of specdeploy_speculative_steps)",
+            m,
+            registry=r,
+        )
+        self.draft_length = Gauge(
+            "specdeploy_draft_length",
+            "Mean draft tokens proposed per sequence in the latest step (0: it did not speculate)",
+            m,
+            registry=r,
+        )
         self.accepted_length = _AcceptedLengthCollector(model)
         r.register(self.accepted_length)
         self.step_seconds = Histogram(
@@ -183,6 +195,8 @@ class ServerMetrics:
         self._spec_steps = self.spec_steps.labels(model)
         self._draft_tokens = self.draft_tokens.labels(model)
         self._accepted_tokens = self.accepted_tokens.labels(model)
+        self._speculating_steps = self.speculating_steps.labels(model)
+        self._draft_length = self.draft_length.labels(model)
 
     def set_config(self, config: dict[str, Any]) -> None:
         """`specdeploy_server_config_info`: which configuration this process loaded (`config_digest` of its
@@ -225,9 +239,12 @@ class ServerMetrics:
             self._accepted_tokens.inc(accepted)
 
     def on_speculation(self, step: StepSpeculation) -> None:
-        """One step's sequences together: three counter increments and one histogram update per step."""
+        """One step's sequences together: a few counter increments and one histogram update per step."""
         self._spec_steps.inc(step.sequence_steps)
+        self._draft_length.set(step.drafted / step.sequence_steps if step.sequence_steps else 0.0)
         if step.drafted:
+            # accepted_counts counts exactly the sequences that drafted, by accepted length
+            self._speculating_steps.inc(sum(step.accepted_counts))
             self._draft_tokens.inc(step.drafted)
             self._accepted_tokens.inc(step.accepted)
             self.accepted_length.add(step.accepted_counts)

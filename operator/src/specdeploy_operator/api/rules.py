@@ -45,13 +45,13 @@ __all__ = [
 
 
 def _draft_len_within_max(s: SpeculativeSpec) -> bool:
-    return s.draft_len is None or s.draft_len <= s.max_draft_len
+    return s.draft_len is None or s.draft_len == "auto" or s.draft_len <= s.max_draft_len
 
 
 SPECULATIVE_RULES: Rules = (
     Rule["SpeculativeSpec"](
         name="draft-len-within-max",
-        cel="!has(self.draftLen) || self.draftLen <= self.maxDraftLen",
+        cel="!has(self.draftLen) || type(self.draftLen) == string || self.draftLen <= self.maxDraftLen",
         message="spec.speculative.draftLen must not exceed spec.speculative.maxDraftLen",
         field_path=".draftLen",
         check=_draft_len_within_max,

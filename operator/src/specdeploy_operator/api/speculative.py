@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Final, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, PlainValidator, StringConstraints, WithJsonSchema
+from pydantic_core import PydanticCustomError
 
 from . import rules
 from .autoscaling import AutoscalingSpec
@@ -153,6 +154,31 @@ class ModelSpec(ApiModel):
 # --- speculation---------------------------------------------------------------------------------------------
 
 
+def _draft_len(value: object) -> int | str:
+    # bool is an int in Python but not a draft length; the apiserver's int-or-string rejects it too.
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 64:
+        return value
+    if value == "auto":
+        return "auto"
+    raise PydanticCustomError("draft_len", "must be an integer from 1 to 64 or 'auto'")
+
+
+DraftLen = Annotated[
+    int | Literal["auto"],
+    PlainValidator(_draft_len),
+    WithJsonSchema(
+        {
+            "x-kubernetes-int-or-string": True,
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": "^auto$",
+            "minimum": 1,
+            "maximum": 64,
+        }
+    ),
+]
+"""A draft length: an integer from 1 to 64, or `auto`."""
+
+
 class PromptLookupSpec(ApiModel):
     """Prompt-lookup (n-gram) drafting settings."""
 
@@ -177,9 +203,16 @@ class SpeculativeSpec(ApiModel):
     """`draftTarget`: a separate draft model proposes tokens (needs `spec.draft`). `promptLookup`: tokens are
     copied from matching n-grams of the prompt and output. `eagle3` / `mtp`: a draft head or multi-token
     prediction layers (backend `pytorch` only). `none`: plain decoding, the baseline for A/B comparisons."""
-    draft_len: Annotated[int, Field(ge=1, le=64)] | None = None
-    """Tokens proposed per step (`draft_len`, `prompt_lookup_num_tokens`); at most `maxDraftLen`. Unset means
-    `maxDraftLen`."""
+    draft_len: DraftLen | None = None
+    """Tokens proposed per step (`draft_len`, `prompt_lookup_num_tokens`), at most `maxDraftLen`; or `auto`,
+    also what unset means: per step and per sequence the server chooses the draft length (0 to `maxDraftLen`)
+    that maximises the whole batch's expected tokens per second, from step costs it measures at the current
+    batch size and each sequence's acceptance, so speculation fades out as load makes verification
+    compute-bound (docs/server.md). With backend `pytorch` TensorRT-LLM drafts `maxDraftLen` and turns
+    speculation off for good when acceptance stays below 10 % (docs/trtllm.md)."""
+    disable_above_concurrency: Annotated[int, Field(ge=1, le=65536)] | None = None
+    """A hard rule on top of the draft length: in a step with more than this many concurrent sequences nobody
+    drafts (TensorRT-LLM's `max_concurrency` with backend `pytorch`). Unset: no such rule."""
     max_draft_len: Annotated[int, Field(ge=1, le=64)] = 10
     """Most draft tokens the engine accepts per step: the target engine's `--max_draft_len`, or
     `max_draft_len` of the PyTorch backend's `speculative_config`."""
@@ -193,9 +226,9 @@ class SpeculativeSpec(ApiModel):
     """Settings of `eagle3`; required with that method, forbidden otherwise."""
 
     @property
-    def effective_draft_len(self) -> int:
-        """Tokens proposed per step, with the default applied."""
-        return self.max_draft_len if self.draft_len is None else self.draft_len
+    def effective_draft_len(self) -> int | Literal["auto"]:
+        """Tokens proposed per step, or `auto` (also the default)."""
+        return "auto" if self.draft_len is None else self.draft_len
 
 
 # --- placement, runtime, serving-----------------------------------------------------------------------------

@@ -141,6 +141,8 @@ def build_server_config(
     }
     if spec.speculative.method in _SERVER_METHODS:
         speculative = {"method": spec.speculative.method, **speculative}
+    if spec.speculative.disable_above_concurrency is not None:
+        speculative["disableAboveConcurrency"] = spec.speculative.disable_above_concurrency
     if spec.speculative.prompt_lookup is not None:
         speculative["promptLookup"] = {
             "maxMatchingNgramSize": spec.speculative.prompt_lookup.max_matching_ngram_size

@@ -295,8 +295,8 @@ def build_deployment(
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "resources": resources,
         "volumeMounts": mounts,
-        # Every 2 s while the server starts: a replica serves within 2 s of being able to (with 10 s, up to 10 s
-        # late: the scale-up benchmark saw it). Cheap: one GET per 2 s, only until the first success.
+        # Every 2 s while the server starts: a replica serves within 2 s of being able to (with 10 s, up to
+        # 10 s late: the scale-up benchmark saw it). Cheap: one GET per 2 s, only until the first success.
         "startupProbe": _probe("/health/ready", port, 2, max(settings.startup_timeout_seconds // 2, 1)),
         "readinessProbe": _probe("/health/ready", port, 5, 3),
         "livenessProbe": _probe("/health/live", port, 10, 6),

@@ -30,6 +30,7 @@ def scheduler_settings(config: ServerConfig, max_model_len: int) -> SchedulerSet
         max_model_len=max_model_len,
         acceptance=spec.acceptance.value,
         draft_len=None if spec.draft_len == "auto" else spec.draft_len,
+        disable_above_concurrency=spec.disable_above_concurrency,
         max_draft_len=spec.max_draft_len,
     )
 

@@ -18,37 +18,85 @@ BACKEND = "trtllm-llmapi"
 GUIDED_DECODING_BACKEND = "llguidance"
 
 
+#: ``draftLen: auto`` on this backend: TensorRT-LLM turns speculation off for good once the true acceptance
+#: rate (accepted / drafted) over the last this-many speculating iterations falls below the threshold
+#: (``acceptance_rate_window_size`` / ``acceptance_rate_threshold`` of the decoding config, where the version
+#: has them). Below 10 % a draft pays at no batch size worth serving; docs/trtllm.md.
+AUTO_ACCEPTANCE_WINDOW = 128
+AUTO_ACCEPTANCE_THRESHOLD = 0.1
+
+
 def draft_len(config: ServerConfig) -> int:
+    """Tokens per step: TensorRT-LLM proposes a fixed ``max_draft_len`` (it has no per-step choice of ours),
+    so ``auto`` proposes ``maxDraftLen`` and leaves load and acceptance to :func:`load_aware_fields`."""
     spec = config.speculative
+    return spec.max_draft_len if spec.draft_len == "auto" else spec.draft_len
+
+
+def has_field(cls: Any, name: str) -> bool:
+    """Whether this TensorRT-LLM version's decoding config class has a field (pydantic ``model_fields``)."""
+    return name in getattr(cls, "model_fields", {})
+
+
+def load_aware_fields(cls: Any, config: ServerConfig) -> dict[str, Any]:
+    """``disableAboveConcurrency`` -> ``max_concurrency``; ``draftLen: auto`` -> the acceptance-rate gate;
+    each only where the version's class has the field (otherwise a warning says what is not honoured)."""
+    spec = config.speculative
+    fields: dict[str, Any] = {}
+    if spec.disable_above_concurrency is not None:
+        if has_field(cls, "max_concurrency"):
+            fields["max_concurrency"] = spec.disable_above_concurrency
+        else:
+            log.warning("%s has no max_concurrency: disableAboveConcurrency is not honoured", cls.__name__)
     if spec.draft_len == "auto":
-        log.warning("draftLen auto is not available with %s: maxDraftLen %d", BACKEND, spec.max_draft_len)
-        return spec.max_draft_len
-    return spec.draft_len
+        if has_field(cls, "acceptance_rate_window_size") and has_field(cls, "acceptance_rate_threshold"):
+            fields["acceptance_rate_window_size"] = AUTO_ACCEPTANCE_WINDOW
+            fields["acceptance_rate_threshold"] = AUTO_ACCEPTANCE_THRESHOLD
+        else:
+            log.warning(
+                "%s has no acceptance-rate gate: draftLen auto drafts maxDraftLen %d whatever the acceptance",
+                cls.__name__,
+                spec.max_draft_len,
+            )
+    return fields
 
 
 def speculative_config(llmapi: Any, config: ServerConfig) -> Any:
     """The ``speculative_config`` for our method (None for plain decoding)."""
-    method, k = config.method, draft_len(config)
+    method, k, spec = config.method, draft_len(config), config.speculative
     if method == Method.NONE or k == 0:
         return None
     if method == Method.DRAFT_TARGET:
+        cls = llmapi.DraftTargetDecodingConfig
         draft = str(config.model.draft)
-        return llmapi.DraftTargetDecodingConfig(max_draft_len=k, speculative_model_dir=draft)
+        return cls(max_draft_len=k, speculative_model_dir=draft, **load_aware_fields(cls, config))
     if method == Method.PROMPT_LOOKUP:
+        auto = getattr(llmapi, "AutoDecodingConfig", None)
+        if spec.draft_len == "auto" and spec.disable_above_concurrency is None and auto is not None:
+            # TensorRT-LLM's NGram heuristic: K and n by active requests, off above 32 (it ignores the
+            # base-class fields, so a hard disableAboveConcurrency takes the NGram path below instead).
+            return auto()
+        cls = llmapi.NGramDecodingConfig
         # Per-request pools and the oldest match: the semantics of our own promptLookup.
-        return llmapi.NGramDecodingConfig(
+        return cls(
             max_draft_len=k,
-            max_matching_ngram_size=config.speculative.prompt_lookup.max_matching_ngram_size,
+            max_matching_ngram_size=spec.prompt_lookup.max_matching_ngram_size,
             is_keep_all=True,
             is_use_oldest=True,
             is_public_pool=False,
+            **load_aware_fields(cls, config),
         )
     if method == Method.EAGLE3:
         # Newer releases name the class Eagle3DecodingConfig; 1.0-1.2 run EAGLE-3 via EagleDecodingConfig.
-        eagle = getattr(llmapi, "Eagle3DecodingConfig", None) or llmapi.EagleDecodingConfig
-        return eagle(max_draft_len=k, speculative_model_dir=str(config.model.speculative_model))
+        cls = getattr(llmapi, "Eagle3DecodingConfig", None) or llmapi.EagleDecodingConfig
+        return cls(
+            max_draft_len=k,
+            speculative_model_dir=str(config.model.speculative_model),
+            **load_aware_fields(cls, config),
+        )
     if method == Method.MTP:
-        return llmapi.MTPDecodingConfig(num_nextn_predict_layers=k)
+        cls = llmapi.MTPDecodingConfig
+        return cls(num_nextn_predict_layers=k, **load_aware_fields(cls, config))
     raise ValueError(f"speculative.method {method.value} is not supported by {BACKEND}")
 
 

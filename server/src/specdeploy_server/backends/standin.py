@@ -1,9 +1,11 @@
 """Latency-controlled stand-in executors and a character tokenizer, for tests and benchmarks.
 
-The stand-ins model a GPU executor that runs a whole batch in a fixed time: a draft call takes
-``k * draft_token_seconds`` and a verify call ``verify_seconds``, whatever the batch size. The target
-accepts each
-draft token independently with probability ``alpha``.
+The stand-ins model a GPU executor. By default a batch runs in a fixed time: a draft call takes
+``k * draft_token_seconds`` and a verify call ``verify_seconds``, whatever the batch size, and the target
+accepts each draft token independently with probability ``alpha``. Given a :class:`StepTimeModel` and an
+:class:`AcceptanceModel` (``backends.step_costs``; :func:`preset_engine` takes a whole preset) a call's time
+depends on the tokens in the batch (memory-bound below a knee, compute-bound above) and each request gets
+its own alpha.
 
 A call lasts its nominal time, measured on the monotonic clock from the moment it is made, and no longer:
 the results are computed first, then the call waits until its deadline — an event-loop timer for the bulk
@@ -21,6 +23,7 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
+from specdeploy_server.backends.step_costs import AcceptanceModel, SpeculationPreset, StepTimeModel
 from specdeploy_server.core.drafters import Drafter, DraftModelDrafter, NoDrafter
 from specdeploy_server.core.executors import DraftRequest, VerifyRequest
 from specdeploy_server.core.logits import TokenConstraint
@@ -72,14 +75,23 @@ class StandInTarget:
         seed: int = 0,
         vocab: Sequence[int] = tuple(range(97, 123)),
         max_draft_len: int = 16,
+        *,
+        time_model: StepTimeModel | None = None,
+        acceptance: AcceptanceModel | None = None,
     ) -> None:
         self.verify_seconds = verify_seconds
         self.alpha = alpha
+        #: seconds of a verify call over n tokens; default: ``verify_seconds`` whatever n
+        self.time_model = time_model or StepTimeModel(verify_seconds)
+        self.acceptance = acceptance or AcceptanceModel(alpha)
         self.vocab = list(vocab)
         self._rng = random.Random(seed)
+        self._alpha_rng = random.Random(seed + 7919)  # per-request alphas, apart from the token stream
+        self._alphas: dict[str, float] = {}
         self._max_draft_len = max_draft_len
         self.calls = 0
         self.busy_seconds = 0.0  # time spent inside verify(), as an executor's latency would be measured
+        self.modelled_seconds = 0.0  # the time model's durations of the calls (no host overhead in it)
         self.seen: list[set[str]] = []  # request ids per verify call
         self.released: set[str] = set()
 
@@ -91,10 +103,14 @@ class StandInTarget:
         self.calls += 1
         self.seen.append({r.seq.request_id for r in batch})
         started = time.perf_counter()
-        rand, choice, alpha = self._rng.random, self._rng.choice, self.alpha
+        rand, choice = self._rng.random, self._rng.choice
         vocab = self.vocab
+        constant = self.acceptance.concentration is None
         out = []
+        tokens = 0
         for req in batch:
+            alpha = self.alpha if constant else self._request_alpha(req.seq.request_id)
+            tokens += len(req.proposal.tokens) + 1
             accepted: list[int] = []
             for token in req.proposal.tokens:
                 if rand() >= alpha:
@@ -102,19 +118,34 @@ class StandInTarget:
                 accepted.append(token)
             accepted.append(choice(vocab))
             out.append(accepted)
-        await wait_until(started + self.verify_seconds)
+        duration = self.time_model.seconds(tokens)
+        self.modelled_seconds += duration
+        await wait_until(started + duration)
         self.busy_seconds += time.perf_counter() - started
         return out
 
+    def _request_alpha(self, request_id: str) -> float:
+        alpha = self._alphas.get(request_id)
+        if alpha is None:
+            alpha = self._alphas[request_id] = self.acceptance.draw(self._alpha_rng)
+        return alpha
+
     def release(self, request_id: str) -> None:
         self.released.add(request_id)
+        self._alphas.pop(request_id, None)
 
 
 class StandInDraft:
     def __init__(
-        self, token_seconds: float, seed: int = 1, vocab: Sequence[int] = tuple(range(97, 123))
+        self,
+        token_seconds: float,
+        seed: int = 1,
+        vocab: Sequence[int] = tuple(range(97, 123)),
+        time_model: StepTimeModel | None = None,
     ) -> None:
         self.token_seconds = token_seconds
+        #: seconds of one draft pass over n sequences; default: ``token_seconds`` whatever n
+        self.time_model = time_model or StepTimeModel(token_seconds)
         self.vocab = list(vocab)
         self._rng = random.Random(seed)
         # Proposals are slices of a pre-drawn random stream: drawing per token would cost ~2.5 us per
@@ -122,10 +153,10 @@ class StandInDraft:
         self._stream = [self._rng.choice(self.vocab) for _ in range(1 << 16)]
         self._cursor = 0
         self.busy_seconds = 0.0
+        self.modelled_seconds = 0.0
 
     async def draft(self, batch: Sequence[DraftRequest]) -> list[Proposal]:
         started = time.perf_counter()
-        k = max((r.num_tokens for r in batch), default=0)
         stream, cursor, size = self._stream, self._cursor, len(self._stream)
         out = []
         for r in batch:
@@ -135,7 +166,9 @@ class StandInDraft:
             out.append(Proposal(stream[cursor : cursor + n]))
             cursor += n
         self._cursor = cursor
-        await wait_until(started + k * self.token_seconds)
+        duration = self.time_model.draft_seconds([r.num_tokens for r in batch])
+        self.modelled_seconds += duration
+        await wait_until(started + duration)
         self.busy_seconds += time.perf_counter() - started
         return out
 
@@ -161,6 +194,35 @@ def standin_engine(
     return Engine(
         CharTokenizer(), scheduler, model_info("standin", settings.max_model_len, backend="standin")
     ), target
+
+
+def preset_engine(
+    preset: SpeculationPreset,
+    settings: SchedulerSettings,
+    *,
+    speculate: bool = True,
+    time_scale: float = 1.0,
+    seed: int = 0,
+) -> tuple[Engine, StandInTarget]:
+    """An Engine over stand-ins with a preset's step times (multiplied by ``time_scale``) and acceptance;
+    ``speculate=False``: the target alone (no drafter)."""
+    scaled = preset.scaled(time_scale)
+    target = StandInTarget(
+        scaled.target.memory_bound_seconds,
+        preset.acceptance.mean,
+        seed=seed,
+        max_draft_len=preset.max_draft_len,
+        time_model=scaled.target,
+        acceptance=preset.acceptance,
+    )
+    drafter: Drafter = (
+        DraftModelDrafter(StandInDraft(scaled.draft.memory_bound_seconds, seed + 1, time_model=scaled.draft))
+        if speculate
+        else NoDrafter()
+    )
+    scheduler = SpeculativeScheduler(target, drafter, settings)
+    info = model_info(preset.name, settings.max_model_len, backend="standin")
+    return Engine(CharTokenizer(), scheduler, info), target
 
 
 class InstantEngine:

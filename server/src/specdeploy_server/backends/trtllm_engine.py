@@ -579,6 +579,7 @@ def build_trtllm_engine(config: ServerConfig, observer: SchedulerObserver | None
         max_model_len=setup.max_model_len,
         acceptance=spec.acceptance.value,
         draft_len=None if spec.draft_len == "auto" else spec.draft_len,
+        disable_above_concurrency=spec.disable_above_concurrency,
         max_draft_len=setup.max_draft_len,
     )
     scheduler = SpeculativeScheduler(target, drafter, settings, observer)

@@ -1,81 +1,330 @@
-"""Adaptive draft length (``draftLen: auto``).
+"""Adaptive draft length (``draftLen: auto``): per step, per sequence, for the whole batch.
 
-Model: each draft token is accepted independently with probability alpha, so a step proposing k tokens emits
-E(k) = (1 - alpha^(k+1)) / (1 - alpha) tokens and costs k*c_draft + c_verify. We pick the k in [0, max_k]
-maximising
-E(k) / cost(k). alpha is the maximum-likelihood estimate for a geometric run truncated at k: accepted
-tokens divided by
-(accepted tokens + steps that ended in a rejection). Costs are exponential moving averages of measured times.
+Model: each draft token of sequence i is accepted independently with probability alpha_i, so proposing k_i
+tokens emits ``E(alpha_i, k_i) = (1 - alpha_i^(k_i+1)) / (1 - alpha_i)`` tokens. A step costs one draft call
+(pass j over the sequences proposing at least j tokens) plus one verify call over ``sum(k_i + 1)`` tokens.
+The controller picks the k_i that maximise the batch's expected emitted tokens per second,
+``sum_i E(alpha_i, k_i) / (draft seconds + verify seconds)``. On a GPU the verify call is memory-bound at
+small batches (k extra tokens are nearly free) and compute-bound at large ones (every rejected token is
+paid), so the answer moves from "draft long" at batch 1 to "do not draft" under load.
+
+* **Acceptance.** alpha_i is sequence i's own maximum-likelihood estimate for a geometric run truncated at
+  k (accepted / (accepted + steps that ended in a rejection)), shrunk towards the batch-wide estimate by
+  ``prior_trials`` pseudo-observations, so a new sequence starts at the batch's alpha.
+* **Costs** are measured, not assumed: the verify call's seconds as a function of its tokens, kept per batch
+  size (the curve of all batch sizes together stands in for a batch size not yet seen), and the draft call's
+  seconds per pass as a function of its sequences (:class:`CostCurve`: per size bucket, the lower envelope
+  of the measurements, since interference only adds time). A size between measured buckets is estimated
+  optimistically, as the least time consistent with a GPU step (time does not fall with size, time per
+  token does not rise: ``max(t_left, t_right * size / size_right)``); above the largest measured size
+  along the last segment's slope (flat with one point), below the smallest proportionally. So a size not
+  yet measured is tried once and known from then on: a load change costs a handful of exploratory steps,
+  not a slow drift.
+* **Search.** Adding the j-th draft token to sequence i gains alpha_i^j expected tokens, which falls with
+  j, so for a given number of draft tokens and draft passes the best plan takes the largest gains: the plans
+  compared are "draft every token whose gain is at least a threshold tau, at most ``cap`` per sequence"
+  (the cap bounds the draft passes, each of which costs a draft-model forward however few sequences it
+  carries). Sequences are grouped by alpha (to ``ALPHA_GRID``, each group at its members' mean); for each
+  cap every threshold is evaluated in one walk down the sorted gains.
+* **Hysteresis.** The plan is (tau, cap). It changes only when the best plan's predicted rate beats
+  the current tau's, under the same (current) estimates, by more than ``hysteresis`` (3 %): measurement
+  noise between two near-equal plans cannot make it oscillate, while a load change that moves the optimum
+  by more than 3 % is followed at the next step.
+* **Cadence.** The search runs when the batch size changes (a load change is seen at once), after a step
+  that measured a size never measured before, and otherwise every ``replan_every`` (8) steps; in between
+  the current threshold is applied to the current alphas.
+* **Exploration.** While the plan drafts nothing, one sequence (in turn) drafts one token every
+  ``explore_every`` steps, so alpha keeps being measured and speculation returns when it pays again.
+
+``disable_above`` (``disableAboveConcurrency``) is a hard rule on top of this: above that many sequences in
+the step nobody drafts, whatever the draft length (as TensorRT-LLM's ``max_concurrency``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+#: per-sequence alphas are grouped to this resolution for the search
+ALPHA_GRID = 0.05
+#: a bucket of the cost curves spans a factor of sqrt(2) in size
+_BUCKETS_PER_DOUBLING = 2
+
+
+Plan = tuple[float, int]
+"""(threshold tau, cap): each sequence drafts the tokens whose gain alpha_i^j >= tau, at most cap of them."""
+NO_DRAFT: Plan = (math.inf, 0)
+
+
+def group_alphas(alphas: Sequence[float]) -> dict[float, int]:
+    """Alphas grouped to ``ALPHA_GRID``: {the mean alpha of a group: its count}."""
+    sums: dict[int, list[float]] = {}
+    for alpha in alphas:
+        entry = sums.setdefault(round(alpha / ALPHA_GRID), [0.0, 0])
+        entry[0] += alpha
+        entry[1] += 1
+    return {total / count: int(count) for total, count in sums.values()}
+
+
+def _batch_bucket(batch: int) -> int:
+    return batch if batch <= 16 else 16 + round(math.log2(batch / 16) * _BUCKETS_PER_DOUBLING)
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
+    """Tokens one sequence step emits when each of k draft tokens is accepted with probability alpha."""
     if alpha >= 1.0:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
 
 
-def choose_draft_len(alpha: float, draft_token_cost: float, verify_cost: float, max_k: int) -> int:
-    """The k in [0, max_k] with the highest expected tokens per second."""
-    best_k, best_rate = 0, 0.0
-    for k in range(max_k + 1):
-        cost = k * draft_token_cost + verify_cost
-        rate = expected_tokens_per_step(alpha, k) / cost if cost > 0 else float(k + 1)
-        if rate > best_rate * (1 + 1e-9):
-            best_k, best_rate = k, rate
-    return best_k
+@dataclass
+class CostCurve:
+    """Measured seconds of a call as a function of its size, per size bucket: the lower envelope of the
+    measurements, an EMA that follows a faster measurement quickly (``down``) and a slower one slowly
+    (``up``), because interference (a busy host, a late wake-up) only ever adds time to a call. A bucket is
+    trusted from its ``trusted_after``-th measurement on; until then it is left out whenever a trusted one
+    exists, so its size is estimated (optimistically) from the others and tried again: one unlucky first
+    measurement cannot rule a size out for good."""
+
+    down: float = 0.5
+    up: float = 0.05
+    trusted_after: int = 3
+    _points: dict[int, list[float]] = field(default_factory=dict)  # bucket -> [size, seconds, measurements]
+
+    def observe(self, size: float, seconds: float) -> bool:
+        """Add a measurement; True while its bucket is not yet trusted (worth a new search)."""
+        if size <= 0:
+            return False
+        bucket = round(math.log2(size) * _BUCKETS_PER_DOUBLING)
+        point = self._points.get(bucket)
+        if point is None:
+            self._points[bucket] = [size, seconds, 1]
+            return True
+        rate = self.down if seconds < point[1] else self.up
+        point[0] += rate * (size - point[0])
+        point[1] += rate * (seconds - point[1])
+        point[2] += 1
+        return point[2] <= self.trusted_after
+
+    @property
+    def known(self) -> bool:
+        return bool(self._points)
+
+    def points(self) -> list[tuple[float, float]]:
+        """(size, seconds), sorted: the trusted buckets, or all while none is."""
+        trusted = [p for p in self._points.values() if p[2] >= self.trusted_after]
+        return sorted((p[0], p[1]) for p in (trusted or self._points.values()))
+
+    def estimate(
+        self, size: float, points: list[tuple[float, float]] | None = None, sizes: list[float] | None = None
+    ) -> float:
+        """Estimated seconds: the least consistent with the measured points (see the module docstring).
+        ``points`` (and their ``sizes``), as :meth:`points` returns them, save recomputing them per call."""
+        pts = self.points() if points is None else points
+        if size <= 0 or not pts:
+            return 0.0
+        if sizes is None:
+            sizes = [p[0] for p in pts]
+        i = bisect.bisect_left(sizes, size)
+        if i == 0:
+            return pts[0][1] * size / pts[0][0]
+        if i == len(pts):
+            if len(pts) == 1:
+                return pts[-1][1]
+            (s0, t0), (s1, t1) = pts[-2], pts[-1]
+            slope = max((t1 - t0) / (s1 - s0), 0.0)
+            return t1 + slope * (size - s1)
+        # Between two measured sizes: the least time consistent with what a step costs on a GPU (time does
+        # not fall as the size grows, time per token does not rise), exact for a roofline whose knee lies
+        # between them; a size in between is then tried, not ruled out by a straight line across the knee.
+        (s0, t0), (s1, t1) = pts[i - 1], pts[i]
+        return max(t0, t1 * size / s1)
 
 
 @dataclass
 class DraftLenController:
-    """Tracks acceptance and step costs; ``fixed`` disables adaptation."""
+    """Chooses each step's per-sequence draft lengths; ``fixed`` disables adaptation."""
 
     max_k: int
     fixed: int | None = None
-    smoothing: float = 0.1
+    #: above this many sequences in a step, nobody drafts (None: no such rule)
+    disable_above: int | None = None
+    #: the drafter's time is worth measuring (a draft model; prompt lookup is free)
+    has_draft_cost: bool = True
+    smoothing: float = 0.02
     initial: int = 4
-    #: when the model says "don't draft", still draft one token every this many steps to keep measuring alpha
+    hysteresis: float = 0.03
+    prior_trials: float = 4.0
     explore_every: int = 32
+    #: the search runs when the batch size changed, else every this many steps (between, the plan's threshold
+    #: is applied to the sequences' current alphas)
+    replan_every: int = 8
     # state
     accepted: float = 0.0
     rejections: float = 0.0
-    draft_token_cost: float | None = None
-    verify_cost: float | None = None
+    #: verify seconds by verify tokens, all batch sizes together: the estimate for a batch size not yet seen
+    verify_curve: CostCurve = field(default_factory=CostCurve)
+    #: the same per batch size (exact up to 16, then buckets a factor sqrt(2) wide): what the search uses
+    verify_by_batch: dict[int, CostCurve] = field(default_factory=dict)
+    draft_curve: CostCurve = field(default_factory=CostCurve)
+    current: Plan | None = None  # the plan in use
+    _per_sequence: dict[str, list[float]] = field(default_factory=dict)  # id -> [accepted, trials]
     _steps_without_draft: int = 0
+    _explored: int = 0
+    _planned_batch: int = 0
+    _learned: bool = False  # the last step measured a size never measured before: search again
+    _since_replan: int = 0
 
     @property
     def alpha(self) -> float:
+        """The batch-wide acceptance estimate (an EMA over recent sequence steps)."""
         total = self.accepted + self.rejections
         return self.accepted / total if total > 0 else 0.5
 
-    def next_k(self) -> int:
+    def alpha_of(self, request_id: str) -> float:
+        own = self._per_sequence.get(request_id)
+        accepted, trials = own if own is not None else (0.0, 0.0)
+        return (accepted + self.prior_trials * self.alpha) / (trials + self.prior_trials)
+
+    # ----------------------------------------------------------------- decisions
+    def plan(self, request_ids: Sequence[str]) -> list[int]:
+        """Draft lengths for one step's sequences, in order."""
+        batch = len(request_ids)
+        if self.disable_above is not None and batch > self.disable_above:
+            return [0] * batch
         if self.fixed is not None:
-            return min(self.fixed, self.max_k)
-        if self.draft_token_cost is None or self.verify_cost is None:
-            return min(self.initial, self.max_k)
-        k = choose_draft_len(self.alpha, self.draft_token_cost, self.verify_cost, self.max_k)
-        if k == 0 and self.max_k > 0:
-            self._steps_without_draft += 1
-            if self._steps_without_draft >= self.explore_every:
-                self._steps_without_draft = 0
-                return 1
+            return [min(self.fixed, self.max_k)] * batch
+        if self.max_k <= 0 or batch == 0:
+            return [0] * batch
+        if not self.verify_curve.known or (self.has_draft_cost and not self.draft_curve.known):
+            return [min(self.initial, self.max_k)] * batch
+        self._since_replan += 1
+        alphas: list[float] | None = None
+        if (
+            self.current is None
+            or self._learned
+            or batch != self._planned_batch
+            or self._since_replan >= self.replan_every
+        ):
+            alphas = [self.alpha_of(rid) for rid in request_ids]
+            self.current = self.choose_plan(group_alphas(alphas), self.current)
+            self._planned_batch, self._since_replan, self._learned = batch, 0, False
+        if self.current[1] == 0:
+            ks = [0] * batch
+        else:
+            alphas = alphas or [self.alpha_of(rid) for rid in request_ids]
+            ks = [self.draft_len_at(alpha, self.current) for alpha in alphas]
+        if any(ks):
+            self._steps_without_draft = 0
+            return ks
+        self._steps_without_draft += 1
+        if self._steps_without_draft >= self.explore_every:
+            self._steps_without_draft = 0
+            self._explored += 1
+            ks[self._explored % batch] = 1
+        return ks
+
+    def choose_plan(self, groups: Mapping[float, int], current: Plan | None) -> Plan:
+        """The best plan for sequences grouped by alpha (``{alpha: count}``), or ``current`` when the best
+        does not beat it by more than the hysteresis."""
+        rates = self._plan_rates(groups)
+        best, best_rate = NO_DRAFT, -1.0
+        current_rate = rates[0][1]  # a threshold above every gain drafts nothing
+        for plan, rate in rates:
+            if rate > best_rate * (1 + 1e-12):
+                best, best_rate = plan, rate
+            if current is not None and plan[1] == current[1] and plan[0] >= current[0]:
+                current_rate = rate  # the last plan of that cap still at or above the current threshold
+        if current is not None and best_rate <= current_rate * (1 + self.hysteresis):
+            return current
+        return best
+
+    def predicted_rate(self, groups: Mapping[float, int], plan: Plan) -> float:
+        """Expected emitted tokens/s of ``plan`` for sequences grouped by alpha."""
+        rates = self._plan_rates(groups)
+        rate = rates[0][1]
+        for (tau, cap), r in rates:
+            if cap == plan[1] and tau >= plan[0]:
+                rate = r
+        return rate
+
+    def _plan_rates(self, groups: Mapping[float, int]) -> list[tuple[Plan, float]]:
+        """(plan, predicted tokens/s): "no draft" first, then for each cap every distinct threshold."""
+        batch = sum(groups.values())
+        at_batch = self.verify_by_batch.get(_batch_bucket(batch))
+        verify_curve = at_batch if at_batch is not None else self.verify_curve
+        verify_points = verify_curve.points()
+        verify_sizes = [p[0] for p in verify_points]
+        draft_points = self.draft_curve.points()
+        draft_sizes = [p[0] for p in draft_points]
+        verify, draft = verify_curve.estimate, self.draft_curve.estimate
+        no_draft_seconds = verify(batch, verify_points, verify_sizes)
+        rates: list[tuple[Plan, float]] = [
+            (NO_DRAFT, batch / no_draft_seconds if no_draft_seconds else batch)
+        ]
+        for cap in range(1, self.max_k + 1):
+            gains = sorted(
+                ((alpha**j, alpha, j) for alpha in groups for j in range(1, cap + 1)), reverse=True
+            )
+            tokens, drafted, draft_seconds = float(batch), 0, 0.0
+            per_pass = [0] * (cap + 1)  # per_pass[j]: sequences proposing at least j tokens
+            last = math.inf
+            for gain, alpha, j in gains:
+                count = groups[alpha]
+                tokens += count * gain
+                drafted += count
+                if self.has_draft_cost:
+                    old = per_pass[j]
+                    draft_seconds -= draft(old, draft_points, draft_sizes) if old else 0.0
+                    draft_seconds += draft(old + count, draft_points, draft_sizes)
+                per_pass[j] += count
+                seconds = draft_seconds + verify(batch + drafted, verify_points, verify_sizes)
+                rate = tokens / seconds if seconds > 0 else tokens
+                if gain == last:
+                    rates[-1] = ((gain, cap), rate)
+                else:
+                    rates.append(((gain, cap), rate))
+                last = gain
+        return rates
+
+    def draft_len_at(self, alpha: float, plan: Plan) -> int:
+        """A sequence's draft length under ``plan``: the tokens whose gain alpha^j reaches the threshold, at
+        most the cap."""
+        tau, cap = plan
+        k = 0
+        while k < cap and alpha ** (k + 1) >= tau:
+            k += 1
         return k
 
-    def observe_acceptance(self, drafted: int, accepted: int) -> None:
+    # ----------------------------------------------------------------- measurements
+    def observe_acceptance(self, request_id: str, drafted: int, accepted: int) -> None:
         if drafted <= 0:
             return
+        rejected = 1.0 if accepted < drafted else 0.0
         decay = 1.0 - self.smoothing
         self.accepted = self.accepted * decay + accepted
-        self.rejections = self.rejections * decay + (1.0 if accepted < drafted else 0.0)
+        self.rejections = self.rejections * decay + rejected
+        own = self._per_sequence.get(request_id)
+        if own is None:
+            self._per_sequence[request_id] = [float(accepted), accepted + rejected]
+        else:
+            own[0] += accepted
+            own[1] += accepted + rejected
 
-    def observe_costs(self, draft_seconds: float, max_k_drafted: int, verify_seconds: float) -> None:
-        if max_k_drafted > 0:
-            self.draft_token_cost = self._ema(self.draft_token_cost, draft_seconds / max_k_drafted)
-        self.verify_cost = self._ema(self.verify_cost, verify_seconds)
+    def observe_costs(
+        self, draft_lens: Sequence[int], draft_seconds: float, verify_tokens: int, verify_seconds: float
+    ) -> None:
+        """One step's measured calls: the draft lengths it asked for, the draft call's seconds, the tokens
+        the verify call covered (drafts + one per sequence) and its seconds."""
+        passes = max(draft_lens, default=0)
+        if self.has_draft_cost and passes > 0:
+            self._learned |= self.draft_curve.observe(sum(draft_lens) / passes, draft_seconds / passes)
+        self.verify_curve.observe(verify_tokens, verify_seconds)
+        curve = self.verify_by_batch.setdefault(_batch_bucket(len(draft_lens)), CostCurve())
+        self._learned |= curve.observe(verify_tokens, verify_seconds)
 
-    def _ema(self, old: float | None, new: float) -> float:
-        return new if old is None else old + self.smoothing * (new - old)
+    def forget(self, request_id: str) -> None:
+        """A sequence ended: drop its acceptance estimate."""
+        self._per_sequence.pop(request_id, None)

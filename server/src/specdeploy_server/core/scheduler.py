@@ -84,9 +84,12 @@ class SpeculativeScheduler(LoadFigures):
         self.settings = settings
         self.observer: SchedulerObserver = observer or NullObserver()
         max_k = min(settings.max_draft_len, target.max_draft_len)
-        self.draft_len = DraftLenController(max_k=max_k, fixed=settings.draft_len)
-        if not drafter.has_cost:
-            self.draft_len.draft_token_cost = 0.0
+        self.draft_len = DraftLenController(
+            max_k=max_k,
+            fixed=settings.draft_len,
+            disable_above=settings.disable_above_concurrency,
+            has_draft_cost=drafter.has_cost,
+        )
         self.stats = GlobalStats()
         self.waiting: deque[SequenceState] = deque()  # all WAITING
         self.running: list[SequenceState] = []  # RUNNING, or ended and not yet reaped
@@ -210,6 +213,7 @@ class SpeculativeScheduler(LoadFigures):
         gone = set(map(id, ended))
         self.running = [seq for seq in self.running if id(seq) not in gone]
         for seq in ended:
+            self.draft_len.forget(seq.request_id)
             for executor in (self.target, self.drafter):
                 try:
                     executor.release(seq.request_id)
@@ -242,10 +246,11 @@ class SpeculativeScheduler(LoadFigures):
     async def _step(self, batch: list[SequenceState]) -> None:
         clock = self._clock
         t0 = clock()
-        k = self._k = self.draft_len.next_k()
+        lengths = self.draft_len.plan([seq.request_id for seq in batch])
+        self._k = max(lengths, default=0)
         max_model_len = self.settings.max_model_len
         forced = self._fast_forward(batch)
-        # Each sequence drafts at most k, clamped so the step cannot overshoot max_tokens or the context.
+        # Each sequence drafts at most its k, clamped so the step cannot overshoot max_tokens or the context.
         plan = [
             (
                 seq,
@@ -253,7 +258,7 @@ class SpeculativeScheduler(LoadFigures):
                     0, min(k, seq.max_tokens - seq.num_generated - 1, max_model_len - len(seq.token_ids) - 1)
                 ),
             )
-            for seq in batch
+            for seq, k in zip(batch, lengths, strict=True)
         ]
         want_probs = self.settings.acceptance == AcceptanceRule.LOGITS
         drafting = any(n > 0 for _, n in plan)
@@ -278,10 +283,9 @@ class SpeculativeScheduler(LoadFigures):
         emitted = await self.target.verify(requests) if requests else []
         self._phase = "account"
         t2 = clock()
-        if self.drafter.has_cost and drafting:
-            self.draft_len.observe_costs(t1 - t0, max(n for _, n in plan), t2 - t1)
-        elif not self.drafter.has_cost:
-            self.draft_len.observe_costs(0.0, 0, t2 - t1)
+        if requests:
+            verify_tokens = sum(len(r.proposal.tokens) + 1 for r in requests)
+            self.draft_len.observe_costs([n for _, n in plan], t1 - t0, verify_tokens, t2 - t1)
         if self._undelivered:  # an earlier step's outputs always reach their consumers first
             self._flush()
         finished: list[tuple[SequenceState, StepOutput]] = []
@@ -355,7 +359,7 @@ class SpeculativeScheduler(LoadFigures):
             accepted = len(tokens) - 1 if tokens else 0
             drafter_observe(seq, prop, accepted)
             drafted, accepted = self._drafted_accepted(seq, prop, accepted)
-            observe_acceptance(drafted, accepted)
+            observe_acceptance(seq.request_id, drafted, accepted)
             sequence_steps += 1
             if drafted:
                 total_drafted += drafted

@@ -31,6 +31,8 @@ class SchedulerSettings:
     acceptance: str = AcceptanceRule.TOKEN_MATCH
     draft_len: int | None = 4  # None = adaptive
     max_draft_len: int = 10
+    #: above this many sequences in a step nobody drafts (``disableAboveConcurrency``); None: no such rule
+    disable_above_concurrency: int | None = None
     #: busy seconds the measured generation rate averages over (see ThroughputMeter)
     rate_window_seconds: float = 10.0
 

@@ -1,0 +1,326 @@
+"""Benchmark 7: speculation under load — fixed draft lengths against ``draftLen: auto``, concurrency 1 to 256.
+
+Closed loop: ``concurrency`` clients each keep one request in flight (resubmitting as soon as one ends); each
+window is a steady state after a warm-up (the controller's first exploratory steps fall in the warm-up), on a
+fresh engine; each point is the median of ``REPEATS`` windows, the policies of a concurrency taking turns.
+Policies: fixed k in {0, 2, 4, 8} (k = 0: no drafter at all, plain decoding) and auto.
+
+* **Stand-ins with the presets** (``backends.step_costs.PRESETS``, estimates derived from seed 003): each call
+  sleeps for the preset's roofline time — memory-bound below a knee, compute-bound above — multiplied by
+  ``time_scale`` so the sweep finishes in minutes. Throughput and inter-token latency are reported in the
+  preset's own time (measured figures divided by the scale). Concurrency 1-256.
+* **The reference backend** on CPU with the tiny models of benchmark 2 (``assisted.build_models``),
+  concurrency 1-8: real forwards, costs as the backend has them.
+
+Inter-token latency is a sequence's mean gap between tokens in the window: window seconds x concurrency /
+tokens (every client is busy all through it). The prediction at concurrency 1 is the preset's: tokens per
+step from the acceptance (per-prompt alphas averaged as a closed loop weighs them: the harmonic mean of tokens
+per step) over the modelled step time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from specdeploy_server.backends.standin import StandInDraft, preset_engine
+from specdeploy_server.backends.step_costs import PRESETS, SpeculationPreset, expected_tokens_per_step
+from specdeploy_server.core.drafters import DraftModelDrafter
+from specdeploy_server.core.scheduler import SchedulerSettings
+from specdeploy_server.core.types import SamplingParams
+
+FIXED = (0, 2, 4, 8)
+STANDIN_LEVELS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+REFERENCE_LEVELS = (1, 2, 4, 8)
+TIME_SCALE = 0.25
+REQUEST_TOKENS = 256
+#: windows per point, the policies of a concurrency taking turns (k=0, k=2, ..., auto, k=0, ...); the point is
+#: the window with the median tokens/s, so that a burst of load on the shared machine hits one window of one
+#: policy, not the whole of it
+REPEATS = 3
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    backend: str  # "standin" or "reference"
+    model: str  # the preset's name, or "tiny-cpu"
+    concurrency: int
+    policy: str  # "k=0", "k=2", ..., "auto"
+    tokens: int
+    seconds: float  # wall-clock length of the window (stand-ins: in preset time, measured / time scale)
+    sequence_steps: int
+    drafted: int
+    speculating_steps: int
+    #: stand-ins: the seconds the time model charged for the window's calls (the simulated GPU's busy time,
+    #: no host overhead, no machine load in it); reference backend: equal to ``seconds``
+    gpu_seconds: float
+
+    @property
+    def tok_s(self) -> float:
+        """Tokens per second of simulated GPU time (reference backend: of wall-clock time)."""
+        return self.tokens / self.gpu_seconds
+
+    @property
+    def wall_tok_s(self) -> float:
+        return self.tokens / self.seconds
+
+    @property
+    def itl_ms(self) -> float:
+        return 1000 * self.gpu_seconds * self.concurrency / self.tokens
+
+    @property
+    def mean_draft_len(self) -> float:
+        return self.drafted / self.sequence_steps if self.sequence_steps else 0.0
+
+
+def _policy(k: int | None) -> str:
+    return "auto" if k is None else f"k={k}"
+
+
+async def _closed_loop(
+    engine: Any,
+    prompts: Sequence[list[int]],
+    concurrency: int,
+    max_tokens: int,
+    *,
+    warmup_steps: int,
+    min_seconds: float,
+    min_tokens: int,
+    min_steps: int,
+    max_seconds: float,
+    busy: Callable[[], float] = time.perf_counter,
+) -> tuple[int, float, int, int, int, float]:
+    """(tokens, seconds, sequence steps, drafted, speculating sequence steps, busy seconds) of a steady-state
+    window; ``busy`` is the clock of the busy time (default: the wall clock)."""
+    stats = engine.stats
+    stop = False
+    params = SamplingParams(temperature=0.0)
+
+    async def client(i: int) -> None:
+        n = i
+        while not stop:
+            gen = engine.generate(list(prompts[n % len(prompts)]), max_tokens, params)
+            async for _ in gen.outputs:
+                pass
+            n += concurrency
+
+    speculating = [0]
+    observer = engine.scheduler.observer
+    on_speculation = observer.on_speculation
+
+    def count(step: Any) -> None:
+        speculating[0] += sum(step.accepted_counts)
+        on_speculation(step)
+
+    observer.on_speculation = count
+    clients = [asyncio.ensure_future(client(i)) for i in range(concurrency)]
+    started = time.perf_counter()
+    while stats.steps < warmup_steps or time.perf_counter() - started < 0.3:
+        await asyncio.sleep(0.01)
+    t0, e0, s0, d0, p0 = (
+        time.perf_counter(),
+        stats.emitted,
+        stats.sequence_steps,
+        stats.drafted,
+        speculating[0],
+    )
+    b0, steps0 = busy(), stats.steps
+    while True:
+        await asyncio.sleep(0.02)
+        elapsed = time.perf_counter() - t0
+        enough = stats.emitted - e0 >= min_tokens and stats.steps - steps0 >= min_steps
+        if elapsed >= max_seconds or (enough and elapsed >= min_seconds):
+            break
+    t1, e1, s1, d1, p1 = (
+        time.perf_counter(),
+        stats.emitted,
+        stats.sequence_steps,
+        stats.drafted,
+        speculating[0],
+    )
+    b1 = busy()
+    stop = True
+    await engine.stop(0)
+    await asyncio.gather(*clients, return_exceptions=True)
+    return e1 - e0, t1 - t0, s1 - s0, d1 - d0, p1 - p0, b1 - b0
+
+
+def _standin_point(preset: SpeculationPreset, concurrency: int, k: int | None, quick: bool) -> SweepPoint:
+    settings = SchedulerSettings(
+        max_batch_size=concurrency,
+        max_queue_size=None,
+        draft_len=k,
+        max_draft_len=preset.max_draft_len,
+        max_model_len=REQUEST_TOKENS + 16,
+    )
+
+    async def main() -> SweepPoint:
+        engine, target = preset_engine(
+            preset, settings, speculate=k != 0, time_scale=TIME_SCALE, seed=concurrency
+        )
+        drafter = engine.scheduler.drafter
+        draft = drafter.executor if isinstance(drafter, DraftModelDrafter) else None
+
+        def modelled() -> float:
+            extra = draft.modelled_seconds if isinstance(draft, StandInDraft) else 0.0
+            return target.modelled_seconds + extra
+
+        await engine.start()
+        tokens, seconds, steps, drafted, speculating, gpu = await _closed_loop(
+            engine,
+            [[97, 98, 99]],
+            concurrency,
+            REQUEST_TOKENS,
+            warmup_steps=12,
+            min_seconds=0.4,
+            min_tokens=600 if quick else 1000,
+            min_steps=10,
+            max_seconds=1.0 if quick else 2.0,
+            busy=modelled,
+        )
+        return SweepPoint(
+            "standin", preset.name, concurrency, _policy(k), tokens, seconds / TIME_SCALE, steps, drafted,
+            speculating, gpu / TIME_SCALE,
+        )  # fmt: skip
+
+    return asyncio.run(main())
+
+
+def _reference_points(quick: bool) -> list[SweepPoint]:
+    import torch  # noqa: PLC0415
+    from specdeploy_server import testing  # noqa: PLC0415
+    from specdeploy_server.backends.factory import build_engine  # noqa: PLC0415
+    from specdeploy_server.config import ServerConfig  # noqa: PLC0415
+
+    from benchmarks.server import assisted  # noqa: PLC0415
+
+    torch.set_num_threads(1)
+    texts = testing.prompts(16, seed=11)
+    out: list[SweepPoint] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        target, draft = assisted.build_models(Path(tmp))
+
+        def config(k: int | None) -> dict[str, Any]:
+            speculative: dict[str, Any] = {"method": "none"} if k == 0 else {"method": "draftTarget"}
+            if k != 0:
+                speculative["draftLen"] = "auto" if k is None else k
+            speculative["maxDraftLen"] = 8
+            return {
+                "model": {"target": str(target), "draft": str(draft)},
+                "speculative": speculative,
+                "placement": {"device": "cpu"},
+                "runtime": {"maxBatchSize": 8},
+            }
+
+        for level in REFERENCE_LEVELS:
+            windows: dict[int | None, list[SweepPoint]] = {k: [] for k in (*FIXED, None)}
+            for _ in range(1 if quick else REPEATS):
+                for k, taken in windows.items():
+                    engine = build_engine(ServerConfig.model_validate(config(k)))
+
+                    async def main(engine: Any = engine, level: int = level, k: int | None = k) -> SweepPoint:
+                        await engine.start()
+                        prompts = [engine.tokenizer.encode(t) for t in texts]
+                        tokens, seconds, steps, drafted, speculating, _ = await _closed_loop(
+                            engine,
+                            prompts,
+                            level,
+                            48,
+                            warmup_steps=10,
+                            min_seconds=1.0 if quick else 1.5,
+                            min_tokens=0,
+                            min_steps=0,
+                            max_seconds=1.0 if quick else 1.5,
+                        )
+                        return SweepPoint(
+                            "reference", "tiny-cpu", level, _policy(k), tokens, seconds, steps, drafted,
+                            speculating, seconds,
+                        )  # fmt: skip
+
+                    taken.append(asyncio.run(main()))
+            out.extend(median_window(w) for w in windows.values())
+    return out
+
+
+def median_window(windows: Sequence[SweepPoint]) -> SweepPoint:
+    """The window with the median tokens/s (the upper median of an even number)."""
+    return sorted(windows, key=lambda p: p.tok_s)[len(windows) // 2]
+
+
+def run(quick: bool = False, reference: bool = True) -> list[SweepPoint]:
+    points: list[SweepPoint] = []
+    for preset in PRESETS.values():
+        for concurrency in STANDIN_LEVELS:
+            windows: dict[int | None, list[SweepPoint]] = {k: [] for k in (*FIXED, None)}
+            for _ in range(1 if quick else REPEATS):
+                for k, taken in windows.items():
+                    taken.append(_standin_point(preset, concurrency, k, quick))
+            points.extend(median_window(w) for w in windows.values())
+    if reference:
+        points.extend(_reference_points(quick))
+    return points
+
+
+# ------------------------------------------------------------------------------------------ analysis
+def predicted_speedup(preset: SpeculationPreset, k: int | None, draws: int = 20000) -> float:
+    """Tokens/s at concurrency 1 over plain decoding's, as the preset predicts (auto: each prompt's best k).
+
+    One client, requests of equal length: each prompt's tokens cost step / E(alpha, k) seconds each, so the
+    rate is 1 / mean(step / E) over prompts."""
+    rng = random.Random(0)
+    alphas = [preset.acceptance.draw(rng) for _ in range(draws if preset.acceptance.concentration else 1)]
+
+    def seconds_per_token(alpha: float, draft_len: int) -> float:
+        return preset.step_seconds(1, draft_len) / expected_tokens_per_step(alpha, draft_len)
+
+    if k is None:
+        per_token = [min(seconds_per_token(a, j) for j in range(preset.max_draft_len + 1)) for a in alphas]
+    else:
+        per_token = [seconds_per_token(a, k) for a in alphas]
+    return preset.step_seconds(1, 0) / statistics.fmean(per_token)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    backend: str
+    model: str
+    concurrency: int
+    best_fixed: str
+    auto_vs_best: float
+    auto_vs_plain: float
+    #: the same two ratios from wall-clock tokens/s (stand-ins: with the host's overhead and load in them)
+    wall_auto_vs_best: float
+    wall_auto_vs_plain: float
+
+
+def compare(points: Sequence[SweepPoint]) -> list[Comparison]:
+    """Per (model, concurrency): auto over the best fixed k, and over k = 0."""
+    by_key: dict[tuple[str, str, int], dict[str, SweepPoint]] = {}
+    for p in points:
+        by_key.setdefault((p.backend, p.model, p.concurrency), {})[p.policy] = p
+    out = []
+    for (backend, model, concurrency), policies in by_key.items():
+        fixed = {name: p for name, p in policies.items() if name != "auto"}
+        best = max(fixed.values(), key=lambda p: p.tok_s)
+        wall_best = max(p.wall_tok_s for p in fixed.values())
+        auto, plain = policies["auto"], policies["k=0"]
+        out.append(
+            Comparison(
+                backend,
+                model,
+                concurrency,
+                best.policy,
+                auto.tok_s / best.tok_s,
+                auto.tok_s / plain.tok_s,
+                auto.wall_tok_s / wall_best,
+                auto.wall_tok_s / plain.wall_tok_s,
+            )
+        )
+    return out
