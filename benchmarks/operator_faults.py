@@ -452,7 +452,9 @@ def render(recs: list[records.Record]) -> str:
     rows = ["| Scenario | Injected | Checked | Result | Figures |", "|---|---|---|---|---|"]
     for o in record["figures"]["outcomes"]:
         result = "pass" if o["passed"] else "FAIL: " + "; ".join(o["problems"])[:300]
-        figures = ", ".join(f"{k} {v:g}" for k, v in o["figures"].items())
+        figures = ", ".join(
+            f"{k} {int(v) if float(v).is_integer() else round(v, 1)}" for k, v in o["figures"].items()
+        )
         rows.append(f"| {o['scenario']} | {o['injected']} | {o['checked']} | {result} | {figures} |")
     passed = sum(1 for o in record["figures"]["outcomes"] if o["passed"])
     total = len(record["figures"]["outcomes"])
