@@ -72,6 +72,10 @@ bench-operator: venv bins ## operator at scale on its own simulated cluster (100
 bench-autoscaling: venv bins ## load to a new Ready replica on a new GPU node and back, vs a Deployment+HPA -> docs/benchmarks.md
 	$(PY) -m benchmarks.autoscaling
 
+.PHONY: chaos
+chaos: venv ## reliability campaign on a real server (fuzzing, overload, disconnects, slow clients, 10 min soak) -> docs/reliability.md
+	$(PY) -m benchmarks.reliability $(if $(QUICK),--quick)
+
 .PHONY: measure
 measure: ## time NAME (make test, a cold .ci/run, make demo, build.sh ...; `python3 hack/measure.py --list`) -> docs/local-cluster.md
 	@test -n "$(NAME)" || { $(PYTHON) hack/measure.py --list; echo 'usage: make measure NAME=<name>'; exit 2; }

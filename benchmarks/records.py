@@ -64,10 +64,11 @@ class Block:
         return rendered
 
 
-SERVER_DOC, OPERATOR_DOC, CLUSTER_DOC = (
+SERVER_DOC, OPERATOR_DOC, CLUSTER_DOC, RELIABILITY_DOC = (
     DOCS / "benchmarks-server.md",
     DOCS / "benchmarks.md",
     DOCS / "local-cluster.md",
+    DOCS / "reliability.md",
 )
 SERVER_SECTIONS = ("orchestration", "assisted", "http-stream", "concurrency", "loop-lag", "structured")
 
@@ -114,6 +115,13 @@ def blocks() -> list[Block]:
             "python -m benchmarks.memory",
         ),
         Block(
+            "reliability-server",
+            RELIABILITY_DOC,
+            ("reliability-server",),
+            "benchmarks.reliability.report:render",
+            "python -m benchmarks.reliability",
+        ),
+        Block(
             "local-cluster-times",
             CLUSTER_DOC,
             _timing_names(),
@@ -129,6 +137,7 @@ MEASURED_REGIONS: dict[Path, str | None] = {
     SERVER_DOC: None,
     OPERATOR_DOC: None,
     CLUSTER_DOC: "## Measured times",
+    RELIABILITY_DOC: None,
 }
 
 
