@@ -115,8 +115,10 @@ def process_logits(logits: FloatArray, params: SamplingParams) -> FloatArray:
     and min-p filtering. ``-inf`` logits (a grammar's forbidden tokens) get probability 0."""
     x: FloatArray = np.asarray(logits, dtype=np.float64)
     temperature = params.temperature if params.temperature > 0 else 1.0
-    x = x / temperature
-    x = x - x.max(axis=-1, keepdims=True)
+    # shifted before the division: the best logit stays 0 and the rest go to -inf for any temperature, even
+    # one so small that the logits themselves would overflow (1e-310 made every probability NaN)
+    with np.errstate(over="ignore"):  # -> -inf, probability 0: what is meant
+        x = (x - x.max(axis=-1, keepdims=True)) / temperature
     probs: FloatArray = np.exp(x)
     probs /= probs.sum(axis=-1, keepdims=True)
     if params.top_k > 0 and params.top_k < probs.shape[-1]:
