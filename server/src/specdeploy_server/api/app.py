@@ -107,7 +107,11 @@ def create_app(
     app.openapi = lambda: contract.openapi_document(app)  # type: ignore[method-assign]
     _install_error_handlers(app, state)
     _install_routes(app, state)
-    app.add_middleware(BodySizeLimit, max_bytes=max_request_body_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=max_request_body_bytes,
+        on_refused=lambda: metrics.errors.labels(metrics.model, PayloadTooLargeError.type).inc(),
+    )
     app.add_middleware(_RequestCounter, metrics=state.metrics)  # outermost: counts the 413s too
     return app
 

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import time
+from collections.abc import Callable
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -50,9 +51,10 @@ def declared_length(scope: Scope) -> int | None:
 class BodySizeLimit:
     """Pure ASGI middleware (keeps disconnect detection and streaming intact)."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, on_refused: Callable[[], None] = lambda: None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.on_refused = on_refused  # counts a 413 sent before the application ran
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -63,6 +65,7 @@ class BodySizeLimit:
         if declared is not None and declared > limit:
             if declared <= limit + DRAIN_BYTES:
                 await drain(receive, DRAIN_BYTES)
+            self.on_refused()
             await _refuse(send, limit)
             return
         received = 0
