@@ -40,6 +40,7 @@ class FuzzTally:
     statuses: Counter[str] = field(default_factory=Counter)  # "METHOD /path STATUS" -> count
     failures: Counter[str] = field(default_factory=Counter)  # first line of each failed check -> count
     examples: list[str] = field(default_factory=list)  # a reproduction of the first few failures
+    server_error_bodies: list[str] = field(default_factory=list)  # the first few requests answered >= 500
     modes: Counter[str] = field(default_factory=Counter)  # positive / negative -> count
     server_errors: int = 0  # responses >= 500
     executor_errors: int = 0  # of those, documented executor failures (code executor_error)
@@ -54,6 +55,7 @@ class FuzzTally:
             "server_errors": self.server_errors,
             "executor_errors": self.executor_errors,
             "examples": self.examples[:5],
+            "server_error_bodies": self.server_error_bodies,
         }
 
 
@@ -96,6 +98,8 @@ def _test(operation: Any, mode: GenerationMode, tally: FuzzTally, target: Target
         tally.modes[mode.value] += 1
         if response.status_code >= 500:
             tally.server_errors += 1
+            if len(tally.server_error_bodies) < 10:
+                tally.server_error_bodies.append(f"{operation.label} {case.body!r}"[:600])
             if '"executor_error"' in response.text:
                 tally.executor_errors += 1
         try:
