@@ -73,6 +73,11 @@ bench-operator: venv bins ## operator at scale on its own simulated cluster (100
 bench-autoscaling: venv bins ## real load -> metric -> HPA -> new node -> new replica serving, and back, vs a Deployment+HPA -> docs/benchmarks.md
 	$(PY) -m benchmarks.autoscaling
 
+.PHONY: chaos
+chaos: venv bins ## reliability campaign: the server (fuzzing, overload, disconnects, slow clients, 10 min soak), then the operator (kills, control-plane faults, HA) -> docs/reliability.md
+	$(PY) -m benchmarks.reliability $(if $(QUICK),--quick)
+	$(PY) -m benchmarks.operator_faults $(if $(QUICK),--fast)
+
 .PHONY: measure
 measure: ## time NAME (make test, a cold .ci/run, make demo, build.sh ...; `python3 hack/measure.py --list`) -> docs/local-cluster.md
 	@test -n "$(NAME)" || { $(PYTHON) hack/measure.py --list; echo 'usage: make measure NAME=<name>'; exit 2; }

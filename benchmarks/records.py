@@ -130,6 +130,13 @@ def blocks() -> list[Block]:
             "python -m benchmarks.memory",
         ),
         Block(
+            "reliability-server",
+            RELIABILITY_DOC,
+            ("reliability-server",),
+            "benchmarks.reliability.report:render",
+            "python -m benchmarks.reliability",
+        ),
+        Block(
             "reliability-operator",
             RELIABILITY_DOC,
             ("reliability-operator",),
@@ -152,7 +159,6 @@ MEASURED_REGIONS: dict[Path, str | None] = {
     SERVER_DOC: None,
     OPERATOR_DOC: None,
     CLUSTER_DOC: "## Measured times",
-    RELIABILITY_DOC: None,
 }
 
 

@@ -233,6 +233,9 @@ COMMANDS: dict[str, Row] = {
     "make bench-operator": NotHere("test_benchmark_commands", BENCH_WHY),
     "make bench-autoscaling": NotHere("test_benchmark_commands", BENCH_WHY),
     "make bench-memory": NotHere("test_benchmark_commands", BENCH_WHY),
+    "make chaos": NotHere(
+        "test_benchmark_commands", "about 30 minutes; it writes its record and rewrites docs/reliability.md"
+    ),
     "make measure NAME=test-warm": NotHere(
         "test_benchmark_commands",
         "it runs `make test` (the suite inside the suite) and rewrites docs/local-cluster.md",
@@ -714,6 +717,7 @@ def test_benchmark_commands(shell: Shell) -> None:
         ("make bench-operator", "benchmarks.operator"),
         ("make bench-autoscaling", "benchmarks.autoscaling"),
         ("make bench-memory", "benchmarks.memory"),
+        ("make chaos", "benchmarks.reliability"),
     ):
         recipe = make_dry_run(shell, *make_target(readme_command(command)))
         assert f".venv/bin/python -m {module}" in recipe, recipe

@@ -108,3 +108,14 @@ def test_an_invalid_configuration_exits_with_status_2(capsys: pytest.CaptureFixt
         main(["/m/t", "--draft-len", "99"])
     assert info.value.code == 2
     assert "exceeds maxDraftLen" in capsys.readouterr().err
+
+
+def test_the_request_body_limit_comes_from_the_file_or_the_flag(tmp_path: Path) -> None:
+    path = tmp_path / "server.json"
+    path.write_text(json.dumps({"model": {"target": "/m"}, "serving": {"maxRequestBodyBytes": 4096}}))
+    assert load_config(["--config", str(path)]).serving.max_request_body_bytes == 4096
+    flagged = load_config(["--config", str(path), "--max-request-body-bytes", "1024"])
+    assert flagged.serving.max_request_body_bytes == 1024
+    assert load_config(["/m"]).serving.max_request_body_bytes == 16 * 1024 * 1024
+    with pytest.raises(ValidationError, match="maxRequestBodyBytes"):
+        load_config(["/m", "--max-request-body-bytes", "0"])

@@ -73,7 +73,18 @@ def test_malformed_json_is_a_bad_request(http: httpx.Client) -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_tokens", "lots"), ("temperature", "hot"), ("stream", "maybe"), ("prompt", 42), ("stop", 3)],
+    [
+        ("max_tokens", "lots"),
+        ("temperature", "hot"),
+        ("stream", "maybe"),
+        ("prompt", 42),
+        ("stop", 3),
+        # strict JSON types (found by the fuzzer): no boolean for a number, no number for a boolean
+        ("frequency_penalty", False),
+        ("echo", 0.0),
+        ("seed", "7"),
+        ("max_tokens", 5.0),
+    ],
 )
 def test_a_wrong_type_is_a_bad_request_naming_the_field(
     http: httpx.Client, field: str, value: object

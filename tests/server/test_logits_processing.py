@@ -191,3 +191,22 @@ def test_an_engine_refuses_settings_its_backend_would_ignore(params: SamplingPar
         engine.generate([1, 2], 4, params)
     with pytest.raises(ValueError, match="grammar"):
         engine.generate([1, 2], 4, SamplingParams(), EvenTokensOnly())
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-310, 1e-300, 1e-5])
+def test_a_vanishing_temperature_samples_the_most_likely_token_instead_of_failing(temperature: float) -> None:
+    """Found by the fuzzer: a subnormal temperature overflowed the logits and every probability was NaN."""
+    probs = process_logits(np.array([[1.0, 2.0, -3.0, 1.999]]), SamplingParams(temperature=temperature))
+    assert np.isfinite(probs).all()
+    assert probs[0].argmax() == 1
+    assert sample_from(probs[0], np.random.default_rng(0)) == 1
+
+
+def test_a_penalty_that_overflows_logits_ties_them_instead_of_failing() -> None:
+    """Found by the fuzzer: repetition_penalty 5e-324 divided the prompt's positive logits to +inf, and every
+    probability was NaN (a 500 on the reference backend)."""
+    seq = _seq(SamplingParams(temperature=1.0, repetition_penalty=5e-324))
+    logits = np.array([0.5, 2.0, 3.0, 1.0, -1.0])  # prompt tokens 1 and 3 overflow to +inf
+    probs = process_logits(target_logits(seq, [], logits), seq.params)
+    assert np.allclose(probs[0], [0.0, 0.5, 0.0, 0.5, 0.0])
+    assert sample_from(probs[0], np.random.default_rng(0)) in {1, 3}

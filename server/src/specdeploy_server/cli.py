@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--api-key-env", help="environment variable holding the API key")
     g.add_argument("--chat-template", help="Jinja chat template file")
     g.add_argument("--shutdown-timeout", type=float, help="seconds in-flight requests get on shutdown")
+    g.add_argument("--max-request-body-bytes", type=int, help="larger request bodies get 413")
     g = p.add_argument_group("logging")
     g.add_argument("--debug", action="store_true", help="debug logging (per-step acceptance)")
     g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -135,6 +136,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     put("serving.apiKeyEnv", args.api_key_env)
     put("serving.chatTemplate", args.chat_template)
     put("serving.shutdownTimeoutSeconds", args.shutdown_timeout)
+    put("serving.maxRequestBodyBytes", args.max_request_body_bytes)
     put("logging.level", "DEBUG" if args.debug else args.log_level)
     put("logging.format", args.log_format)
     return out
@@ -218,6 +220,7 @@ def serve(config: ServerConfig) -> None:
         api_key=read_api_key(config),
         default_max_tokens=config.serving.default_max_tokens,
         shutdown_timeout=config.serving.shutdown_timeout_seconds,
+        max_request_body_bytes=config.serving.max_request_body_bytes,
     )
     state = app_state(app)
     state.metrics.set_config(config.dump())

@@ -204,6 +204,11 @@ class ServingConfig(_Model):
     default_max_tokens: int = Field(
         default=16, ge=1, description="max_tokens of /v1/completions when omitted."
     )
+    max_request_body_bytes: int = Field(
+        default=16 * 1024 * 1024,
+        ge=1,
+        description="Largest request body; a larger one gets 413 without being read whole.",
+    )
 
 
 class LoggingConfig(_Model):

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from specdeploy_server.api import contract
 from specdeploy_server.api.errors import (
     APIError,
     AuthenticationError,
@@ -23,8 +24,10 @@ from specdeploy_server.api.errors import (
     InternalServerError,
     MethodNotAllowedError,
     OverloadedError,
+    PayloadTooLargeError,
     RouteNotFoundError,
 )
+from specdeploy_server.api.limits import DEFAULT_MAX_REQUEST_BODY_BYTES, BodySizeLimit
 from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest
 from specdeploy_server.api.serving import OpenAIServing, Run, ServingSettings
 from specdeploy_server.engine import EngineClient, ObservableEngine
@@ -70,6 +73,8 @@ def create_app(
     api_key: str | None = None,
     default_max_tokens: int = 16,
     shutdown_timeout: float = 30.0,
+    *,
+    max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
 ) -> FastAPI:
     name = served_model_name or engine.info.served_model_name
     metrics = ServerMetrics(name)
@@ -99,8 +104,15 @@ def create_app(
 
     app = FastAPI(title="specdeploy-server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.specdeploy = state
+    app.openapi = lambda: contract.openapi_document(app)  # type: ignore[method-assign]
     _install_error_handlers(app, state)
     _install_routes(app, state)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=max_request_body_bytes,
+        on_refused=lambda: metrics.errors.labels(metrics.model, PayloadTooLargeError.type).inc(),
+    )
+    app.add_middleware(_RequestCounter, metrics=state.metrics)  # outermost: counts the 413s too
     return app
 
 
@@ -110,9 +122,10 @@ def app_state(app: FastAPI) -> AppState:
 
 
 def _install_error_handlers(app: FastAPI, state: AppState) -> None:
-    def respond(exc: APIError) -> JSONResponse:
+    def respond(exc: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
         state.metrics.errors.labels(state.metrics.model, exc.type).inc()
-        headers = {"Retry-After": "1"} if isinstance(exc, OverloadedError) else None
+        if isinstance(exc, OverloadedError):
+            headers = {**(headers or {}), "Retry-After": "1"}
         return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
 
     async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
@@ -127,8 +140,12 @@ def _install_error_handlers(app: FastAPI, state: AppState) -> None:
         assert isinstance(exc, StarletteHTTPException)
         if exc.status_code == 404:
             return respond(RouteNotFoundError("no such endpoint"))
-        if exc.status_code == 405:
-            return respond(MethodNotAllowedError("method not allowed for this endpoint"))
+        if exc.status_code == 405:  # Starlette names the allowed methods in `Allow`
+            return respond(
+                MethodNotAllowedError("method not allowed for this endpoint"), dict(exc.headers or {})
+            )
+        if exc.status_code == 413:
+            return respond(PayloadTooLargeError(str(exc.detail)), {"Connection": "close"})
         error = APIError(str(exc.detail))
         error.status = exc.status_code
         error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
@@ -178,43 +195,49 @@ def _install_routes(app: FastAPI, state: AppState) -> None:
         if state.draining:
             raise OverloadedError("the server is shutting down", code="shutting_down")
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=None, responses=contract.MODELS_RESPONSES)
     async def models(request: Request) -> dict[str, Any]:
         authorize(request)
         return serving.list_models()
 
-    @app.post("/v1/completions", response_model=None)
+    @app.post(
+        "/v1/completions",
+        response_model=None,
+        responses=contract.generation_responses(contract.Completion, contract.CompletionChunk),
+    )
     async def completions(body: CompletionRequest, request: Request) -> Response:
         admit(request)
         if body.stream:
             run = serving.start(await serving.prepare_completion(body))
             return _sse_response(serving.stream_completion(run), run)
-        return JSONResponse(await _unless_disconnected(request, serving.completion(body)))
+        return _answer(await _unless_disconnected(request, serving.completion(body)))
 
-    @app.post("/v1/chat/completions", response_model=None)
+    @app.post(
+        "/v1/chat/completions",
+        response_model=None,
+        responses=contract.generation_responses(contract.ChatCompletion, contract.ChatCompletionChunk),
+    )
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         admit(request)
         if body.stream:
             run = serving.start(await serving.prepare_chat(body))
             return _sse_response(serving.stream_chat(run), run)
-        return JSONResponse(await _unless_disconnected(request, serving.chat(body)))
+        return _answer(await _unless_disconnected(request, serving.chat(body)))
 
-    @app.get("/health/live")
+    @app.get("/health/live", response_model=None, responses=contract.HEALTH_RESPONSES)
     async def live() -> Response:
         ok = state.engine.ready or state.draining
         return JSONResponse({"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503)
 
-    @app.get("/health/ready")
+    @app.get("/health/ready", response_model=None, responses=contract.HEALTH_RESPONSES)
     async def ready() -> Response:
         ok = state.engine.ready and not state.draining
         status = "ready" if ok else ("draining" if state.draining else "not ready")
         return JSONResponse({"status": status}, status_code=200 if ok else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", responses=contract.METRICS_RESPONSES)
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
-
-    app.add_middleware(_RequestCounter, metrics=state.metrics)
 
 
 class _RequestCounter:
@@ -278,8 +301,20 @@ async def _wait_for_disconnect(request: Request) -> None:
             return
 
 
-async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Run ``work``; cancel it (and so the generation) if the client goes away first."""
+CLIENT_CLOSED_REQUEST = 499
+"""nginx's status for a request its client abandoned: what the request counter records for them (the
+response itself goes nowhere)."""
+
+
+def _answer(body: dict[str, Any] | None) -> Response:
+    if body is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return JSONResponse(body)
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """Run ``work``; cancel it (and so the generation) if the client goes away first, and return None then
+    (raising would make uvicorn log every abandoned request as an exception in the application)."""
     task = asyncio.ensure_future(work)
     listener = asyncio.ensure_future(_wait_for_disconnect(request))
     try:
@@ -289,7 +324,7 @@ async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        raise asyncio.CancelledError("client disconnected")
+        return None
     finally:
         listener.cancel()
         if not task.done():

@@ -50,6 +50,14 @@ class MethodNotAllowedError(APIError):
     code = "method_not_allowed"
 
 
+class PayloadTooLargeError(APIError):
+    """The request body is larger than ``serving.maxRequestBodyBytes``."""
+
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
 class OverloadedError(APIError):
     """The waiting queue is full, or the server is shutting down: retry later (or elsewhere)."""
 

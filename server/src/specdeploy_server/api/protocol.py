@@ -7,9 +7,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
-class _Request(BaseModel):
+class _Strict(BaseModel):
+    """A field takes a value of its own JSON type only: no `false` for a number, no `0.0` for a boolean, no
+    `"1"` for an integer (an integer is still a number). The document's schema says as much, and the fuzzer
+    checks that what it calls invalid is refused."""
+
+    model_config = ConfigDict(strict=True)
+
+
+class _Request(_Strict):
     # Unknown fields are tolerated (clients send vendor extensions); known-but-unsupported ones are checked.
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 #: most choices per request (n), and most alternatives per token (top_logprobs; OpenAI allows 20)
@@ -17,7 +25,7 @@ MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 
 
-class StreamOptions(BaseModel):
+class StreamOptions(_Strict):
     include_usage: bool = False
 
 
@@ -75,13 +83,13 @@ class CompletionRequest(_Sampling):
         return self.logprobs
 
 
-class TextPart(BaseModel):
+class TextPart(_Strict):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class ChatMessage(_Strict):
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
@@ -95,8 +103,8 @@ class ChatMessage(BaseModel):
         return "".join(part.text for part in self.content)
 
 
-class FunctionDefinition(BaseModel):
-    model_config = ConfigDict(extra="allow")
+class FunctionDefinition(_Strict):
+    model_config = ConfigDict(extra="allow", strict=True)
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     description: str | None = None
@@ -104,13 +112,13 @@ class FunctionDefinition(BaseModel):
     strict: bool | None = None
 
 
-class Tool(BaseModel):
+class Tool(_Strict):
     type: Literal["function"] = "function"
     function: FunctionDefinition
 
 
-class NamedToolChoice(BaseModel):
-    class Function(BaseModel):
+class NamedToolChoice(_Strict):
+    class Function(_Strict):
         name: str
 
     type: Literal["function"] = "function"

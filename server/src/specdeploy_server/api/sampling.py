@@ -34,11 +34,18 @@ def _logit_bias(req: Request, vocab_size: int | None) -> dict[int, float]:
     return out
 
 
+def unsigned_seed(seed: int) -> int:
+    """Any integer seed as the unsigned 64-bit one the generators take (numpy's, TensorRT-LLM's
+    ``random_seed``): seeds in [0, 2**64) as they are, others modulo 2**64 (-1 is 2**64 - 1), where a negative
+    seed used to fail the request with 500."""
+    return seed % 2**64
+
+
 def sampling_params(req: Request, vocab_size: int | None) -> SamplingParams:
     return SamplingParams(
         temperature=req.temperature,
         top_p=req.top_p,
-        seed=req.seed,
+        seed=None if req.seed is None else unsigned_seed(req.seed),
         top_k=max(req.top_k or 0, 0),
         min_p=req.min_p or 0.0,
         presence_penalty=req.presence_penalty or 0.0,

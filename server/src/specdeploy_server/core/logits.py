@@ -102,7 +102,8 @@ def _penalise(
         if params.repetition_penalty != 1.0:
             seen = in_prompt | (counts > 0)
             rp = params.repetition_penalty
-            row[seen] = np.where(row[seen] > 0, row[seen] / rp, row[seen] * rp)
+            with np.errstate(over="ignore"):  # +inf: process_logits ties it with the other largest
+                row[seen] = np.where(row[seen] > 0, row[seen] / rp, row[seen] * rp)
         if params.frequency_penalty:
             row -= params.frequency_penalty * counts
         if params.presence_penalty:
@@ -115,8 +116,13 @@ def process_logits(logits: FloatArray, params: SamplingParams) -> FloatArray:
     and min-p filtering. ``-inf`` logits (a grammar's forbidden tokens) get probability 0."""
     x: FloatArray = np.asarray(logits, dtype=np.float64)
     temperature = params.temperature if params.temperature > 0 else 1.0
-    x = x / temperature
-    x = x - x.max(axis=-1, keepdims=True)
+    # An extreme penalty can overflow a logit to +inf (repetition_penalty 5e-324): it ties with the other
+    # largest ones. Shifted before the division, the best logit stays 0 and the rest go to -inf for any
+    # temperature, even one so small that the logits themselves would overflow (1e-310). Either used to make
+    # every probability NaN.
+    with np.errstate(over="ignore", invalid="ignore"):  # overflow -> -inf, probability 0: what is meant
+        x = np.minimum(x, np.finfo(np.float64).max)
+        x = (x - x.max(axis=-1, keepdims=True)) / temperature
     probs: FloatArray = np.exp(x)
     probs /= probs.sum(axis=-1, keepdims=True)
     if params.top_k > 0 and params.top_k < probs.shape[-1]:
