@@ -921,7 +921,8 @@ def test_watch_scale_and_troubleshoot_commands(
         watch = sh.start("kubectl get sdep -w", log)
         ready_row = (
             rf"^{SDEP}\s+Ready\s+draftTarget\s+hf://meta-llama/Llama-3.1-8B-Instruct"
-            r"\s+hf://meta-llama/Llama-3.2-1B-Instruct\s+1/1\s+1\s+\S+$"
+            # ACCEPTANCE and TOKENS/STEP stay empty here: the simulated GPU pods run no server to measure.
+            r"\s+hf://meta-llama/Llama-3.2-1B-Instruct\s+1/1\s+(?:<none>\s+<none>\s+)?1\s+\S+$"
         )
         watched = wait_for_text(log, ready_row, watch, timeout=240).splitlines()
         sh.stop(watch)
@@ -932,10 +933,14 @@ def test_watch_scale_and_troubleshoot_commands(
             "TARGET",
             "DRAFT",
             "READY",
+            "ACCEPTANCE",
+            "TOKENS/STEP",
             "GPUS/REPLICA",
             "AGE",
         ]
-        phases = [row.split()[1] for row in watched[1:] if row.startswith(SDEP) and len(row.split()) == 8]
+        phases = [
+            row.split()[1] for row in watched[1:] if row.startswith(SDEP) and len(row.split()) in (8, 10)
+        ]
         assert phases[-1] == "Ready", watched
         assert len(set(phases)) > 1, f"the watch printed no progress: {watched}"
 

@@ -132,7 +132,8 @@ def test_status_and_scale_subresources(kubectl: Kubectl, namespace: str) -> None
 
     table = kubectl("get", "sdep", name, "-n", namespace, "-o", "wide").stdout.splitlines()
     assert table[0].split() == [
-        "NAME", "PHASE", "METHOD", "TARGET", "DRAFT", "READY", "GPUS/REPLICA", "AGE", "BACKEND", "ENDPOINT",
+        "NAME", "PHASE", "METHOD", "TARGET", "DRAFT", "READY", "ACCEPTANCE", "TOKENS/STEP", "GPUS/REPLICA",
+        "AGE", "BACKEND", "ENDPOINT",
     ]  # fmt: skip
     row = table[1].split()
     assert row[:7] == [
