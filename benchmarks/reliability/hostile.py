@@ -60,10 +60,45 @@ async def _settled(base_url: str, outcome: Outcome) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ flood
-async def flood(base_url: str, model: str, count: int = 1000, max_tokens: int = 32) -> Outcome:
-    """``count`` requests at once (half streamed): each is served (200) or refused at once (503 with
-    ``Retry-After`` and ``queue_full``); nothing else."""
+#: a refusal, timed by a client of its own while the queue is full, takes at most this long (p99)
+PROBE_REFUSAL_BOUND_MS = 250.0
+
+
+async def _refusal_probe(
+    base_url: str, model: str, saturated: asyncio.Event, requests: int = 20
+) -> tuple[dict[str, int], list[float]]:
+    """Once the flood has filled the queue: ``requests`` requests one by one from another thread (its own
+    connection, its own event loop, away from the flood's); the statuses, and how long each 503 took."""
+    await saturated.wait()
+
+    def probe() -> tuple[dict[str, int], list[float]]:
+        statuses: dict[str, int] = {}
+        refused: list[float] = []
+        with httpx.Client(base_url=base_url, timeout=30) as client:
+            for i in range(requests):
+                started = time.monotonic()
+                response = client.post("/v1/completions", json=completion_body(model, i, False, 4))
+                statuses[str(response.status_code)] = statuses.get(str(response.status_code), 0) + 1
+                if response.status_code == 503:
+                    refused.append(time.monotonic() - started)
+        return statuses, refused
+
+    return await asyncio.to_thread(probe)
+
+
+async def flood(
+    base_url: str,
+    model: str,
+    count: int = 1000,
+    max_tokens: int = 32,
+    probe_bound_ms: float = PROBE_REFUSAL_BOUND_MS,
+) -> Outcome:
+    """``count`` requests at once (half streamed): each is served (200) or refused (503 with
+    ``Retry-After`` and ``queue_full``); nothing else. The flood's own latencies include the client opening
+    ``count`` connections at once; how fast a refusal is shows in a probe: while the queue is full, a client
+    of its own (another thread) sends requests one by one and times the 503s."""
     outcome = Outcome()
+    saturated = asyncio.Event()
     limits = httpx.Limits(max_connections=count, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=120) as client:
 
@@ -74,6 +109,7 @@ async def flood(base_url: str, model: str, count: int = 1000, max_tokens: int = 
                 content = await response.aread()
             elapsed = time.monotonic() - started
             if response.status_code == 503:
+                saturated.set()
                 error = json.loads(content)["error"]
                 if response.headers.get("retry-after") != "1" or error.get("code") != "queue_full":
                     return -503, elapsed, f"503 without Retry-After/queue_full: {content[:120]!r}"
@@ -82,8 +118,11 @@ async def flood(base_url: str, model: str, count: int = 1000, max_tokens: int = 
             return response.status_code, elapsed, None
 
         started = time.monotonic()
-        results = await asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
+        flooding = asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
+        probe = asyncio.ensure_future(_refusal_probe(base_url, model, saturated))
+        results = await flooding
         wall = time.monotonic() - started
+        probe_statuses, probe_refused = await probe
     served = [r[1] for r in results if isinstance(r, tuple) and r[0] == 200]
     refused = [r[1] for r in results if isinstance(r, tuple) and r[0] == 503]
     for r in results:
@@ -95,7 +134,12 @@ async def flood(base_url: str, model: str, count: int = 1000, max_tokens: int = 
     outcome.figures.update(
         requests=count, served=len(served), refused=len(refused), wall_seconds=round(wall, 2),
         refused_latency=summary_ms(refused), served_latency=summary_ms(served),
+        probe_statuses=probe_statuses, probe_refused_latency=summary_ms(probe_refused),
     )  # fmt: skip
+    if not probe_refused:
+        outcome.problems.append(f"the probe got no 503 while the queue was full: {probe_statuses}")
+    elif outcome.figures["probe_refused_latency"]["p99_ms"] > probe_bound_ms:
+        outcome.problems.append(f"probe refusals p99 over {probe_bound_ms} ms")
     if not refused:
         outcome.problems.append("no request was refused: the flood did not reach the queue bound")
     elif (
