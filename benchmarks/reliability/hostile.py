@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import random
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -65,17 +66,18 @@ PROBE_REFUSAL_BOUND_MS = 250.0
 
 
 async def _refusal_probe(
-    base_url: str, model: str, saturated: asyncio.Event, requests: int = 20
+    base_url: str, model: str, flooded: threading.Event, requests: int = 200
 ) -> tuple[dict[str, int], list[float]]:
-    """Once the flood has filled the queue: ``requests`` requests one by one from another thread (its own
-    connection, its own event loop, away from the flood's); the statuses, and how long each 503 took."""
-    await saturated.wait()
+    """While the flood lasts: up to ``requests`` requests one by one from another thread (its own connection,
+    away from the flood's event loop); the statuses, and how long each 503 took."""
 
     def probe() -> tuple[dict[str, int], list[float]]:
         statuses: dict[str, int] = {}
         refused: list[float] = []
-        with httpx.Client(base_url=base_url, timeout=30) as client:
+        with httpx.Client(base_url=base_url, timeout=60) as client:
             for i in range(requests):
+                if flooded.is_set():
+                    break
                 started = time.monotonic()
                 response = client.post("/v1/completions", json=completion_body(model, i, False, 4))
                 statuses[str(response.status_code)] = statuses.get(str(response.status_code), 0) + 1
@@ -95,10 +97,10 @@ async def flood(
 ) -> Outcome:
     """``count`` requests at once (half streamed): each is served (200) or refused (503 with
     ``Retry-After`` and ``queue_full``); nothing else. The flood's own latencies include the client opening
-    ``count`` connections at once; how fast a refusal is shows in a probe: while the queue is full, a client
-    of its own (another thread) sends requests one by one and times the 503s."""
+    ``count`` connections at once; how fast a refusal is shows in a probe: while the flood lasts, a client of
+    its own (another thread) sends requests one by one and times the 503s it gets while the queue is full."""
     outcome = Outcome()
-    saturated = asyncio.Event()
+    flooded = threading.Event()
     limits = httpx.Limits(max_connections=count, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=120) as client:
 
@@ -109,7 +111,6 @@ async def flood(
                 content = await response.aread()
             elapsed = time.monotonic() - started
             if response.status_code == 503:
-                saturated.set()
                 error = json.loads(content)["error"]
                 if response.headers.get("retry-after") != "1" or error.get("code") != "queue_full":
                     return -503, elapsed, f"503 without Retry-After/queue_full: {content[:120]!r}"
@@ -118,10 +119,10 @@ async def flood(
             return response.status_code, elapsed, None
 
         started = time.monotonic()
-        flooding = asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
-        probe = asyncio.ensure_future(_refusal_probe(base_url, model, saturated))
-        results = await flooding
+        probe = asyncio.ensure_future(_refusal_probe(base_url, model, flooded))
+        results = await asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
         wall = time.monotonic() - started
+        flooded.set()
         probe_statuses, probe_refused = await probe
     served = [r[1] for r in results if isinstance(r, tuple) and r[0] == 200]
     refused = [r[1] for r in results if isinstance(r, tuple) and r[0] == 503]
