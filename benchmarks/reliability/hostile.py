@@ -16,8 +16,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.reliability.probes import is_ready, seconds_to_idle, summary_ms
+from benchmarks.reliability.probes import IDLE_GAUGES, is_ready, seconds_to_idle, summary_ms
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 
@@ -65,17 +66,28 @@ async def _settled(base_url: str, outcome: Outcome) -> None:
 PROBE_REFUSAL_BOUND_MS = 250.0
 
 
+def _queue_full(client: httpx.Client, capacity: int) -> bool:
+    text = client.get("/metrics").text
+    depth = [
+        s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == IDLE_GAUGES[0]
+    ]
+    return bool(depth) and depth[0] >= capacity
+
+
 async def _refusal_probe(
-    base_url: str, model: str, flooded: threading.Event, requests: int = 200
+    base_url: str, model: str, capacity: int, flooded: threading.Event, requests: int = 50
 ) -> tuple[dict[str, int], list[float]]:
-    """While the flood lasts: up to ``requests`` requests one by one from another thread (its own connection,
-    away from the flood's event loop); the statuses, and how long each 503 took."""
+    """While the flood lasts, from another thread (its own connection, away from the flood's event loop):
+    whenever the queue gauge says the queue is full (``capacity`` waiting and running), one request; the
+    statuses, and how long each 503 took."""
 
     def probe() -> tuple[dict[str, int], list[float]]:
         statuses: dict[str, int] = {}
         refused: list[float] = []
         with httpx.Client(base_url=base_url, timeout=60) as client:
             for i in range(requests):
+                while not flooded.is_set() and not _queue_full(client, capacity):
+                    time.sleep(0.01)
                 if flooded.is_set():
                     break
                 started = time.monotonic()
@@ -93,12 +105,15 @@ async def flood(
     model: str,
     count: int = 1000,
     max_tokens: int = 32,
+    *,
+    capacity: int,
     probe_bound_ms: float = PROBE_REFUSAL_BOUND_MS,
 ) -> Outcome:
     """``count`` requests at once (half streamed): each is served (200) or refused (503 with
     ``Retry-After`` and ``queue_full``); nothing else. The flood's own latencies include the client opening
     ``count`` connections at once; how fast a refusal is shows in a probe: while the flood lasts, a client of
-    its own (another thread) sends requests one by one and times the 503s it gets while the queue is full."""
+    its own (another thread) sends a request whenever the queue gauge reads full (``capacity``: the batch and
+    the queue bound) and times the 503s."""
     outcome = Outcome()
     flooded = threading.Event()
     limits = httpx.Limits(max_connections=count, max_keepalive_connections=0)
@@ -119,7 +134,7 @@ async def flood(
             return response.status_code, elapsed, None
 
         started = time.monotonic()
-        probe = asyncio.ensure_future(_refusal_probe(base_url, model, flooded))
+        probe = asyncio.ensure_future(_refusal_probe(base_url, model, capacity, flooded))
         results = await asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
         wall = time.monotonic() - started
         flooded.set()

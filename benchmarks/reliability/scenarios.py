@@ -56,7 +56,8 @@ def contract(served: Served, examples: int) -> ScenarioResult:
 
 
 def overload(served: Served, settings: ServerSettings, count: int) -> ScenarioResult:
-    outcome = asyncio.run(hostile.flood(served.base_url, served.model, count))
+    capacity = settings.max_batch_size + settings.max_queue_size
+    outcome = asyncio.run(hostile.flood(served.base_url, served.model, count, capacity=capacity))
     f = outcome.figures
     return ScenarioResult(
         "overload: flood beyond the queue bound",

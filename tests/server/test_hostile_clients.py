@@ -35,7 +35,9 @@ def test_a_flood_beyond_the_queue_bound_is_refused_with_retry_after_and_leaves_t
     with run_live(create_app(engine)) as server:
         # the server shares this process (and its GIL) with the 300 clients: the campaign's bound is for a
         # server in its own process
-        flood = hostile.flood(server.base_url, "standin", count=300, max_tokens=40, probe_bound_ms=1000)
+        flood = hostile.flood(
+            server.base_url, "standin", count=300, max_tokens=40, capacity=BATCH + QUEUE, probe_bound_ms=1000
+        )
         outcome = asyncio.run(flood)
     assert outcome.problems == []
     assert outcome.figures["refused"] > 0
