@@ -2,7 +2,7 @@
 against one real server process; writes benchmarks/results/reliability-server.json and the table of
 docs/reliability.md (benchmarks/records.py).
 
-python -m benchmarks.reliability              # the whole campaign (about 30 minutes on 2 CPU cores)
+python -m benchmarks.reliability              # the whole campaign (about 16 minutes on 2 CPU cores)
 python -m benchmarks.reliability --quick      # smaller counts and a 30 s soak, for a smoke check
 python -m benchmarks.reliability --no-write   # print only: no record, docs untouched
 """

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import random
+import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -15,8 +16,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
-from benchmarks.reliability.probes import is_ready, seconds_to_idle, summary_ms
+from benchmarks.reliability.probes import IDLE_GAUGES, is_ready, seconds_to_idle, summary_ms
 
 ERROR_KEYS = {"message", "type", "param", "code"}
 
@@ -60,10 +62,60 @@ async def _settled(base_url: str, outcome: Outcome) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ flood
-async def flood(base_url: str, model: str, count: int = 1000, max_tokens: int = 32) -> Outcome:
-    """``count`` requests at once (half streamed): each is served (200) or refused at once (503 with
-    ``Retry-After`` and ``queue_full``); nothing else."""
+#: a refusal, timed by a client of its own while the queue is full, takes at most this long (p99)
+PROBE_REFUSAL_BOUND_MS = 250.0
+
+
+def _queue_full(client: httpx.Client, capacity: int) -> bool:
+    text = client.get("/metrics").text
+    depth = [
+        s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == IDLE_GAUGES[0]
+    ]
+    return bool(depth) and depth[0] >= capacity
+
+
+async def _refusal_probe(
+    base_url: str, model: str, capacity: int, flooded: threading.Event, requests: int = 50
+) -> tuple[dict[str, int], list[float]]:
+    """While the flood lasts, from another thread (its own connection, away from the flood's event loop):
+    whenever the queue gauge says the queue is full (``capacity`` waiting and running), one request; the
+    statuses, and how long each 503 took."""
+
+    def probe() -> tuple[dict[str, int], list[float]]:
+        statuses: dict[str, int] = {}
+        refused: list[float] = []
+        with httpx.Client(base_url=base_url, timeout=60) as client:
+            for i in range(requests):
+                while not flooded.is_set() and not _queue_full(client, capacity):
+                    time.sleep(0.01)
+                if flooded.is_set():
+                    break
+                started = time.monotonic()
+                response = client.post("/v1/completions", json=completion_body(model, i, False, 4))
+                statuses[str(response.status_code)] = statuses.get(str(response.status_code), 0) + 1
+                if response.status_code == 503:
+                    refused.append(time.monotonic() - started)
+        return statuses, refused
+
+    return await asyncio.to_thread(probe)
+
+
+async def flood(
+    base_url: str,
+    model: str,
+    count: int = 1000,
+    max_tokens: int = 32,
+    *,
+    capacity: int,
+    probe_bound_ms: float = PROBE_REFUSAL_BOUND_MS,
+) -> Outcome:
+    """``count`` requests at once (half streamed): each is served (200) or refused (503 with
+    ``Retry-After`` and ``queue_full``); nothing else. The flood's own latencies include the client opening
+    ``count`` connections at once; how fast a refusal is shows in a probe: while the flood lasts, a client of
+    its own (another thread) sends a request whenever the queue gauge reads full (``capacity``: the batch and
+    the queue bound) and times the 503s."""
     outcome = Outcome()
+    flooded = threading.Event()
     limits = httpx.Limits(max_connections=count, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=120) as client:
 
@@ -82,8 +134,11 @@ async def flood(base_url: str, model: str, count: int = 1000, max_tokens: int = 
             return response.status_code, elapsed, None
 
         started = time.monotonic()
+        probe = asyncio.ensure_future(_refusal_probe(base_url, model, capacity, flooded))
         results = await asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
         wall = time.monotonic() - started
+        flooded.set()
+        probe_statuses, probe_refused = await probe
     served = [r[1] for r in results if isinstance(r, tuple) and r[0] == 200]
     refused = [r[1] for r in results if isinstance(r, tuple) and r[0] == 503]
     for r in results:
@@ -95,7 +150,12 @@ async def flood(base_url: str, model: str, count: int = 1000, max_tokens: int = 
     outcome.figures.update(
         requests=count, served=len(served), refused=len(refused), wall_seconds=round(wall, 2),
         refused_latency=summary_ms(refused), served_latency=summary_ms(served),
+        probe_statuses=probe_statuses, probe_refused_latency=summary_ms(probe_refused),
     )  # fmt: skip
+    if not probe_refused:
+        outcome.problems.append(f"the probe got no 503 while the queue was full: {probe_statuses}")
+    elif outcome.figures["probe_refused_latency"]["p99_ms"] > probe_bound_ms:
+        outcome.problems.append(f"probe refusals p99 over {probe_bound_ms} ms")
     if not refused:
         outcome.problems.append("no request was refused: the flood did not reach the queue bound")
     elif (

@@ -234,7 +234,7 @@ COMMANDS: dict[str, Row] = {
     "make bench-autoscaling": NotHere("test_benchmark_commands", BENCH_WHY),
     "make bench-memory": NotHere("test_benchmark_commands", BENCH_WHY),
     "make chaos": NotHere(
-        "test_benchmark_commands", "about 30 minutes; it writes its record and rewrites docs/reliability.md"
+        "test_benchmark_commands", "about 16 minutes; it writes its record and rewrites docs/reliability.md"
     ),
     "make measure NAME=test-warm": NotHere(
         "test_benchmark_commands",
