@@ -35,6 +35,7 @@ from localcluster import LocalCluster  # noqa: E402
 from operatorproc import OperatorProcess  # noqa: E402
 
 from benchmarks import records  # noqa: E402
+from benchmarks.operator.cluster import Bench  # noqa: E402
 
 GROUP_PATH = "/apis/specdeploy.dev/v1alpha1"
 PREFIX = "chaos"
@@ -95,35 +96,16 @@ class Outcome:
             self.problems.append(problem)
 
 
-class Campaign:
-    """A local cluster and the helpers the scenarios share (kubectl, reads, waiting)."""
+class Campaign(Bench):
+    """A local cluster and the helpers the scenarios share: the operator benchmark's kubectl and reads, plus
+    namespaces, operators, waiting and the convergence checks."""
 
     def __init__(self, cluster: LocalCluster) -> None:
-        self.cluster = cluster
-        self.kubectl_bin = str(cluster.bin_dir / "kubectl")
+        super().__init__(cluster)
         self.counter = 0
 
-    def kubectl(self, *args: str, input: str | None = None) -> str:
-        import subprocess  # noqa: PLC0415
-
-        proc = subprocess.run(
-            [self.kubectl_bin, f"--kubeconfig={self.cluster.kubeconfig}", *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-        if proc.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args[:3])} failed: {proc.stderr.strip()[-1000:]}")
-        return proc.stdout
-
-    def items(self, path: str) -> list[dict[str, Any]]:
-        got: list[dict[str, Any]] = self.cluster.api("GET", path, timeout=30)["items"]
-        return got
-
     @contextmanager
-    def namespace(self) -> Iterator[str]:
+    def scratch_namespace(self) -> Iterator[str]:
         self.counter += 1
         name = f"{PREFIX}-{int(time.time()) % 100000}-{self.counter}"
         self.kubectl("create", "namespace", name)
@@ -242,7 +224,7 @@ def kill_at(c: Campaign, point: str, kind: str, variant: int) -> Outcome:
     )
     # The GC case keeps no engine for rollback, so the old ones are deleted once unused.
     env = {"SPECDEPLOY_KEEP_PREVIOUS_ENGINES": "0"} if kind == "gc" else {}
-    with c.namespace() as ns:
+    with c.scratch_namespace() as ns:
         name = f"kill-{variant}"
         doc = deployment(kind, ns, name, variant)
         if kind == "gc":  # the kill comes when an engine the deployment no longer uses is deleted
@@ -288,7 +270,7 @@ def control_plane_restart(c: Campaign, component: str, outage: float = 8.0) -> O
     outcome = Outcome(
         f"{component} restart", injected, "operator keeps running (no restart), converges, logs errors"
     )
-    with c.namespace() as ns:
+    with c.scratch_namespace() as ns:
         op = c.operator(log=f"cp-{component}")
         op.start()
         try:
@@ -338,7 +320,7 @@ def takeover(c: Campaign, lifetime: int = 10) -> Outcome:
         "standby made 0 writes while standby; takes over and converges; 1 Job per engine",
     )
     c.kubectl("apply", "--server-side", "-f", str(PEERING_CRDS))
-    with c.namespace() as ns:
+    with c.scratch_namespace() as ns:
         c.apply(
             {
                 "apiVersion": "kopf.dev/v1",
@@ -383,7 +365,7 @@ def deleted_mid_build(c: Campaign) -> Outcome:
         "SpeculativeDeployment deleted while its engines build",
         "children and engines garbage-collected, no orphan Job, operator healthy",
     )
-    with c.namespace() as ns:
+    with c.scratch_namespace() as ns:
         op = c.operator(log="deleted")
         op.start()
         try:
@@ -413,7 +395,7 @@ def long_names(c: Campaign) -> Outcome:
         "a deployment named with 63 characters (the longest DNS label)",
         "every derived child name valid; Ready; no orphan",
     )
-    with c.namespace() as ns:
+    with c.scratch_namespace() as ns:
         op = c.operator(log="names")
         op.start()
         try:
