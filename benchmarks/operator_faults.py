@@ -105,6 +105,22 @@ class Campaign(Bench):
         self.counter = 0
 
     @contextmanager
+    def trial(self, outcome: Outcome, *operators: OperatorProcess) -> Iterator[None]:
+        """One scenario's run: `operators` started here and stopped after, whatever happens; a wait that
+        timed out becomes the outcome's problem instead of ending the campaign."""
+        started: list[OperatorProcess] = []
+        try:
+            for op in operators:
+                op.start()
+                started.append(op)
+            yield
+        except TimeoutError as error:
+            outcome.expect(False, str(error))
+        finally:
+            for op in started:
+                op.stop()
+
+    @contextmanager
     def scratch_namespace(self) -> Iterator[str]:
         self.counter += 1
         name = f"{PREFIX}-{int(time.time()) % 100000}-{self.counter}"
@@ -272,8 +288,7 @@ def control_plane_restart(c: Campaign, component: str, outage: float = 8.0) -> O
     )
     with c.scratch_namespace() as ns:
         op = c.operator(log=f"cp-{component}")
-        op.start()
-        try:
+        with c.trial(outcome, op):
             name = "cp"
             c.apply(deployment("build", ns, name, 0))
             c.wait(lambda: c.items(f"/apis/batch/v1/namespaces/{ns}/jobs"), 60, "a build Job")
@@ -290,10 +305,6 @@ def control_plane_restart(c: Campaign, component: str, outage: float = 8.0) -> O
             outcome.expect(op.running and op.starts == 1, "the operator process restarted or exited")
             outcome.figures["reconcile_errors"] = _reconcile_errors(op) - errors_before
             c.converged(outcome, ns, [name])
-        except TimeoutError as error:
-            outcome.expect(False, str(error))
-        finally:
-            op.stop()
     return outcome
 
 
@@ -330,9 +341,7 @@ def takeover(c: Campaign, lifetime: int = 10) -> Outcome:
         )
         env = {"SPECDEPLOY_WATCH_NAMESPACES": ns, "SPECDEPLOY_PEERING_LIFETIME_SECONDS": str(lifetime)}
         replicas = [c.operator(env=env, args=("--peering=specdeploy",), log=f"ha-{i}") for i in (0, 1)]
-        for op in replicas:
-            op.start()
-        try:
+        with c.trial(outcome, *replicas):
             time.sleep(3)  # both see each other's peering record
             name = "ha"
             doc = deployment("build", ns, name, 0)
@@ -351,11 +360,6 @@ def takeover(c: Campaign, lifetime: int = 10) -> Outcome:
             )
             outcome.expect(_writes(replicas[standby]) > 0, "the standby never wrote")
             c.converged(outcome, ns, [name])
-        except TimeoutError as error:
-            outcome.expect(False, str(error))
-        finally:
-            for op in replicas:
-                op.stop()
     return outcome
 
 
@@ -367,8 +371,7 @@ def deleted_mid_build(c: Campaign) -> Outcome:
     )
     with c.scratch_namespace() as ns:
         op = c.operator(log="deleted")
-        op.start()
-        try:
+        with c.trial(outcome, op):
             c.apply(deployment("build", ns, "gone", 0))
             c.wait(lambda: c.items(f"/apis/batch/v1/namespaces/{ns}/jobs"), 60, "a build Job")
             c.kubectl("delete", "sdep", "gone", "-n", ns)
@@ -382,10 +385,6 @@ def deleted_mid_build(c: Campaign) -> Outcome:
             )
             outcome.expect(op.running and op.healthy(), "the operator is not healthy")
             c.converged(outcome, ns, [])
-        except TimeoutError as error:
-            outcome.expect(False, str(error))
-        finally:
-            op.stop()
     return outcome
 
 
@@ -395,23 +394,16 @@ def long_names(c: Campaign) -> Outcome:
         "a deployment named with 63 characters (the longest DNS label)",
         "every derived child name valid; Ready; no orphan",
     )
-    with c.scratch_namespace() as ns:
-        op = c.operator(log="names")
-        op.start()
-        try:
-            name = ("n" * 62) + "x"
-            c.apply(deployment("build", ns, name, 0))
-            outcome.figures["converge_seconds"] = c.wait(lambda: c.ready(ns, name), 240, "Ready")
-            for plural, prefix in {**OWNED_KINDS, "enginebuilds": GROUP_PATH}.items():
-                for obj in c.items(f"{prefix}/namespaces/{ns}/{plural}"):
-                    child = obj["metadata"]["name"]
-                    limit = 63 if plural in ("services", "jobs") else 253
-                    outcome.expect(len(child) <= limit, f"{plural}/{child} longer than {limit}")
-            c.converged(outcome, ns, [name])
-        except TimeoutError as error:
-            outcome.expect(False, str(error))
-        finally:
-            op.stop()
+    with c.scratch_namespace() as ns, c.trial(outcome, c.operator(log="names")):
+        name = ("n" * 62) + "x"
+        c.apply(deployment("build", ns, name, 0))
+        outcome.figures["converge_seconds"] = c.wait(lambda: c.ready(ns, name), 240, "Ready")
+        for plural, prefix in {**OWNED_KINDS, "enginebuilds": GROUP_PATH}.items():
+            for obj in c.items(f"{prefix}/namespaces/{ns}/{plural}"):
+                child = obj["metadata"]["name"]
+                limit = 63 if plural in ("services", "jobs") else 253
+                outcome.expect(len(child) <= limit, f"{plural}/{child} longer than {limit}")
+        c.converged(outcome, ns, [name])
     return outcome
 
 
