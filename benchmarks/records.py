@@ -140,7 +140,7 @@ def blocks() -> list[Block]:
             "reliability-operator",
             RELIABILITY_DOC,
             ("reliability-operator",),
-            "benchmarks.operator_faults:render",
+            "benchmarks.operator_faults.report:render",
             "python -m benchmarks.operator_faults",
         ),
         Block(

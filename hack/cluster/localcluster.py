@@ -733,14 +733,17 @@ class LocalCluster:
         ctx.load_cert_chain(str(self.pki / "admin.crt"), str(self.pki / "admin.key"))
         return ctx
 
-    def api(self, method: str, path: str, body: Any = None, timeout: float = 10.0) -> Any:
+    def api(
+        self, method: str, path: str, body: Any = None, timeout: float = 10.0, content_type: str | None = None
+    ) -> Any:
+        """One request as the cluster's admin; a PATCH is a server-side apply unless `content_type` says
+        otherwise (`application/merge-patch+json`)."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.server + path, data=data, method=method)
         req.add_header("Accept", "application/json")
         if data is not None:
-            content_type = "application/json"
-            if method == "PATCH":
-                content_type = "application/apply-patch+yaml"
+            if content_type is None:
+                content_type = "application/apply-patch+yaml" if method == "PATCH" else "application/json"
             req.add_header("Content-Type", content_type)
         with urllib.request.urlopen(req, context=self._ssl(), timeout=timeout) as resp:
             raw = resp.read()

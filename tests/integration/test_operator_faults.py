@@ -2,7 +2,8 @@
 `python -m benchmarks.operator_faults`, which shares these scenario functions): SIGKILL at write points and a
 restart, kube-apiserver stopped mid-rollout while etcd's history is compacted (watches resume into 410 Gone),
 etcd stopped mid-rollout, a standby replica taking over from a killed active one, a deployment deleted
-mid-build, 63-character names. The scenarios' operators watch `chaos-*` namespaces, the session's operator
+mid-build, 63-character names, a write RBAC forbids, a namespace deleted under a deployment, and every owned
+kind edited or deleted by hand. The scenarios' operators watch `chaos-*` namespaces, the session's operator
 `op-*`, so exactly one operator acts on each deployment."""
 
 from __future__ import annotations
@@ -10,17 +11,15 @@ from __future__ import annotations
 import pytest
 from localcluster import LocalCluster
 
-from benchmarks.operator_faults import (
-    FAST_KILL_POINTS,
-    KILL_POINTS,
-    Campaign,
-    Outcome,
-    control_plane_restart,
+from benchmarks.operator_faults.badstates import (
     deleted_mid_build,
-    kill_at,
     long_names,
-    takeover,
+    rbac_forbidden,
+    terminating_namespace,
 )
+from benchmarks.operator_faults.campaign import FAST_KILL_POINTS, KILL_POINTS, Campaign, Outcome
+from benchmarks.operator_faults.drift import drift
+from benchmarks.operator_faults.faults import control_plane_restart, kill_at, takeover
 
 
 @pytest.fixture
@@ -73,3 +72,33 @@ def test_a_deployment_deleted_mid_build_leaves_no_engine_job_or_child(campaign: 
 
 def test_63_character_names_give_valid_child_names_and_converge(campaign: Campaign) -> None:
     assert passed(long_names(campaign))
+
+
+def test_a_write_rbac_forbids_is_reported_backed_off_and_converges_once_the_role_is_whole(
+    campaign: Campaign,
+) -> None:
+    outcome = rbac_forbidden(campaign, watch_seconds=20.0)
+    assert passed(outcome)
+    assert outcome.figures["forbidden_events"] == 1
+
+
+def test_a_namespace_deleted_under_a_ready_deployment_goes_without_a_fight(campaign: Campaign) -> None:
+    outcome = terminating_namespace(campaign)
+    assert passed(outcome)
+    assert outcome.figures["tracebacks"] == 0
+
+
+def test_every_owned_kind_edited_or_deleted_by_hand_is_repaired_on_its_watch_event(
+    campaign: Campaign,
+) -> None:
+    outcomes = drift(campaign)
+    failed = [f"{o.scenario}: {o.problems}" for o in outcomes if not o.passed]
+    assert not failed, failed
+    kinds = {o.scenario for o in outcomes}
+    assert len(kinds) == 14, sorted(kinds)
+    for o in outcomes:
+        # Edits that start no pod change nothing the status counts; a Deployment scaled or its template
+        # edited runs extra pods until the revert, and the status may count them.
+        kind = o.scenario.removeprefix("drift: ").split()[0]
+        if "edited" in o.scenario and kind not in ("EngineBuild", "Deployment"):
+            assert o.figures["status_writes"] == 0, f"{o.scenario}: nothing a user relies on changed"

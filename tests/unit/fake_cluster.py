@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -55,7 +56,8 @@ def server_defaults(obj: Obj) -> None:
 
 
 class FakeKube:
-    """Records every request; `refuse[(kind, name)]` makes applies of that object fail with 403."""
+    """Records every request; `refuse[(kind, name)]` makes applies of that object fail with 403: the value is
+    the Status message, or the whole Status body when it is JSON (an object)."""
 
     def __init__(self) -> None:
         self.store: dict[StoreKey, Obj] = {}
@@ -79,7 +81,9 @@ class FakeKube:
         self.requests.append(("apply", kind, name))
         if (kind, name) in self.refuse:
             path = ref_of(obj).path()
-            raise ApiError("PATCH", path, 403, f'{{"message": "{self.refuse[(kind, name)]}"}}')
+            refusal = self.refuse[(kind, name)]
+            body = refusal if refusal.startswith("{") else json.dumps({"message": refusal})
+            raise ApiError("PATCH", path, 403, body)
         live = self.store.get(self.key(obj))
         merged = _merge(copy.deepcopy(live) if live else {}, dict(obj))
         if live is not None and obj["kind"] == "Service":

@@ -277,3 +277,39 @@ def test_the_users_of_an_engine_come_from_an_index_not_a_scan() -> None:
     reconciler.indices = {**reconciler.indices, "sdeps": None}  # no scan of the deployments happens
     assert reconciler.users_of(NS, engine["metadata"]["name"]) == ["a", "b"]
     assert reconciler.users_of(NS, "unknown") == []
+
+
+def test_reverting_a_hand_scaled_deployment_of_a_ready_deployment_writes_no_status_in_between() -> None:
+    kube = FakeKube()
+    reconciler = converge(kube, cpu_deployment())
+    deployment = kube.store[("Deployment", NS, "chat")]
+    generation = deployment["metadata"]["generation"]
+    ready = {"type": "Available", "status": "True"}
+    kube.edit(
+        "Deployment",
+        NS,
+        "chat",
+        {
+            "status": {
+                "observedGeneration": generation + 1,  # kube.edit bumps the generation
+                "replicas": 1,
+                "readyReplicas": 1,
+                "updatedReplicas": 1,
+                "conditions": [ready],
+            }
+        },
+    )
+    run(reconcile_deployment(reconciler, NS, "chat"))
+    assert kube.store[("SpeculativeDeployment", NS, "chat")]["status"]["phase"] == "Ready"
+    kube.edit("Deployment", NS, "chat", {"spec": {"replicas": 4}})  # a person scales it
+    kube.requests.clear()
+    run(reconcile_deployment(reconciler, NS, "chat"))
+    assert applies(kube) == [("Deployment", "chat")], "reverted"
+    assert [r for r in kube.requests if r[0] == "patch/status"] == [], (
+        "the Deployment's controller has not observed the revert yet: the status keeps saying Ready"
+    )
+    observed = kube.store[("Deployment", NS, "chat")]["metadata"]["generation"] + 1
+    kube.edit("Deployment", NS, "chat", {"status": {"observedGeneration": observed}})
+    kube.requests.clear()
+    run(reconcile_deployment(reconciler, NS, "chat"))
+    assert kube.requests == [], "observed: still Ready, nothing to write"

@@ -77,6 +77,7 @@ async def reconcile_deployment(r: Reconciler, namespace: str, name: str) -> floa
         await _write_invalid(r, body, invalid)
         return None
     error: str | None = None
+    sync_reason = "ReconcileError"
     engines: list[EngineObservation] = []
     deployment: Obj | None = r.observe("Deployment", namespace, name)
     current = False
@@ -93,12 +94,19 @@ async def reconcile_deployment(r: Reconciler, namespace: str, name: str) -> floa
         step = "autoscaler"
         autoscaler, retry = await ensure_autoscaler(r, body, sdep)
     except Exception as failure:  # reported in status, then retried with back-off by the queue
+        if isinstance(failure, ApiError) and failure.namespace_terminating:
+            # The namespace is being deleted and this deployment with it: nothing to create, report or retry.
+            log.info("namespace terminating; not reconciled", extra={"object": f"{namespace}/{name}"})
+            return None
         reason = failure.reason if isinstance(failure, ApiError) else f"{type(failure).__name__}: {failure}"
         error = f"reconciling the {step} failed: {reason}"
+        if isinstance(failure, ApiError) and failure.rbac_denied:
+            sync_reason = "Forbidden"
+            error += " (the operator's Role or ClusterRole lacks this permission: see the chart's rbac.yaml)"
         log.warning("reconcile failed", extra={"object": f"{namespace}/{name}", "error": error})
         if not engines:
             engines = [_engine_observation(r, e) for e in desired_engines]
-    await report(r, body, sdep, engines, deployment, current, autoscaler, error)
+    await report(r, body, sdep, engines, deployment, current, autoscaler, error, sync_reason)
     if error is not None:
         raise ReconcileFailed(error)
     return retry
@@ -175,6 +183,14 @@ def _template_changed(observed: Obj | None, desired: Obj) -> bool:
     return any(annotations.get(k) != v for k, v in new.get("annotations", {}).items())
 
 
+def _unobserved(deployment: Obj | None) -> bool:
+    """Whether the Deployment's controller has yet to observe its latest generation."""
+    if deployment is None:
+        return False
+    generation = (deployment.get("metadata") or {}).get("generation") or 0
+    return bool(((deployment.get("status") or {}).get("observedGeneration") or 0) < generation)
+
+
 def _deployment_current(deployment: Obj | None, desired: Obj) -> bool:
     """Whether the Deployment holds the desired template and its controller has seen that generation."""
     if deployment is None or not contains(deployment, desired):
@@ -240,14 +256,27 @@ async def report(  # noqa: PLR0917 - one call site, every argument an observatio
     current: bool,
     autoscaler: dict[str, Any] | None,
     error: str | None,
+    sync_reason: str = "ReconcileError",
 ) -> None:
     """Roll what is live up into the deployment's status; `error` (a write the API server refused) becomes the
-    `Synced` condition, with an event when it first appears."""
+    `Synced` condition (reason `sync_reason`), with an event when it first appears: one event per distinct
+    refusal, not one per retry."""
     namespace, name = sdep.metadata.namespace or "", sdep.metadata.name or ""
     previous: Obj = body.get("status") or {}
+    generation = (body.get("metadata") or {}).get("generation")
+    settled = previous.get("phase") == "Ready" and previous.get("observedGeneration") == generation
+    in_sync = any(
+        c.get("type") == "Synced" and c.get("status") == "True" for c in previous.get("conditions") or ()
+    )
+    if error is None and settled and in_sync and _unobserved(deployment):
+        # A Ready deployment whose Deployment's controller has not seen its latest spec yet (the operator
+        # just reverted a hand edit) while the user asked for nothing new: nothing is known that the status
+        # does not say, and the controller's status update is a watch event that reconciles again. Writing
+        # now would flap `updatedReplicas` and the phase for the few milliseconds of the controller's lag.
+        return
     pods = every(r.indices.get("pods"), (namespace, "serving", name))
     status = deployment_status(
-        generation=(body.get("metadata") or {}).get("generation"),
+        generation=generation,
         desired_replicas=sdep.spec.replicas,
         engines=engines,
         serving=ServingObservation(deployment, current, pods),
@@ -260,6 +289,7 @@ async def report(  # noqa: PLR0917 - one call site, every argument an observatio
         keep_previous=r.settings.keep_previous_engines,
         now=r.clock(),
         sync_error=error,
+        sync_reason=sync_reason,
         speculation=r.speculation.published((namespace, name)),
         speculation_condition=r.speculation.condition((namespace, name), r.settings.low_acceptance_rate),
     )
@@ -267,7 +297,7 @@ async def report(  # noqa: PLR0917 - one call site, every argument an observatio
     await _acceptance_event(r, body, previous, status)
     old_sync: Obj = next((c for c in previous.get("conditions") or () if c.get("type") == "Synced"), {})
     if error is not None and old_sync.get("message") != error[:4096]:
-        await r.kube.event(body, "Warning", "ReconcileError", error)
+        await r.kube.event(body, "Warning", sync_reason, error)
 
 
 async def _acceptance_event(r: Reconciler, body: Obj, previous: Obj, status: Obj) -> None:

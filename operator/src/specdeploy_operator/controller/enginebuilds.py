@@ -53,6 +53,7 @@ async def reconcile_engine(r: Reconciler, namespace: str, name: str) -> float | 
     if collect_in is not None:
         return collect_in if collect_in > 0 else None
     if is_terminal(body):
+        await _confirm_terminal(r, body)
         return None
     previous: dict[str, Any] = dict(body.get("status") or {})
     job_for_attempt = job_name(body)
@@ -74,6 +75,26 @@ async def reconcile_engine(r: Reconciler, namespace: str, name: str) -> float | 
     status = engine_build_status(job, pods, previous, r.clock(), creation)
     await r.write_status(body, status)
     return retry
+
+
+async def _confirm_terminal(r: Reconciler, body: Obj) -> None:
+    """A finished attempt's phase as its Job tells it, while the Job is there: a status someone edited by
+    hand (`Failed` on a build whose Job completed, or the reverse) is written back. Once the Job is gone
+    (its TTL) the status is all that is left of the attempt, and it is kept."""
+    meta = body["metadata"]
+    namespace, name = str(meta["namespace"]), str(meta["name"])
+    job = r.observe("Job", namespace, job_name(body))
+    if job is None:
+        return
+    previous: dict[str, Any] = dict(body.get("status") or {})
+    pods = every(r.indices.get("pods"), (namespace, "job", job_name(body)))
+    status = engine_build_status(job, pods, previous, r.clock())
+    if status["phase"] in TERMINAL and status["phase"] != previous.get("phase"):
+        log.warning(
+            "status contradicted the build Job; corrected",
+            extra={"object": f"{namespace}/{name}", "was": previous.get("phase"), "job": status["phase"]},
+        )
+        await r.write_status(body, status)
 
 
 async def _collect_garbage(r: Reconciler, body: Obj) -> float | None:

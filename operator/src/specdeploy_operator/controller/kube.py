@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -41,6 +42,10 @@ PLURALS: Final[Mapping[tuple[str, str], str]] = {
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
 }
+
+
+RBAC_DENIAL: Final = re.compile(r'cannot [a-z]+ resource "')
+"""How the API server's authorizer words a denial (k8s.io/apiserver's forbidden message)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,26 @@ class ApiError(Exception):
         except ValueError:
             self.reason = body
         super().__init__(f"{method} {path}: {status} {self.reason}")
+
+    @property
+    def causes(self) -> frozenset[str]:
+        """The `details.causes[].reason` of the API server's Status (e.g. `NamespaceTerminating`)."""
+        try:
+            details = json.loads(self.body).get("details") or {}
+        except (ValueError, AttributeError):
+            return frozenset()
+        return frozenset(str(c.get("reason")) for c in details.get("causes") or () if isinstance(c, dict))
+
+    @property
+    def rbac_denied(self) -> bool:
+        """Refused by authorization (`User "..." cannot patch resource "services" ...`), not by admission (a
+        quota, a terminating namespace), which answers 403 as well."""
+        return self.status == 403 and RBAC_DENIAL.search(self.reason) is not None
+
+    @property
+    def namespace_terminating(self) -> bool:
+        """A create refused because the namespace is being deleted: nothing to do, its objects are going."""
+        return self.status == 403 and "NamespaceTerminating" in self.causes
 
 
 class Kube:

@@ -48,6 +48,10 @@ log = logging.getLogger(__name__)
 
 OWN_WRITE_TTL: Final = 30.0
 """How long an object this process wrote stands in for the index's older copy, at most."""
+RETRY_CEILING_SECONDS: Final = 60.0
+"""The longest a failing key waits before its next retry (controller-runtime's default is 1000 s). What
+fixes a refused write (a Role granted, a quota raised) is seldom a watch event the operator sees, so the
+retry itself finds out: within a minute, at one refused request per minute per object at worst."""
 
 Key = tuple[Literal["sdep", "engine"], str, str]
 
@@ -107,7 +111,12 @@ class Reconciler:
         self.kube = kube
         self.settings = settings
         self.clock = clock
-        self.queue: WorkQueue[Key] = WorkQueue(self._process, workers=workers, expected=(ReconcileFailed,))
+        self.queue: WorkQueue[Key] = WorkQueue(
+            self._process,
+            workers=workers,
+            max_backoff=RETRY_CEILING_SECONDS,
+            expected=(ReconcileFailed,),
+        )
         self.indices: Mapping[str, Any] = {}
         self.engine_names = EngineNames(settings)
         self._resync: asyncio.TimerHandle | None = None
@@ -200,6 +209,13 @@ class Reconciler:
                 result = await reconcile_deployment(self, namespace, name)
             else:
                 result = await reconcile_engine(self, namespace, name)
+        except ApiError as error:
+            if error.namespace_terminating:  # its objects are being deleted: nothing to build or retry
+                log.info("namespace terminating; not reconciled", extra={"key": f"{namespace}/{name}"})
+                metrics.RECONCILES.labels(kind, "ok").inc()
+                return None
+            metrics.RECONCILES.labels(kind, "error").inc()
+            raise
         except Exception:
             metrics.RECONCILES.labels(kind, "error").inc()
             raise

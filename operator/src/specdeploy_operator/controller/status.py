@@ -367,11 +367,13 @@ def deployment_status(
     keep_previous: int,
     now: datetime,
     sync_error: str | None = None,
+    sync_reason: str = "ReconcileError",
     speculation: Obj | None = None,
     speculation_condition: ConditionSpec | None = None,
 ) -> dict[str, Any]:
     """The SpeculativeDeployment status for what is observed; `autoscaler` is `status.autoscaler`;
-    `sync_error` says why the last reconcile could not write what it wanted (condition `Synced`);
+    `sync_error` says why the last reconcile could not write what it wanted (condition `Synced`, reason
+    `sync_reason`: `Forbidden` for a write RBAC refuses, else `ReconcileError`);
     `speculation` and its condition are the latest published figures (speculation.py), else the previous
     ones are kept (an operator that restarted has measured nothing yet)."""
     previous = previous or {}
@@ -424,7 +426,7 @@ def deployment_status(
     if generation is not None:
         status["observedGeneration"] = generation
     synced = (
-        ConditionSpec("Synced", "False", "ReconcileError", sync_error)
+        ConditionSpec("Synced", "False", sync_reason, sync_error)
         if sync_error is not None
         else ConditionSpec("Synced", "True", "ReconcileSuccess", "")
     )
