@@ -218,6 +218,23 @@ def test_rollout_in_progress_until_old_pods_are_gone() -> None:
     assert reasons(status)["Progressing"] == ("True", "RolloutInProgress")
 
 
+def test_a_ready_deployment_stays_ready_while_surplus_pods_of_a_reverted_hand_edit_go_away() -> None:
+    ready = status_of([engine("Succeeded")], ServingObservation(deployment(2, 2, 2), True))
+    # Scaled by hand to 5 and reverted: the rendered pods all serve, three surplus ones are being removed.
+    scaled = status_of([engine("Succeeded")], ServingObservation(deployment(5, 5, 5), True), previous=ready)
+    # Template edited by hand and reverted: one surge pod of the edited template is being removed.
+    edited = status_of([engine("Succeeded")], ServingObservation(deployment(2, 3, 2), True), previous=ready)
+    for status in (scaled, edited):
+        assert status["phase"] == "Ready"
+        assert reasons(status)["Progressing"] == ("False", "RolloutComplete")
+        assert "2 of 2 replicas ready" in next(
+            c["message"] for c in status["conditions"] if c["type"] == "Progressing"
+        )
+    # A pod of the rendered template missing is not surplus: the deployment is short and says so.
+    short = status_of([engine("Succeeded")], ServingObservation(deployment(1, 2, 1), True), previous=ready)
+    assert short["phase"] == "Deploying"
+
+
 def test_a_replica_short_of_gpus_is_capacity_pending_with_the_schedulers_message() -> None:
     pods = [
         pod("Running"),

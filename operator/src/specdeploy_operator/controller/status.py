@@ -336,7 +336,7 @@ def _serving_verdict(
             ConditionSpec("Degraded", "True", "CapacityPending", text),
         )
     if rollout_done:
-        text = f"{ready} of {desired} replicas ready"
+        text = f"{min(ready, desired)} of {desired} replicas ready"
         return (
             "Ready",
             ConditionSpec("Progressing", "False", "RolloutComplete", text),
@@ -406,11 +406,18 @@ def deployment_status(
         if engines_cond.reason in CREATION_REASONS:  # a build pod cannot be created (issue #24)
             degraded = ConditionSpec("Degraded", "True", engines_cond.reason, engines_cond.message)
     else:
+        # A rollout is done when only pods of the rendered template remain, all of them ready. A deployment
+        # already Ready at this generation stays Ready while surplus pods go away (a Deployment scaled up or its
+        # template edited by another actor, then reverted by the operator): the rendered pods never stopped
+        # serving, and the surplus is gone once the Deployment's controller has caught up.
+        settled = previous.get("phase") == "Ready" and previous.get("observedGeneration") == generation
         rollout_done = bool(
             serving.current
-            and updated == desired_replicas
             and ready >= desired_replicas
-            and total == desired_replicas
+            and (
+                (updated == desired_replicas and total == desired_replicas)
+                or (settled and updated >= desired_replicas)
+            )
         )
         phase, progressing, degraded = _serving_verdict(
             problems,
