@@ -80,7 +80,7 @@ async def reconcile_deployment(r: Reconciler, namespace: str, name: str) -> floa
     sync_reason = "ReconcileError"
     engines: list[EngineObservation] = []
     deployment: Obj | None = r.observe("Deployment", namespace, name)
-    current = False
+    current = started = False
     autoscaler: dict[str, Any] | None = None
     retry: float | None = None
     desired_engines = build_engine_builds(sdep, r.settings)
@@ -90,7 +90,7 @@ async def reconcile_deployment(r: Reconciler, namespace: str, name: str) -> floa
         step = "engine cache"
         await ensure_cache(r, sdep)
         step = "serving objects"
-        deployment, current = await ensure_serving(r, body, sdep, desired_engines, engines)
+        deployment, current, started = await ensure_serving(r, body, sdep, desired_engines, engines)
         step = "autoscaler"
         autoscaler, retry = await ensure_autoscaler(r, body, sdep)
     except Exception as failure:  # reported in status, then retried with back-off by the queue
@@ -106,7 +106,9 @@ async def reconcile_deployment(r: Reconciler, namespace: str, name: str) -> floa
         log.warning("reconcile failed", extra={"object": f"{namespace}/{name}", "error": error})
         if not engines:
             engines = [_engine_observation(r, e) for e in desired_engines]
-    await report(r, body, sdep, engines, deployment, current, autoscaler, error, sync_reason)
+    await report(
+        r, body, sdep, engines, deployment, current, autoscaler, error, sync_reason, rollout_started=started
+    )
     if error is not None:
         raise ReconcileFailed(error)
     return retry
@@ -148,30 +150,31 @@ async def ensure_serving(
     sdep: SpeculativeDeployment,
     desired_engines: list[dict[str, Any]],
     engines: list[EngineObservation],
-) -> tuple[Obj | None, bool]:
+) -> tuple[Obj | None, bool, bool]:
     """ConfigMap, Service, PDB and Deployment once every engine is built; (Deployment, does it carry the
-    desired pod template and has its controller seen it?)."""
+    desired pod template and has its controller seen it?, was a new pod template rolled out now?)."""
     namespace, name = sdep.metadata.namespace or "", sdep.metadata.name or ""
     deployment = r.observe("Deployment", namespace, name)
     if not all(e.phase == "Succeeded" for e in engines):
         if deployment is not None and (deployment.get("spec") or {}).get("replicas") != sdep.spec.replicas:
             # Engines are being rebuilt: the old pods keep serving, but a scale change applies now.
             deployment = await r.kube.patch(ref_of(deployment), {"spec": {"replicas": sdep.spec.replicas}})
-        return deployment, False
+        return deployment, False, False
     configmap = build_configmap(sdep, desired_engines, r.settings)
     for child in (configmap, build_service(sdep), build_pdb(sdep)):
         await r.ensure(child)
     desired = build_deployment(sdep, desired_engines, r.settings, configmap=configmap)
     before = deployment
     deployment, applied = await r.ensure(desired)
-    if applied and _template_changed(before, desired):
+    started = applied and _template_changed(before, desired)
+    if started:
         await r.kube.event(
             body,
             "Normal",
             "RolloutStarted",
             f"rolling out {name} ({sdep.spec.replicas} replicas, {sdep.spec.gpus_per_replica} GPUs each)",
         )
-    return deployment, _deployment_current(deployment, desired)
+    return deployment, _deployment_current(deployment, desired), started
 
 
 def _template_changed(observed: Obj | None, desired: Obj) -> bool:
@@ -257,6 +260,8 @@ async def report(  # noqa: PLR0917 - one call site, every argument an observatio
     autoscaler: dict[str, Any] | None,
     error: str | None,
     sync_reason: str = "ReconcileError",
+    *,
+    rollout_started: bool = False,
 ) -> None:
     """Roll what is live up into the deployment's status; `error` (a write the API server refused) becomes the
     `Synced` condition (reason `sync_reason`), with an event when it first appears: one event per distinct
@@ -293,7 +298,8 @@ async def report(  # noqa: PLR0917 - one call site, every argument an observatio
         speculation=r.speculation.published((namespace, name)),
         speculation_condition=r.speculation.condition((namespace, name), r.settings.low_acceptance_rate),
     )
-    await r.write_status(body, status)
+    # The `Deploying` milestone says nothing the `RolloutStarted` event of this reconcile has not said.
+    await r.write_status(body, status, quiet=("Deploying",) if rollout_started else ())
     await _acceptance_event(r, body, previous, status)
     old_sync: Obj = next((c for c in previous.get("conditions") or () if c.get("type") == "Synced"), {})
     if error is not None and old_sync.get("message") != error[:4096]:

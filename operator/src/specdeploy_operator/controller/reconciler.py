@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
@@ -314,9 +314,10 @@ class Reconciler:
             return
         log.info("deleted", extra={"object": str(ref)})
 
-    async def write_status(self, body: Obj, status: dict[str, Any]) -> bool:
+    async def write_status(self, body: Obj, status: dict[str, Any], *, quiet: Collection[str] = ()) -> bool:
         """Write `status` if it differs from the live one (or from our own write the index has not caught up
-        with); True when written."""
+        with); True when written. A change to a phase in `quiet` posts no milestone event (the caller has
+        posted one that says more)."""
         meta = body["metadata"]
         key = ("status", str(body["kind"]), str(meta["namespace"]), str(meta["name"]))
         previous: Obj = body.get("status") or {}
@@ -352,7 +353,8 @@ class Reconciler:
         refused = creation_event(last, status)  # pods cannot be created (issue #24)
         if refused is not None:
             await self.kube.event(body, "Warning", *refused)
-        await self._events_for(body, last, status)
+        if status.get("phase") not in quiet:
+            await self._events_for(body, last, status)
         return True
 
     async def _events_for(self, body: Obj, previous: Obj, status: Obj) -> None:
