@@ -296,6 +296,16 @@ def _available(serving: ServingObservation, ready: int, desired: int) -> Conditi
     return ConditionSpec("Available", "False", "MinimumReplicasUnavailable", text)
 
 
+def _rollout_done(desired: int, total: int, updated: int, ready: int, settled: bool) -> bool:
+    """A rollout is done when only pods of the rendered template remain, all of them ready. A deployment
+    already Ready at this generation (`settled`) stays Ready while surplus pods go away (a Deployment scaled
+    up or its template edited by another actor, then reverted by the operator): the rendered pods never
+    stopped serving, and the surplus is gone once the Deployment's controller has caught up."""
+    if ready < desired:
+        return False
+    return (updated == desired and total == desired) or (settled and updated >= desired)
+
+
 def _serving_verdict(
     problems: Sequence[str],
     capacity: Sequence[str],
@@ -406,25 +416,13 @@ def deployment_status(
         if engines_cond.reason in CREATION_REASONS:  # a build pod cannot be created (issue #24)
             degraded = ConditionSpec("Degraded", "True", engines_cond.reason, engines_cond.message)
     else:
-        # A rollout is done when only pods of the rendered template remain, all of them ready. A deployment
-        # already Ready at this generation stays Ready while surplus pods go away (a Deployment scaled up or its
-        # template edited by another actor, then reverted by the operator): the rendered pods never stopped
-        # serving, and the surplus is gone once the Deployment's controller has caught up.
         settled = previous.get("phase") == "Ready" and previous.get("observedGeneration") == generation
-        rollout_done = bool(
-            serving.current
-            and ready >= desired_replicas
-            and (
-                (updated == desired_replicas and total == desired_replicas)
-                or (settled and updated >= desired_replicas)
-            )
-        )
         phase, progressing, degraded = _serving_verdict(
             problems,
             capacity,
             [m for m in (termination_message(p) for p in _by_creation(pods)) if m],
             creation=deployment_creation_problem(serving.deployment),
-            rollout_done=rollout_done,
+            rollout_done=serving.current and _rollout_done(desired_replicas, total, updated, ready, settled),
             counts=(desired_replicas, updated, ready),
             gpus=f"{gpus_per_replica} {gpu_resource} each" if gpus_per_replica > 0 else "CPU and memory",
         )
