@@ -24,17 +24,27 @@ PROBE_REQUESTS = 50
 REPO = Path(__file__).resolve().parents[2]
 
 
-async def _refusal_probe(base_url: str, model: str, capacity: int, flooded: asyncio.Event) -> dict[str, Any]:
-    """benchmarks/reliability/refusal_probe.py in a process of its own while the flood lasts (until
-    ``flooded`` is set); its statuses and the seconds each 503 took."""
+async def _start_probe(base_url: str, model: str, capacity: int) -> asyncio.subprocess.Process:
+    """benchmarks/reliability/refusal_probe.py in a process of its own, returned once it is ready (its
+    connection up, the queue gauge read once): it probes until its stdin closes (``_probe_results``)."""
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "benchmarks.reliability.refusal_probe", base_url, model, str(capacity),
         str(PROBE_REQUESTS), stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, cwd=REPO,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
     )  # fmt: skip
+    assert process.stdout is not None
+    ready = await process.stdout.readline()
+    if ready.strip() != b"ready":
+        process.kill()
+        await process.wait()
+        raise RuntimeError(f"the refusal probe did not start: {ready!r}")
+    return process
+
+
+async def _probe_results(process: asyncio.subprocess.Process) -> dict[str, Any]:
+    """Stop the probe; its statuses and the seconds each 503 took."""
     assert process.stdin is not None
     assert process.stdout is not None
-    await flooded.wait()
     process.stdin.close()
     output = await process.stdout.read()
     await process.wait()
@@ -91,7 +101,6 @@ async def flood(
     client opens ``count`` connections at once on the same cores, and waiting for its own event loop
     dominates them."""
     outcome = Outcome()
-    flooded = asyncio.Event()
     e2e_before = await _e2e_buckets(base_url)
     limits = httpx.Limits(max_connections=count, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=120) as client:
@@ -110,12 +119,13 @@ async def flood(
                 return response.status_code, elapsed, f"{response.status_code}: {content[:120]!r}"
             return response.status_code, elapsed, None
 
+        probe = await _start_probe(base_url, model, capacity)
         started = time.monotonic()
-        probe = asyncio.ensure_future(_refusal_probe(base_url, model, capacity, flooded))
-        results = await asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
-        wall = time.monotonic() - started
-        flooded.set()
-        probed = await probe
+        try:
+            results = await asyncio.gather(*(one(i) for i in range(count)), return_exceptions=True)
+            wall = time.monotonic() - started
+        finally:
+            probed = await _probe_results(probe)
     probe_statuses, probe_refused = probed["statuses"], probed["refused_seconds"]
     served_floor = served_median_floor(e2e_before, await _e2e_buckets(base_url))
     served = [r[1] for r in results if isinstance(r, tuple) and r[0] == 200]

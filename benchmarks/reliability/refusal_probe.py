@@ -2,7 +2,8 @@
 request on its own keep-alive connection, timed; until ``requests`` were sent or its stdin closes.
 
 python -m benchmarks.reliability.refusal_probe BASE_URL MODEL CAPACITY REQUESTS
-prints ``{"statuses": {status: count}, "refused_seconds": [...]}``
+prints ``ready`` once its connection is up and the first gauge read, then, at the end,
+``{"statuses": {status: count}, "refused_seconds": [...]}``
 
 A process of its own so that what it times is the server: not the flooding client's event loop (a thousand
 connections on the same cores), nor that client's garbage collections, which stop every thread of its process.
@@ -36,6 +37,8 @@ def probe(
     statuses: dict[str, int] = {}
     refused: list[float] = []
     with httpx.Client(base_url=base_url, timeout=60) as client:
+        queue_full(client, capacity)
+        print("ready", flush=True)
         for i in range(requests):
             while not stop.is_set() and not queue_full(client, capacity):
                 time.sleep(0.01)

@@ -48,6 +48,13 @@ def test_a_flood_beyond_the_queue_bound_is_refused_with_retry_after_and_leaves_t
     assert outcome.figures["seconds_to_idle"] is not None
 
 
+def test_the_served_median_is_bounded_below_by_the_edge_of_its_histogram_bucket() -> None:
+    before = {0.1: 2.0, 1.0: 3.0, 10.0: 3.0, float("inf"): 3.0}
+    after = {0.1: 3.0, 1.0: 5.0, 10.0: 9.0, float("inf"): 9.0}  # 6 more: 1 <= 0.1 s, 1 <= 1 s, 4 <= 10 s
+    assert flood.served_median_floor(before, after) == 1.0
+    assert flood.served_median_floor(after, after) is None
+
+
 def test_clients_vanishing_at_random_points_free_every_slot_and_fail_no_bystander(server: LiveServer) -> None:
     outcome = asyncio.run(hostile.disconnects(server.base_url, "standin", 300, concurrency=BATCH + QUEUE))
     assert outcome.problems == []
