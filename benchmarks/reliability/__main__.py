@@ -5,6 +5,8 @@ docs/reliability.md (benchmarks/records.py).
 python -m benchmarks.reliability              # the whole campaign (about 16 minutes on 2 CPU cores)
 python -m benchmarks.reliability --quick      # smaller counts and a 30 s soak, for a smoke check
 python -m benchmarks.reliability --no-write   # print only: no record, docs untouched
+python -m benchmarks.reliability --only overload   # one scenario (repeat --only for more) and the server
+                                                   # log check; prints only (a partial run writes no record)
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ NOTES = [
     "not other clients' time. Put a proxy with header timeouts in front where clients are untrusted.",
 ]
 
+#: the scenarios, in the order they run (the server log check runs last, always)
+SCENARIOS = ("contract", "oversized", "overload", "disconnects", "slow-clients", "soak")
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -38,6 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="smaller counts, a 30 s soak")
     parser.add_argument("--no-write", action="store_true", help="print only: no record, docs untouched")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=SCENARIOS,
+        metavar="NAME",
+        help=f"run this scenario (and the server log check) only, printing its row: {', '.join(SCENARIOS)}",
+    )
     args = parser.parse_args(argv)
     sizes = scenarios.Sizes.quick() if args.quick else scenarios.Sizes()
     settings = ServerSettings()
@@ -54,16 +66,19 @@ def main(argv: list[str] | None = None) -> int:
     results: list[report.ScenarioResult] = []
     work = tempfile.TemporaryDirectory(prefix="specdeploy-chaos-")
     with work as tmp, served(Path(tmp), settings) as server:
-        steps: list[Callable[[], report.ScenarioResult]] = [
-            lambda: scenarios.contract(server, sizes.fuzz_examples),
-            lambda: scenarios.oversized(server, settings),
-            lambda: scenarios.overload(server, settings, sizes.flood),
-            lambda: scenarios.disconnects(server, settings, sizes.disconnects),
-            lambda: scenarios.slow_clients(server, sizes.slow_connections),
-            lambda: scenarios.soaked(server, sizes.soak_seconds),
-            lambda: scenarios.server_log(server),
-        ]
-        for step in steps:
+        steps: dict[str, Callable[[], report.ScenarioResult]] = {
+            "contract": lambda: scenarios.contract(server, sizes.fuzz_examples),
+            "oversized": lambda: scenarios.oversized(server, settings),
+            "overload": lambda: scenarios.overload(server, settings, sizes.flood),
+            "disconnects": lambda: scenarios.disconnects(server, settings, sizes.disconnects),
+            "slow-clients": lambda: scenarios.slow_clients(server, sizes.slow_connections),
+            "soak": lambda: scenarios.soaked(server, sizes.soak_seconds),
+        }
+        assert tuple(steps) == SCENARIOS
+        steps["log"] = lambda: scenarios.server_log(server)  # always, last
+        for name, step in steps.items():
+            if args.only and name not in args.only and name != "log":
+                continue
             result = step()
             results.append(result)
             print(f"{'pass' if result.passed else 'FAIL'}  {result.scenario}: {result.summary}", flush=True)
@@ -71,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"      {problem}", flush=True)
     records.finish(record, started, {"scenarios": [r.as_row() for r in results], "notes": NOTES})
     print(report.render([record]))
-    if not args.no_write:
+    if not args.no_write and not args.only:
         path = records.save(record)
         docs = records.update_docs([RECORD])
         print(f"wrote {path.relative_to(records.REPO)}; {', '.join(str(d) for d in docs) or 'docs current'}")

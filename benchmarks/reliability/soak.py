@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from benchmarks.reliability.hostile import Outcome, _settled, completion_body, path_for
+from benchmarks.reliability.hostile import Outcome, completion_body, path_for, settled
 from benchmarks.reliability.probes import open_fds, percentile, rss_bytes
 
 RSS_GROWTH_LIMIT = 0.05
@@ -90,7 +90,7 @@ async def soak(
         _sampler(pid, max(1.0, seconds / 120), until, samples),
         *(_worker(base_url, model, seed, until, samples) for seed in range(workers)),
     )
-    await _settled(base_url, outcome)
+    await settled(base_url, outcome)
     fds_after = await _fds_at_rest(pid, fds_idle)
     warm = started + warmup * seconds
     after_warmup = [i for i, t in enumerate(samples.times) if t >= warm]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
 import pytest
 import yaml
 from pydantic import ValidationError
-from specdeploy_server.cli import load_config, main
+from specdeploy_server.cli import freeze_startup_heap, load_config, main
 from specdeploy_server.config import Backend, Method, ServerConfig, detect_backend
 
 
@@ -119,3 +120,12 @@ def test_the_request_body_limit_comes_from_the_file_or_the_flag(tmp_path: Path) 
     assert load_config(["/m"]).serving.max_request_body_bytes == 16 * 1024 * 1024
     with pytest.raises(ValidationError, match="maxRequestBodyBytes"):
         load_config(["/m", "--max-request-body-bytes", "0"])
+
+
+def test_what_is_alive_once_the_models_are_loaded_is_frozen_out_of_the_collectors_reach() -> None:
+    gc.unfreeze()
+    try:
+        freeze_startup_heap()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()

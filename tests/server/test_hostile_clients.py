@@ -4,15 +4,18 @@ campaign, `make chaos`, runs them bigger against the real server process: docs/r
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import pytest
 from specdeploy_server.api.app import create_app
+from specdeploy_server.api.limits import DRAIN_BYTES
 from specdeploy_server.backends.standin import standin_engine
 from specdeploy_server.core.scheduler import SchedulerSettings
 
-from benchmarks.reliability import hostile
+from benchmarks.reliability import flood, hostile
 from benchmarks.reliability.soak import soak
 from tests.server.conftest import LiveServer, run_live
 
@@ -35,14 +38,21 @@ def test_a_flood_beyond_the_queue_bound_is_refused_with_retry_after_and_leaves_t
     with run_live(create_app(engine)) as server:
         # the server shares this process (and its GIL) with the 300 clients: the campaign's bound is for a
         # server in its own process
-        flood = hostile.flood(
+        flooding = flood.flood(
             server.base_url, "standin", count=300, max_tokens=40, capacity=BATCH + QUEUE, probe_bound_ms=1000
         )
-        outcome = asyncio.run(flood)
+        outcome = asyncio.run(flooding)
     assert outcome.problems == []
     assert outcome.figures["refused"] > 0
     assert outcome.figures["served"] >= BATCH + QUEUE
     assert outcome.figures["seconds_to_idle"] is not None
+
+
+def test_the_served_median_is_bounded_below_by_the_edge_of_its_histogram_bucket() -> None:
+    before = {0.1: 2.0, 1.0: 3.0, 10.0: 3.0, float("inf"): 3.0}
+    after = {0.1: 3.0, 1.0: 5.0, 10.0: 9.0, float("inf"): 9.0}  # 6 more: 1 <= 0.1 s, 1 <= 1 s, 4 <= 10 s
+    assert flood.served_median_floor(before, after) == 1.0
+    assert flood.served_median_floor(after, after) is None
 
 
 def test_clients_vanishing_at_random_points_free_every_slot_and_fail_no_bystander(server: LiveServer) -> None:
@@ -61,6 +71,18 @@ def test_bodies_over_the_limit_get_413_without_being_read_whole(server: LiveServ
     outcome = asyncio.run(hostile.oversized(server.base_url, BODY_LIMIT))
     assert outcome.problems == []
     assert outcome.figures["endless_sent_bytes"] < outcome.figures["endless_planned_bytes"]
+
+
+def test_a_body_far_over_the_limit_sent_whole_still_gets_its_413_read(server: LiveServer) -> None:
+    """64 x the limit, far beyond what the server drains before its 413: it closes the connection with the
+    body still coming (the client's write is reset), and a client that reads after sending still gets the
+    413."""
+    split = urlsplit(server.base_url)
+    head = f"POST /v1/completions HTTP/1.1\r\nHost: {split.hostname}\r\nContent-Type: application/json\r\n"
+    payload = b'{"model": "' + b"x" * (64 * BODY_LIMIT + DRAIN_BYTES) + b'"}'
+    answer = hostile.send_then_read(split.hostname or "", split.port or 80, head, payload)
+    assert answer.status == 413, answer.error
+    assert json.loads(answer.body)["error"]["code"] == "request_too_large"
 
 
 def test_mixed_load_with_cancellations_leaves_no_descriptor_open(server: LiveServer) -> None:

@@ -4,8 +4,8 @@ limit, a positive N a bound of N waiting requests beyond the running batch.
 The configuration is the one the operator renders from examples/02 (whose runtime says ``maxQueueSize: 0``,
 as seed 000's runtime.json), moved onto the tiny models of conftest.py: reference backend, CPU,
 ``maxBatchSize: 2``.
-A burst of 8 concurrent completions is held at the scheduler's first step until all 8 have arrived, so the
-queue certainly forms whatever the machine's speed.
+A burst of 8 concurrent completions is held at the scheduler's first step until each of the 8 has been queued
+or refused, so the queue certainly forms whatever the machine's speed.
 """
 
 from __future__ import annotations
@@ -104,8 +104,9 @@ async def serving(app: Any) -> AsyncIterator[str]:
 
 
 def burst(config: ServerConfig) -> tuple[list[httpx.Response], int]:
-    """Send BURST concurrent completions; the scheduler steps only once every one has been offered to it.
-    Returns the responses and the longest waiting queue seen."""
+    """Send BURST concurrent completions; the scheduler steps only once every one has been queued or
+    refused (by the scheduler or, at its headers, by the admission gate). Returns the responses and the
+    longest waiting queue seen."""
     engine = build_engine(config)
     assert isinstance(engine, Engine)
     scheduler = engine.scheduler
@@ -116,25 +117,35 @@ def burst(config: ServerConfig) -> tuple[list[httpx.Response], int]:
         nonlocal longest
         gate = asyncio.Event()
         scheduler.target = GatedTarget(scheduler.target, gate)
-        offered = 0
+        settled = 0  # requests queued, or answered 503
         add = scheduler.add
 
+        def one_more() -> None:
+            nonlocal settled
+            settled += 1
+            if settled == BURST:
+                gate.set()
+
         def counting_add(seq: SequenceState) -> None:
-            nonlocal offered, longest
-            offered += 1
+            nonlocal longest
             try:
                 add(seq)
             finally:
                 longest = max(longest, len(scheduler.waiting))
-                if offered == BURST:
-                    gate.set()
+            one_more()  # queued (a refused one is counted by its 503)
 
         scheduler.add = counting_add  # type: ignore[method-assign]
         app = create_app(engine, served_model_name=MODEL)
         async with serving(app) as base, httpx.AsyncClient(base_url=base, timeout=120) as http:
             body = {"model": MODEL, "prompt": "speculative decoding", "max_tokens": 12, "temperature": 0}
-            posts = (http.post("/v1/completions", json=body) for _ in range(BURST))
-            return list(await asyncio.gather(*posts))
+
+            async def post() -> httpx.Response:
+                response = await http.post("/v1/completions", json=body)
+                if response.status_code == 503:
+                    one_more()
+                return response
+
+            return list(await asyncio.gather(*(post() for _ in range(BURST))))
 
     responses = asyncio.run(main())
     return responses, longest

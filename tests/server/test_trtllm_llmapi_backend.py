@@ -397,10 +397,13 @@ def test_maxqueuesize_0_is_no_limit_and_a_positive_one_bounds_the_llm_requests(
         await engine.start()
         generations = []
         for _ in range(6):
+            full = engine.queue_full()  # what the admission gate asks: True exactly when generate refuses
             try:
                 generations.append(engine.generate([5, 6, 7], 3, SamplingParams(temperature=0.0)))
             except QueueFullError:
+                assert full
                 break
+            assert not full
         assert len(generations) == admitted
         for gen in generations:
             async for _ in gen.outputs:

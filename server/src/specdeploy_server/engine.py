@@ -120,6 +120,11 @@ class EngineClient(Protocol):
     @property
     def queue_seconds(self) -> float: ...
 
+    def queue_full(self) -> bool:
+        """Whether the next request would be refused with ``QueueFullError`` now; cheap, and touches no model
+        (the admission gate asks it before a request's body is read)."""
+        ...
+
     @property
     def stats(self) -> GlobalStats: ...
 
@@ -179,6 +184,9 @@ class Engine:
     @property
     def queue_seconds(self) -> float:
         return self.scheduler.queue_seconds
+
+    def queue_full(self) -> bool:
+        return self.scheduler.queue_full()
 
     @property
     def stats(self) -> GlobalStats:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specdeploy_server.api import contract
+from specdeploy_server.api.admission import AdmissionGate, authorized
 from specdeploy_server.api.errors import (
     APIError,
     AuthenticationError,
@@ -26,6 +26,9 @@ from specdeploy_server.api.errors import (
     OverloadedError,
     PayloadTooLargeError,
     RouteNotFoundError,
+    error_response,
+    queue_full_error,
+    shutting_down_error,
 )
 from specdeploy_server.api.limits import DEFAULT_MAX_REQUEST_BODY_BYTES, BodySizeLimit
 from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest
@@ -56,6 +59,14 @@ class AppState:
         if self.loop is not None:
             with contextlib.suppress(RuntimeError):  # the loop is already closed: nothing left to drain
                 self.loop.call_soon_threadsafe(self.drain)
+
+    def refusal(self) -> OverloadedError | None:
+        """Why no generation request is taken now (shutting down, the engine's queue full), or None."""
+        if self.draining:
+            return shutting_down_error()
+        if self.engine.queue_full():
+            return queue_full_error()
+        return None
 
     def drain(self) -> asyncio.Task[None]:
         """The engine's drain, begun once (on the server's loop)."""
@@ -112,7 +123,13 @@ def create_app(
         max_bytes=max_request_body_bytes,
         on_refused=lambda: metrics.errors.labels(metrics.model, PayloadTooLargeError.type).inc(),
     )
-    app.add_middleware(_RequestCounter, metrics=state.metrics)  # outermost: counts the 413s too
+    app.add_middleware(  # refuses at the headers: before the body is read, parsed, validated
+        AdmissionGate,
+        refusal=state.refusal,
+        api_key=api_key,
+        on_refused=lambda error: metrics.errors.labels(metrics.model, error.type).inc(),
+    )
+    app.add_middleware(_RequestCounter, metrics=state.metrics)  # outermost: counts the 413s and 503s too
     return app
 
 
@@ -124,9 +141,7 @@ def app_state(app: FastAPI) -> AppState:
 def _install_error_handlers(app: FastAPI, state: AppState) -> None:
     def respond(exc: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
         state.metrics.errors.labels(state.metrics.model, exc.type).inc()
-        if isinstance(exc, OverloadedError):
-            headers = {**(headers or {}), "Retry-After": "1"}
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+        return error_response(exc, headers)
 
     async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
@@ -181,19 +196,16 @@ def _install_routes(app: FastAPI, state: AppState) -> None:
     serving = state.serving
 
     def authorize(request: Request) -> None:
-        if state.api_key is None:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            token.strip().encode(), state.api_key.encode()
-        ):
+        if not authorized(request.headers, state.api_key):
             raise AuthenticationError("Incorrect or missing API key (Authorization: Bearer <key>)")
 
     def admit(request: Request) -> None:
+        """The admission gate's checks again, for a request that passed it just before the queue filled or
+        the drain began (the scheduler refuses one that does not fit at ``add`` in any case)."""
         authorize(request)
-        if state.draining:
-            raise OverloadedError("the server is shutting down", code="shutting_down")
+        error = state.refusal()
+        if error is not None:
+            raise error
 
     @app.get("/v1/models", response_model=None, responses=contract.MODELS_RESPONSES)
     async def models(request: Request) -> dict[str, Any]:

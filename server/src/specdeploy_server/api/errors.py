@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from starlette.responses import JSONResponse
+
+#: what a 503 (queue full, shutting down) asks the client to wait, in seconds (its ``Retry-After``)
+RETRY_AFTER_SECONDS = 1
+
 
 class APIError(Exception):
     status = 500
@@ -19,6 +24,10 @@ class APIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
+
+    def headers(self) -> dict[str, str]:
+        """Headers every response with this error carries."""
+        return {}
 
 
 class BadRequestError(APIError):
@@ -65,6 +74,18 @@ class OverloadedError(APIError):
     type = "overloaded_error"
     code = "queue_full"
 
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(RETRY_AFTER_SECONDS)}
+
+
+def queue_full_error() -> OverloadedError:
+    """The 503 ``queue_full`` refusal of the admission gate (the scheduler's own names its bound)."""
+    return OverloadedError("the request queue is full")
+
+
+def shutting_down_error() -> OverloadedError:
+    return OverloadedError("the server is shutting down", code="shutting_down")
+
 
 class InternalServerError(APIError):
     status = 500
@@ -80,3 +101,9 @@ class ExecutorFailedError(InternalServerError):
 
 def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(exc: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The one rendering of an error: its OpenAI-shaped body, its status, its own headers (``Retry-After``)
+    and any the caller adds."""
+    return JSONResponse(exc.body(), status_code=exc.status, headers={**exc.headers(), **(headers or {})})

@@ -248,6 +248,9 @@ class InstantEngine:
     def queue_seconds(self) -> float:
         return 0.0
 
+    def queue_full(self) -> bool:
+        return False  # no queue: every request runs at once
+
     @property
     def generation_rate(self) -> float:
         return 0.0

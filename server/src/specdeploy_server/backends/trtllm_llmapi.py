@@ -162,6 +162,10 @@ class LlmApiEngine:
         rate = self._throughput.rate
         return pending / rate if pending and rate else 0.0
 
+    def queue_full(self) -> bool:
+        """The LLM holds ``maxBatchSize + maxQueueSize`` requests (running or queued in its executor)."""
+        return self._capacity is not None and len(self._remaining) >= self._capacity
+
     @property
     def stats(self) -> GlobalStats:
         return self._stats
@@ -188,7 +192,7 @@ class LlmApiEngine:
         check_features(self.info, params, constraint)  # the serving layer refuses these with a 400 first
         if not self._running:
             raise EngineStoppedError("the server is shutting down")
-        if self._capacity is not None and len(self._remaining) >= self._capacity:
+        if self.queue_full():
             raise QueueFullError(f"the request queue is full ({self._capacity} requests)")
         request_id = uuid.uuid4().hex
         self._remaining[request_id] = max_tokens

@@ -69,6 +69,18 @@ class LoadFigures:
         """Requests waiting plus running."""
         return len(self.waiting) + sum(1 for seq in self.running if seq.state is RequestState.RUNNING)
 
+    def queue_full(self) -> bool:
+        """Whether the next request would be refused (``QueueFullError``): ``maxQueueSize`` requests already
+        wait beyond the batch slots free now. Cheap (a look at the running batch): the admission gate asks it
+        for every generation request."""
+        limit = self.settings.max_queue_size
+        if not limit:
+            return False
+        # an ended sequence leaves `running` at the next reap, before any waiting one is admitted
+        live_running = sum(1 for seq in self.running if seq.state is RequestState.RUNNING)
+        free_slots = max(self.settings.max_batch_size - live_running, 0)
+        return len(self.waiting) - free_slots >= limit
+
     @property
     def pending_tokens(self) -> int:
         """Tokens the live requests may still generate: each up to its ``max_tokens`` and the context length

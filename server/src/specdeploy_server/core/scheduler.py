@@ -146,12 +146,8 @@ class SpeculativeScheduler(LoadFigures):
     def add(self, seq: SequenceState) -> None:
         if not self._accepting:
             raise EngineStoppedError("the server is shutting down")
-        limit = self.settings.max_queue_size
-        # an ended sequence leaves `running` at the next reap, before any waiting one is admitted
-        live_running = sum(1 for s in self.running if s.state is RUNNING)
-        free_slots = self.settings.max_batch_size - live_running
-        if limit and len(self.waiting) - max(free_slots, 0) >= limit:
-            raise QueueFullError(f"the request queue is full ({limit} waiting)")
+        if self.queue_full():
+            raise QueueFullError(f"the request queue is full ({self.settings.max_queue_size} waiting)")
         seq.state = WAITING
         self.waiting.append(seq)
         self._wakeup.set()
