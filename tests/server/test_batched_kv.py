@@ -75,6 +75,25 @@ def test_tokens_fed_one_at_a_time_skip_the_padding_and_rows_that_are_done(tiny_m
     torch.testing.assert_close(after, _alone(tiny_models.target, [3, 4, 5, 41], [50]), atol=TOLERANCE, rtol=0)
 
 
+def test_batched_passes_record_no_autograd_history_whatever_the_callers_grad_mode(
+    tiny_models: TinyModels,
+) -> None:
+    """The draft runs PaddedBatch itself (not through logits_rows): a pass that recorded history would chain
+    every request's cache to the batched caches it was cut from, memory that grows with every step."""
+    model = CachedModel(tiny_models.target, CPU, torch.float32)
+    with torch.enable_grad():
+        for step in range(3):
+            batch = PaddedBatch(model, [("a", list(range(10, 20 + step)), 1), ("b", [3, 4, 5 + step], 1)])
+            rows = batch.run()
+            last = batch.feed([40, 41])
+            batch.commit()
+            for tensor in (*rows, last):
+                assert tensor.grad_fn is None and not tensor.requires_grad
+    for request_id in ("a", "b"):
+        for layer in model._kv[request_id].cache.layers:
+            assert layer.keys.grad_fn is None and layer.values.grad_fn is None
+
+
 @pytest.mark.parametrize("method", ["draftTarget", "promptLookup", "none"])
 def test_requests_in_flight_share_each_forward_pass_and_keep_greedy_output(
     tiny_models: TinyModels, method: str

@@ -56,7 +56,10 @@ class CachedModel:
         self.path = path
         self.device = device
         model: Any = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, dtype=dtype)
-        self.model: Any = model.to(device).eval()
+        # Serving never trains: with gradients off, no forward records autograd history, whoever calls it and
+        # in whatever grad mode (a recorded graph chains each cache to the batched caches it was cut from, and
+        # through them to every earlier request's: memory that grows with every step until the process dies).
+        self.model: Any = model.to(device).eval().requires_grad_(False)
         self.vocab_size = int(self.model.config.vocab_size)
         self._kv: dict[str, _KV] = {}
         probe = DynamicCache(config=self.model.config)
@@ -157,6 +160,7 @@ class PaddedBatch:
     def single(self) -> bool:
         return len(self.kvs) == 1
 
+    @torch.inference_mode()
     def run(self) -> list[torch.Tensor]:
         """The first pass; per row, logits (float32, CPU) of the last ``keep`` of its positions."""
         device = self.model.device
@@ -196,6 +200,7 @@ class PaddedBatch:
             for i, (new, keep) in enumerate(zip(self.new, self.keep, strict=True))
         ]
 
+    @torch.inference_mode()
     def feed(self, tokens: Sequence[int | None]) -> torch.Tensor:
         """One more token per row (None: the row is done, a padding token is fed and not kept); the logits
         (float32, CPU) of that position, one row per request."""
@@ -250,6 +255,7 @@ class PaddedBatch:
             _fill(layer, keys, values)
         return cache
 
+    @torch.inference_mode()
     def commit(self) -> None:
         """Each row's cache and token list now hold its sequence plus what was fed to it."""
         for kv, new, fed in zip(self.kvs, self.new, self.fed, strict=True):
