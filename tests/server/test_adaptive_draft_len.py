@@ -314,3 +314,29 @@ def test_an_outlier_among_a_sizes_first_measurements_is_gone_at_the_next_one() -
         curve.observe(8, 0.01)
     curve.observe(8, 0.5)  # a trusted size follows a slower measurement slowly
     assert curve.estimate(8) < 0.05
+
+
+def test_a_size_beyond_the_trusted_ones_is_measured_not_extrapolated_and_one_between_them_is_retried() -> (
+    None
+):
+    curve = CostCurve()
+    for _ in range(3):
+        curve.observe(128, 0.04)
+        curve.observe(16, 0.02)
+    curve.observe(1280, 0.4)  # once, above every trusted size: used (flat above 128 would say 0.04)
+    assert curve.estimate(640) == pytest.approx(0.04 + (0.4 - 0.04) * (640 - 128) / (1280 - 128))
+    curve.observe(64, 0.5)  # once, between trusted sizes (maybe an unlucky measurement): left out
+    assert curve.estimate(64) == pytest.approx(max(0.02, 0.04 * 64 / 128))
+
+
+def test_a_size_measured_slower_than_a_larger_one_counts_at_the_larger_ones_time() -> None:
+    curve = CostCurve()
+    for _ in range(3):
+        curve.observe(8, 0.05)  # interfered with, every time
+        curve.observe(16, 0.02)
+    assert curve.estimate(8) == pytest.approx(0.02)
+    cost = DraftCost()
+    for _ in range(3):
+        cost.observe(4, 1, 0.009)  # four passes measured slower than six
+        cost.observe(6, 1, 0.006)
+    assert cost.estimator()(4, 1) == pytest.approx(0.006)
