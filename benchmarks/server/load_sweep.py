@@ -45,6 +45,8 @@ REQUEST_TOKENS = 256
 #: the window with the median tokens/s, so that a burst of load on the shared machine hits one window of one
 #: policy, not the whole of it
 REPEATS = 3
+#: stand-in windows at up to this concurrency are aligned on requests (see _standin_point)
+ALIGNED_LEVELS = 16
 #: the stand-ins' prompts, one per request in turn (n-th request: prompt n): a prompt fixes its alpha and the
 #: acceptance at each position (``StandInTarget``), so every policy of a concurrency meets the same prompts
 STANDIN_PROMPTS = [[97, 98, 99, *(48 + int(d) for d in str(n))] for n in range(4096)]
@@ -103,10 +105,12 @@ async def _closed_loop(
     max_seconds: float,
     busy: Callable[[], float] = time.perf_counter,
     served: Callable[[], Counter[float]] = Counter,
+    warmup_requests: int = 0,
 ) -> tuple[int, float, int, int, int, float, Counter[float]]:
     """(tokens, seconds, sequence steps, drafted, speculating sequence steps, busy seconds, served) of a
     steady-state window; ``busy`` is the clock of the busy time (default: the wall clock), ``served`` counts
-    the tokens emitted so far by the alpha of their prompt (default: nothing)."""
+    the tokens emitted so far by the alpha of their prompt (default: nothing). The window opens once
+    ``warmup_steps`` steps, 0.3 s and ``warmup_requests`` finished requests are past."""
     stats = engine.stats
     stop = False
     params = SamplingParams(temperature=0.0)
@@ -130,7 +134,11 @@ async def _closed_loop(
     observer.on_speculation = count
     clients = [asyncio.ensure_future(client(i)) for i in range(concurrency)]
     started = time.perf_counter()
-    while stats.steps < warmup_steps or time.perf_counter() - started < 0.3:
+    while (
+        stats.steps < warmup_steps
+        or time.perf_counter() - started < 0.3
+        or stats.requests_finished < warmup_requests
+    ):
         await asyncio.sleep(0.01)
     t0, e0, s0, d0, p0 = (
         time.perf_counter(),
@@ -169,6 +177,12 @@ def _standin_point(preset: SpeculationPreset, concurrency: int, k: int | None, q
         max_model_len=REQUEST_TOKENS + 16,
     )
 
+    # Up to ALIGNED_LEVELS every policy's window starts after each client's first request and lasts a number
+    # of tokens: the windows of the five policies then serve (nearly) the same prompts, whose alphas differ
+    # (the 405B preset's spread), instead of whichever prompts a faster policy had reached. At concurrency 1
+    # a speculating window holds three times the tokens: its tokens per step are compared with a prediction.
+    aligned = concurrency <= ALIGNED_LEVELS
+
     async def main() -> SweepPoint:
         engine, target = preset_engine(
             preset, settings, speculate=k != 0, time_scale=TIME_SCALE, seed=concurrency
@@ -187,10 +201,11 @@ def _standin_point(preset: SpeculationPreset, concurrency: int, k: int | None, q
             concurrency,
             REQUEST_TOKENS,
             warmup_steps=12,
-            min_seconds=0.4,
-            min_tokens=600 if quick else 1000,
+            warmup_requests=concurrency if aligned else 0,
+            min_seconds=0.0 if aligned else 0.4,
+            min_tokens=(600 if quick else 1000) * (3 if concurrency == 1 and k != 0 else 1),
             min_steps=10,
-            max_seconds=1.0 if quick else 2.0,
+            max_seconds=(1.0 if quick else 2.0) * (5 if aligned else 1),
             busy=modelled,
             served=lambda: target.emitted_by_alpha,
         )
