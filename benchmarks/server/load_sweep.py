@@ -22,11 +22,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-import statistics
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,11 @@ REQUEST_TOKENS = 256
 #: the window with the median tokens/s, so that a burst of load on the shared machine hits one window of one
 #: policy, not the whole of it
 REPEATS = 3
+#: stand-in windows at up to this concurrency are aligned on requests (see _standin_point)
+ALIGNED_LEVELS = 16
+#: the stand-ins' prompts, one per request in turn (n-th request: prompt n): a prompt fixes its alpha and the
+#: acceptance at each position (``StandInTarget``), so every policy of a concurrency meets the same prompts
+STANDIN_PROMPTS = [[97, 98, 99, *(48 + int(d) for d in str(n))] for n in range(4096)]
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,9 @@ class SweepPoint:
     #: stand-ins: the seconds the time model charged for the window's calls (the simulated GPU's busy time,
     #: no host overhead, no machine load in it); reference backend: equal to ``seconds``
     gpu_seconds: float
+    #: stand-ins at concurrency 1: [alpha, tokens] for the prompts the window served (the tokens they emitted
+    #: in it), from which the window's prediction is computed; empty elsewhere
+    served_alphas: list[list[float]] = field(default_factory=list)
 
     @property
     def tok_s(self) -> float:
@@ -96,9 +104,13 @@ async def _closed_loop(
     min_steps: int,
     max_seconds: float,
     busy: Callable[[], float] = time.perf_counter,
-) -> tuple[int, float, int, int, int, float]:
-    """(tokens, seconds, sequence steps, drafted, speculating sequence steps, busy seconds) of a steady-state
-    window; ``busy`` is the clock of the busy time (default: the wall clock)."""
+    served: Callable[[], Counter[float]] = Counter,
+    warmup_requests: int = 0,
+) -> tuple[int, float, int, int, int, float, Counter[float]]:
+    """(tokens, seconds, sequence steps, drafted, speculating sequence steps, busy seconds, served) of a
+    steady-state window; ``busy`` is the clock of the busy time (default: the wall clock), ``served`` counts
+    the tokens emitted so far by the alpha of their prompt (default: nothing). The window opens once
+    ``warmup_steps`` steps, 0.3 s and ``warmup_requests`` finished requests are past."""
     stats = engine.stats
     stop = False
     params = SamplingParams(temperature=0.0)
@@ -122,7 +134,11 @@ async def _closed_loop(
     observer.on_speculation = count
     clients = [asyncio.ensure_future(client(i)) for i in range(concurrency)]
     started = time.perf_counter()
-    while stats.steps < warmup_steps or time.perf_counter() - started < 0.3:
+    while (
+        stats.steps < warmup_steps
+        or time.perf_counter() - started < 0.3
+        or stats.requests_finished < warmup_requests
+    ):
         await asyncio.sleep(0.01)
     t0, e0, s0, d0, p0 = (
         time.perf_counter(),
@@ -131,7 +147,7 @@ async def _closed_loop(
         stats.drafted,
         speculating[0],
     )
-    b0, steps0 = busy(), stats.steps
+    b0, steps0, served0 = busy(), stats.steps, Counter(served())
     while True:
         await asyncio.sleep(0.02)
         elapsed = time.perf_counter() - t0
@@ -145,11 +161,11 @@ async def _closed_loop(
         stats.drafted,
         speculating[0],
     )
-    b1 = busy()
+    b1, served1 = busy(), Counter(served())
     stop = True
     await engine.stop(0)
     await asyncio.gather(*clients, return_exceptions=True)
-    return e1 - e0, t1 - t0, s1 - s0, d1 - d0, p1 - p0, b1 - b0
+    return e1 - e0, t1 - t0, s1 - s0, d1 - d0, p1 - p0, b1 - b0, served1 - served0
 
 
 def _standin_point(preset: SpeculationPreset, concurrency: int, k: int | None, quick: bool) -> SweepPoint:
@@ -160,6 +176,12 @@ def _standin_point(preset: SpeculationPreset, concurrency: int, k: int | None, q
         max_draft_len=preset.max_draft_len,
         max_model_len=REQUEST_TOKENS + 16,
     )
+
+    # Up to ALIGNED_LEVELS every policy's window starts after each client's first request and lasts a number
+    # of tokens: the windows of the five policies then serve (nearly) the same prompts, whose alphas differ
+    # (the 405B preset's spread), instead of whichever prompts a faster policy had reached. At concurrency 1
+    # a speculating window holds three times the tokens: its tokens per step are compared with a prediction.
+    aligned = concurrency <= ALIGNED_LEVELS
 
     async def main() -> SweepPoint:
         engine, target = preset_engine(
@@ -173,21 +195,24 @@ def _standin_point(preset: SpeculationPreset, concurrency: int, k: int | None, q
             return target.modelled_seconds + extra
 
         await engine.start()
-        tokens, seconds, steps, drafted, speculating, gpu = await _closed_loop(
+        tokens, seconds, steps, drafted, speculating, gpu, served = await _closed_loop(
             engine,
-            [[97, 98, 99]],
+            STANDIN_PROMPTS,
             concurrency,
             REQUEST_TOKENS,
             warmup_steps=12,
-            min_seconds=0.4,
-            min_tokens=600 if quick else 1000,
+            warmup_requests=concurrency if aligned else 0,
+            min_seconds=0.0 if aligned else 0.4,
+            min_tokens=(600 if quick else 1000) * (3 if concurrency == 1 and k != 0 else 1),
             min_steps=10,
-            max_seconds=1.0 if quick else 2.0,
+            max_seconds=(1.0 if quick else 2.0) * (5 if aligned else 1),
             busy=modelled,
+            served=lambda: target.emitted_by_alpha,
         )
         return SweepPoint(
             "standin", preset.name, concurrency, _policy(k), tokens, seconds / TIME_SCALE, steps, drafted,
             speculating, gpu / TIME_SCALE,
+            sorted([round(a, 6), float(n)] for a, n in served.items()) if concurrency == 1 else [],
         )  # fmt: skip
 
     return asyncio.run(main())
@@ -228,7 +253,7 @@ def _reference_points(quick: bool) -> list[SweepPoint]:
                     async def main(engine: Any = engine, level: int = level, k: int | None = k) -> SweepPoint:
                         await engine.start()
                         prompts = [engine.tokenizer.encode(t) for t in texts]
-                        tokens, seconds, steps, drafted, speculating, _ = await _closed_loop(
+                        tokens, seconds, steps, drafted, speculating, _, _ = await _closed_loop(
                             engine,
                             prompts,
                             level,
@@ -269,13 +294,23 @@ def run(quick: bool = False, reference: bool = True) -> list[SweepPoint]:
 
 
 # ------------------------------------------------------------------------------------------ analysis
-def predicted_speedup(preset: SpeculationPreset, k: int | None, draws: int = 20000) -> float:
+def predicted_speedup(
+    preset: SpeculationPreset,
+    k: int | None,
+    served: Sequence[Sequence[float]] = (),
+    draws: int = 20000,
+) -> float:
     """Tokens/s at concurrency 1 over plain decoding's, as the preset predicts (auto: each prompt's best k).
 
-    One client, requests of equal length: each prompt's tokens cost step / E(alpha, k) seconds each, so the
-    rate is 1 / mean(step / E) over prompts."""
-    rng = random.Random(0)
-    alphas = [preset.acceptance.draw(rng) for _ in range(draws if preset.acceptance.concentration else 1)]
+    One client: each prompt's tokens cost step / E(alpha, k) seconds each, so the rate is 1 / mean(step / E)
+    over the tokens. ``served``: the [alpha, tokens] a window served (the prediction for that window: its
+    prompts, weighted by the tokens each emitted in it); empty: the preset's population of prompts."""
+    if served:
+        alphas, weights = [a for a, _ in served], [n for _, n in served]
+    else:
+        rng = random.Random(0)
+        alphas = [preset.acceptance.draw(rng) for _ in range(draws if preset.acceptance.concentration else 1)]
+        weights = [1.0] * len(alphas)
 
     def seconds_per_token(alpha: float, draft_len: int) -> float:
         return preset.step_seconds(1, draft_len) / expected_tokens_per_step(alpha, draft_len)
@@ -284,7 +319,8 @@ def predicted_speedup(preset: SpeculationPreset, k: int | None, draws: int = 200
         per_token = [min(seconds_per_token(a, j) for j in range(preset.max_draft_len + 1)) for a in alphas]
     else:
         per_token = [seconds_per_token(a, k) for a in alphas]
-    return preset.step_seconds(1, 0) / statistics.fmean(per_token)
+    mean = sum(w * t for w, t in zip(weights, per_token, strict=True)) / sum(weights)
+    return preset.step_seconds(1, 0) / mean
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ Row = Mapping[str, Any]
 
 def _combine(values: Sequence[Any]) -> Any:
     first = values[0]
-    if all(v == first for v in values) or first is None or isinstance(first, str):
+    if all(v == first for v in values) or first is None or isinstance(first, (str, list)):
         return first
     if isinstance(first, bool):
         return all(values)
@@ -39,7 +39,7 @@ def _combine(values: Sequence[Any]) -> Any:
 
 def median_rows(runs: Sequence[Sequence[Row]]) -> list[dict[str, Any]]:
     """Row i of the result: for each field, the median of row i over the runs (booleans: all of them; text
-    and fields equal in every run: as they are)."""
+    and fields equal in every run: as they are; lists: the first run's)."""
     if any(len(run) != len(runs[0]) for run in runs):
         raise ValueError("the runs of a record have different numbers of rows")
     return [{key: _combine([run[i][key] for run in runs]) for key in runs[0][i]} for i in range(len(runs[0]))]

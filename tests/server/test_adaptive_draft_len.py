@@ -14,6 +14,7 @@ from specdeploy_server.backends.step_costs import PRESETS, StepTimeModel
 from specdeploy_server.core.adaptive import (
     NO_DRAFT,
     CostCurve,
+    DraftCost,
     DraftLenController,
     expected_tokens_per_step,
     group_alphas,
@@ -24,12 +25,14 @@ DRAFT = StepTimeModel(memory_bound_seconds=0.0015, knee_tokens=256)
 
 
 def _measured(ctl: DraftLenController, target: StepTimeModel = TARGET, draft: StepTimeModel = DRAFT) -> None:
-    """Feed the controller the model's costs at every size a step can have (as if measured)."""
-    for tokens in [1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64, 91, 128, 181, 256, 362, 512, 724, 1024, 1448,
-                   2048, 2896]:  # fmt: skip
-        ctl.verify_curve.observe(tokens, target.seconds(tokens))
-    for sequences in [1, 2, 4, 8, 16, 32, 64, 128, 256]:
-        ctl.draft_curve.observe(sequences, draft.seconds(sequences))
+    """Feed the controller the model's costs at every size a step can have (as if measured, three times)."""
+    for _ in range(3):
+        for tokens in [1, 2, 3, 4, 6, 8, 11, 16, 23, 32, 45, 64, 91, 128, 181, 256, 362, 512, 724, 1024,
+                       1448, 2048, 2896]:  # fmt: skip
+            ctl.verify_curve.observe(tokens, target.seconds(tokens))
+        for passes in range(1, ctl.max_k + 1):
+            for sequences in [1, 2, 4, 8, 16, 32, 64, 128, 256]:
+                ctl.draft_cost.observe(passes, sequences, draft.draft_seconds([passes] * sequences))
 
 
 def _best_uniform_k(alpha: float, batch: int, max_k: int) -> int:
@@ -127,10 +130,10 @@ def test_unmeasured_costs_are_explored_and_the_load_change_converges_within_a_fe
     light = _simulate(ctl, 1, [0.8], 60, rng)
     assert 6 <= light[-1][0] <= 9  # 7 at the true alpha; the estimate after 60 steps is close
     heavy = _simulate(ctl, 128, [0.8] * 128, 40, rng)
-    # settled: nobody drafts, but for the one exploratory token every explore_every steps
+    # settled: nobody drafts (the measured costs rule drafting out at batch 128: not even exploration)
     first_settled = next(i for i, ks in enumerate(heavy) if all(sum(plan) <= 1 for plan in heavy[i:]))
     assert first_settled <= 8
-    assert sum(sum(plan) for plan in heavy[first_settled:]) == 1
+    assert sum(sum(plan) for plan in heavy[first_settled:]) <= 1
     back = _simulate(ctl, 1, [0.8], 10, rng)
     assert back[0][0] >= 6  # costs at batch 1 are known: no re-learning
 
@@ -168,8 +171,41 @@ def test_exploration_drafts_one_token_for_one_sequence_while_the_plan_drafts_not
     ctl = DraftLenController(max_k=8, explore_every=3)
     _measured(ctl)
     ctl.accepted, ctl.rejections = 0.0, 50.0
-    plans = [ctl.plan(["a", "b"]) for _ in range(6)]
-    assert [sum(ks) for ks in plans] == [0, 0, 1, 0, 0, 1]
+    plans = [ctl.plan(["a", "b"]) for _ in range(9)]
+    assert [sum(ks) for ks in plans] == [0, 0, 1, 0, 0, 0, 0, 0, 1]  # then after 6 steps: the back-off
+
+
+def _explorations(ctl: DraftLenController, ids: list[str], steps: int) -> list[int]:
+    """The steps (from 1) at which somebody drafted."""
+    return [step for step in range(1, steps + 1) if sum(ctl.plan(ids))]
+
+
+def test_exploration_backs_off_while_it_keeps_confirming_no_draft_and_resumes_when_drafting_pays() -> None:
+    ctl = DraftLenController(max_k=8, explore_every=32, explore_max=256)
+    _measured(ctl)
+    ctl.accepted, ctl.rejections = 0.0, 50.0  # alpha ~0: drafting does not pay
+    at = _explorations(ctl, ["a", "b"], 1300)
+    gaps = [b - a for a, b in itertools.pairwise([0, *at])]
+    assert gaps == [32, 64, 128, 256, 256, 256, 256]
+    ctl.accepted, ctl.rejections = 50.0, 1.0  # the acceptance came back: the plan drafts again
+    ctl.current = None
+    assert min(ctl.plan(["a", "b"])) > 0
+    ctl.accepted, ctl.rejections = 0.0, 50.0
+    ctl.current = None
+    assert _explorations(ctl, ["a", "b"], 40) == [32]  # back to the first interval
+
+
+def test_no_exploration_where_the_measured_costs_rule_drafting_out_whatever_the_acceptance() -> None:
+    ctl = DraftLenController(max_k=8, explore_every=4)
+    _measured(ctl)
+    ctl.accepted, ctl.rejections = 0.0, 50.0
+    # batch 256 is compute-bound 4x over (knee 64): a verified draft token costs what a plain step's token
+    # does, plus the draft pass, even if it is always accepted
+    assert ctl.drafting_ruled_out(256)
+    assert _explorations(ctl, [f"r{i}" for i in range(256)], 200) == []
+    # batch 2 is memory-bound: a draft token is nearly free and would pay if accepted: it is explored
+    assert not ctl.drafting_ruled_out(2)
+    assert _explorations(ctl, ["a", "b"], 8) == [4]
 
 
 def test_a_fixed_draft_len_never_changes() -> None:
@@ -214,3 +250,93 @@ def test_a_spread_of_alphas_gets_a_capped_plan_as_good_as_the_best_uniform_one()
         return tokens / seconds
 
     assert rate(ks) >= 0.95 * max(rate([k] * 32) for k in range(11))
+
+
+def test_a_draft_call_cost_is_estimated_by_its_passes_from_the_measured_pass_counts() -> None:
+    cost = DraftCost()
+    for _ in range(3):
+        cost.observe(2, 4, 0.003)  # a call: 1 ms fixed + 1 ms per pass
+        cost.observe(8, 4, 0.009)
+    estimate = cost.estimator()
+    assert estimate(2, 4) == pytest.approx(0.003)
+    assert estimate(4, 4) == pytest.approx(0.005)  # between: linear in the passes
+    assert estimate(10, 4) == pytest.approx(0.011)  # above: the per-pass slope of the last two
+    assert estimate(1, 4) == pytest.approx(0.0015)  # below: in proportion (optimistic: tried, then known)
+    only = DraftCost()
+    only.observe(4, 1, 0.004)
+    assert only.estimator()(8, 1) == pytest.approx(0.008)  # one pass count: in proportion
+
+
+def test_a_fixed_cost_per_draft_call_makes_the_best_draft_length_longer() -> None:
+    # Each draft call costs 6 ms on top of its passes (a host-side drafter, a launch). Spread over passes as
+    # if a pass cost call / k, short drafts would look cheap; by passes, the controller sees that once the
+    # call's cost is paid, more passes are cheap, and drafts what the true costs make best.
+    overhead = 0.006
+
+    def draft_seconds(lens: list[int]) -> float:
+        return (overhead if max(lens) else 0.0) + DRAFT.draft_seconds(lens)
+
+    def rate(k: int) -> float:
+        return expected_tokens_per_step(0.8, k) / (draft_seconds([k]) + TARGET.seconds(k + 1))
+
+    best = max(range(11), key=rate)
+    ctl = DraftLenController(max_k=10, hysteresis=0.0)
+    for tokens in (1, 2, 4, 8, 11, 16):
+        ctl.verify_curve.observe(tokens, TARGET.seconds(tokens))
+    for k in range(1, 11):
+        for _ in range(3):
+            ctl.draft_cost.observe(k, 1, draft_seconds([k]))
+    plan = ctl.choose_plan({0.8: 1}, None)
+    assert ctl.draft_len_at(0.8, plan) == best
+    assert best >= _best_uniform_k(0.8, 1, 10)
+
+
+def test_the_first_steps_warm_up_is_not_taken_for_the_cost_of_drafting() -> None:
+    ctl = DraftLenController(max_k=10)
+    ctl.accepted, ctl.rejections = 8.0, 2.0
+    ids = ["a"]
+    ks = ctl.plan(ids)
+    # the first call took 100x its cost (a first forward's allocations, a cold cache)
+    ctl.observe_costs(ks, 100 * DRAFT.draft_seconds(ks), ks[0] + 1, 100 * TARGET.seconds(ks[0] + 1))
+    _simulate(ctl, 1, [0.8], 30, random.Random(4))
+    estimate = ctl.draft_cost.estimator()
+    for k in ctl.draft_cost.by_passes:
+        assert estimate(k, 1) == pytest.approx(DRAFT.draft_seconds([k]))
+    assert ctl.draft_len_at(0.8, ctl.choose_plan({0.8: 1}, None)) == _best_uniform_k(0.8, 1, 10)
+
+
+def test_an_outlier_among_a_sizes_first_measurements_is_gone_at_the_next_one() -> None:
+    curve = CostCurve()
+    curve.observe(8, 0.5)  # an outlier
+    curve.observe(8, 0.01)
+    assert curve.estimate(8) == pytest.approx(0.01)
+    for _ in range(5):
+        curve.observe(8, 0.01)
+    curve.observe(8, 0.5)  # a trusted size follows a slower measurement slowly
+    assert curve.estimate(8) < 0.05
+
+
+def test_a_size_beyond_the_trusted_ones_is_measured_not_extrapolated_and_one_between_them_is_retried() -> (
+    None
+):
+    curve = CostCurve()
+    for _ in range(3):
+        curve.observe(128, 0.04)
+        curve.observe(16, 0.02)
+    curve.observe(1280, 0.4)  # once, above every trusted size: used (flat above 128 would say 0.04)
+    assert curve.estimate(640) == pytest.approx(0.04 + (0.4 - 0.04) * (640 - 128) / (1280 - 128))
+    curve.observe(64, 0.5)  # once, between trusted sizes (maybe an unlucky measurement): left out
+    assert curve.estimate(64) == pytest.approx(max(0.02, 0.04 * 64 / 128))
+
+
+def test_a_size_measured_slower_than_a_larger_one_counts_at_the_larger_ones_time() -> None:
+    curve = CostCurve()
+    for _ in range(3):
+        curve.observe(8, 0.05)  # interfered with, every time
+        curve.observe(16, 0.02)
+    assert curve.estimate(8) == pytest.approx(0.02)
+    cost = DraftCost()
+    for _ in range(3):
+        cost.observe(4, 1, 0.009)  # four passes measured slower than six
+        cost.observe(6, 1, 0.006)
+    assert cost.estimator()(4, 1) == pytest.approx(0.006)

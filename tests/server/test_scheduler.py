@@ -235,3 +235,27 @@ def test_truncate_stops_at_the_first_stop_token_or_the_limit(
     new = list(tokens)
     assert _truncate(new, frozenset({0}), room) == finish
     assert new == kept
+
+
+def test_the_plan_search_is_not_timed_as_drafting(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stand-in's draft pass takes 1 ms; the plan search is made to take 20 ms. Timed together, drafting
+    # would look twenty times dearer than it is, and the longer drafts would never be chosen.
+    async def main() -> None:
+        engine, _ = standin_engine(0.004, 0.001, alpha=0.8, settings=SchedulerSettings(draft_len=None))
+        controller = engine.scheduler.draft_len
+        plan = controller.plan
+
+        def slow_plan(request_ids: Sequence[str]) -> list[int]:
+            time.sleep(0.02)
+            return plan(request_ids)
+
+        monkeypatch.setattr(controller, "plan", slow_plan)
+        await engine.start()
+        await _drain(engine, [97, 98], 60)
+        await engine.stop(1)
+        estimate = controller.draft_cost.estimator()
+        assert controller.draft_cost.by_passes
+        for passes in controller.draft_cost.by_passes:
+            assert estimate(passes, 1) < passes * 0.001 + 0.005
+
+    asyncio.run(main())

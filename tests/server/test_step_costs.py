@@ -49,16 +49,47 @@ def test_per_prompt_alphas_spread_around_the_mean() -> None:
     assert AcceptanceModel(0.8).draw(rng) == 0.8
 
 
-def test_each_request_keeps_its_own_alpha_until_released() -> None:
-    target = StandInTarget(
-        0.0, 0.5, time_model=StepTimeModel(0.0), acceptance=AcceptanceModel(0.5, concentration=2.0)
+def _verify(target: StandInTarget, seqs: list[SequenceState], k: int) -> list[list[int]]:
+    return asyncio.run(target.verify([VerifyRequest(seq, Proposal([97] * k), "tokenMatch") for seq in seqs]))
+
+
+def test_a_prompt_has_the_same_alpha_in_every_request_and_run() -> None:
+    acceptance = AcceptanceModel(0.5, concentration=2.0)
+
+    def target() -> StandInTarget:
+        return StandInTarget(0.0, 0.5, seed=3, time_model=StepTimeModel(0.0), acceptance=acceptance)
+
+    first, second = target(), target()
+    a, b, a_again = (
+        SequenceState("r0", [97], 100, SamplingParams()),
+        SequenceState("r1", [98], 100, SamplingParams()),
+        SequenceState("r2", [97], 100, SamplingParams()),
     )
-    seqs = [SequenceState(f"r{i}", [97], 100, SamplingParams()) for i in range(2)]
-    requests = [VerifyRequest(seq, Proposal([97] * 4), "tokenMatch") for seq in seqs]
-    asyncio.run(target.verify(requests))
-    first = dict(target._alphas)
-    asyncio.run(target.verify(requests))
-    assert target._alphas == first
-    assert first["r0"] != first["r1"]
-    target.release("r0")
-    assert "r0" not in target._alphas
+    _verify(first, [a, b], 4)
+    assert first.alpha_of(a) != first.alpha_of(b)
+    assert second.alpha_of(a_again) == first.alpha_of(a)
+    first.release("r0")
+    assert "r0" in first.released
+    assert first.alpha_of(b) == second.alpha_of(b)
+
+
+def test_acceptance_is_a_function_of_the_position_so_any_draft_length_meets_the_same_draws() -> None:
+    # The accepted run of a k=8 proposal starts with the accepted run of a k=2 proposal at the same position.
+    target = StandInTarget(0.0, 0.7, seed=5, time_model=StepTimeModel(0.0))
+    runs = []
+    for i in range(40):
+        seq = SequenceState(
+            f"r{i}", [97, 98 + i % 20], 100, SamplingParams(), token_ids=[97, 98 + i % 20, 99]
+        )
+        long, short = _verify(target, [seq], 8)[0], _verify(target, [seq], 2)[0]
+        assert len(short) - 1 == min(len(long) - 1, 2)
+        runs.append(len(long) - 1)
+    assert len(set(runs)) > 2  # the positions differ in what they accept
+
+
+def test_seeded_acceptance_accepts_each_draft_token_with_probability_alpha() -> None:
+    target = StandInTarget(0.0, 0.7, seed=1, time_model=StepTimeModel(0.0))
+    seqs = [SequenceState(f"r{i}", [97, i % 256, i // 256], 100, SamplingParams()) for i in range(4000)]
+    accepted = sum(len(out) - 1 for out in _verify(target, seqs, 1))
+    assert accepted / len(seqs) == pytest.approx(0.7, abs=0.03)
+    assert sum(target.emitted_by_alpha.values()) == accepted + len(seqs)

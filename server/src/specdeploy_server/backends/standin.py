@@ -4,8 +4,14 @@ The stand-ins model a GPU executor. By default a batch runs in a fixed time: a d
 ``k * draft_token_seconds`` and a verify call ``verify_seconds``, whatever the batch size, and the target
 accepts each draft token independently with probability ``alpha``. Given a :class:`StepTimeModel` and an
 :class:`AcceptanceModel` (``backends.step_costs``; :func:`preset_engine` takes a whole preset) a call's time
-depends on the tokens in the batch (memory-bound below a knee, compute-bound above) and each request gets
+depends on the tokens in the batch (memory-bound below a knee, compute-bound above) and each prompt gets
 its own alpha.
+
+Acceptance is seeded per prompt and position, not drawn from one stream: a prompt's alpha is a function of
+the seed and the prompt's tokens, and whether a draft token at output position p is accepted is a function
+of the seed, the prompt and p (a uniform draw below alpha). So two runs that serve the same prompts — a fixed
+draft length and ``draftLen: auto``, say — meet the same acceptance, position by position, whatever draft
+lengths they choose: a comparison between them is not a comparison between two samples of the acceptance.
 
 A call lasts its nominal time, measured on the monotonic clock from the moment it is made, and no longer:
 the results are computed first, then the call waits until its deadline — an event-loop timer for the bulk
@@ -20,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import Counter
 from collections.abc import AsyncGenerator, Sequence
 from typing import Any
 
@@ -28,7 +35,14 @@ from specdeploy_server.core.drafters import Drafter, DraftModelDrafter, NoDrafte
 from specdeploy_server.core.executors import DraftRequest, VerifyRequest
 from specdeploy_server.core.logits import TokenConstraint
 from specdeploy_server.core.scheduler import GlobalStats, SchedulerSettings, SpeculativeScheduler
-from specdeploy_server.core.types import FinishReason, Proposal, SamplingParams, SeqStats, StepOutput
+from specdeploy_server.core.types import (
+    FinishReason,
+    Proposal,
+    SamplingParams,
+    SeqStats,
+    SequenceState,
+    StepOutput,
+)
 from specdeploy_server.engine import Engine, Generation, ModelInfo, model_info
 from specdeploy_server.tokenizer import Tokenizer
 
@@ -48,6 +62,17 @@ class CharTokenizer:
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"
+
+
+_MASK = (1 << 64) - 1
+
+
+def seeded_uniform(key: int, position: int) -> float:
+    """A uniform draw in [0, 1) that is a function of ``(key, position)`` only (splitmix64's finaliser)."""
+    x = (key + (position + 1) * 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return (x ^ (x >> 31)) / 18446744073709551616.0
 
 
 SPIN_SECONDS = 0.0015  # the tail of each wait that is spun rather than left to an event-loop timer
@@ -85,9 +110,11 @@ class StandInTarget:
         self.time_model = time_model or StepTimeModel(verify_seconds)
         self.acceptance = acceptance or AcceptanceModel(alpha)
         self.vocab = list(vocab)
-        self._rng = random.Random(seed)
-        self._alpha_rng = random.Random(seed + 7919)  # per-request alphas, apart from the token stream
-        self._alphas: dict[str, float] = {}
+        self.seed = seed
+        self._rng = random.Random(seed)  # the bonus tokens' stream
+        self._requests: dict[str, tuple[int, float]] = {}  # request id -> (its prompt's key, its alpha)
+        #: emitted tokens by the alpha of the prompt that emitted them (what a window of a benchmark served)
+        self.emitted_by_alpha: Counter[float] = Counter()
         self._max_draft_len = max_draft_len
         self.calls = 0
         self.busy_seconds = 0.0  # time spent inside verify(), as an executor's latency would be measured
@@ -103,20 +130,23 @@ class StandInTarget:
         self.calls += 1
         self.seen.append({r.seq.request_id for r in batch})
         started = time.perf_counter()
-        rand, choice = self._rng.random, self._rng.choice
+        choice = self._rng.choice
         vocab = self.vocab
-        constant = self.acceptance.concentration is None
+        emitted = self.emitted_by_alpha
         out = []
         tokens = 0
         for req in batch:
-            alpha = self.alpha if constant else self._request_alpha(req.seq.request_id)
+            seq = req.seq
+            key, alpha = self._request(seq)
             tokens += len(req.proposal.tokens) + 1
             accepted: list[int] = []
-            for token in req.proposal.tokens:
-                if rand() >= alpha:
+            position = len(seq.token_ids)  # the first draft token's position in prompt + output
+            for i, token in enumerate(req.proposal.tokens):
+                if seeded_uniform(key, position + i) >= alpha:
                     break
                 accepted.append(token)
             accepted.append(choice(vocab))
+            emitted[alpha] += len(accepted)
             out.append(accepted)
         duration = self.time_model.seconds(tokens)
         self.modelled_seconds += duration
@@ -124,15 +154,26 @@ class StandInTarget:
         self.busy_seconds += time.perf_counter() - started
         return out
 
-    def _request_alpha(self, request_id: str) -> float:
-        alpha = self._alphas.get(request_id)
-        if alpha is None:
-            alpha = self._alphas[request_id] = self.acceptance.draw(self._alpha_rng)
-        return alpha
+    def _request(self, seq: SequenceState) -> tuple[int, float]:
+        """(the key of the request's prompt, its alpha): functions of the seed and the prompt's tokens."""
+        known = self._requests.get(seq.request_id)
+        if known is None:
+            key = hash((self.seed, tuple(seq.prompt_ids))) & _MASK
+            alpha = (
+                self.acceptance.draw(random.Random(key))
+                if self.acceptance.concentration is not None
+                else self.alpha
+            )
+            known = self._requests[seq.request_id] = (key, alpha)
+        return known
+
+    def alpha_of(self, seq: SequenceState) -> float:
+        """The acceptance probability of ``seq``'s draft tokens."""
+        return self._request(seq)[1]
 
     def release(self, request_id: str) -> None:
         self.released.add(request_id)
-        self._alphas.pop(request_id, None)
+        self._requests.pop(request_id, None)
 
 
 class StandInDraft:

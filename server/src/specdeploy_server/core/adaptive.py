@@ -13,13 +13,17 @@ paid), so the answer moves from "draft long" at batch 1 to "do not draft" under 
   ``prior_trials`` pseudo-observations, so a new sequence starts at the batch's alpha.
 * **Costs** are measured, not assumed: the verify call's seconds as a function of its tokens, kept per batch
   size (the curve of all batch sizes together stands in for a batch size not yet seen), and the draft call's
-  seconds per pass as a function of its sequences (:class:`CostCurve`: per size bucket, the lower envelope
-  of the measurements, since interference only adds time). A size between measured buckets is estimated
-  optimistically, as the least time consistent with a GPU step (time does not fall with size, time per
-  token does not rise: ``max(t_left, t_right * size / size_right)``); above the largest measured size
-  along the last segment's slope (flat with one point), below the smallest proportionally. So a size not
-  yet measured is tried once and known from then on: a load change costs a handful of exploratory steps,
-  not a slow drift.
+  seconds as a function of its number of passes and its sequences per pass (:class:`DraftCost`: one curve
+  per pass count, so a call's fixed cost is not spread over its passes). A :class:`CostCurve` keeps, per
+  size bucket, the lower envelope of the measurements, since interference only adds time, and the least of
+  a bucket's first measurements, so a warm-up outlier is gone at the next one; a size measured slower than a
+  larger one counts at the larger one's time. The draft call is timed alone (the plan search is not a cost
+  of drafting) and the first step's measurements are left out. A size between measured buckets is
+  estimated optimistically, as the least time consistent with a GPU step (time does not fall with size,
+  time per token does not rise: ``max(t_left, t_right * size / size_right)``); above the largest measured
+  size along the last segment's slope (flat with one point), below the smallest proportionally (a draft
+  pass: at the smallest's time). So a size not yet measured is tried and known from then on: a load change
+  costs a handful of exploratory steps, not a slow drift.
 * **Search.** Adding the j-th draft token to sequence i gains alpha_i^j expected tokens, which falls with
   j, so for a given number of draft tokens and draft passes the best plan takes the largest gains: the plans
   compared are "draft every token whose gain is at least a threshold tau, at most ``cap`` per sequence"
@@ -33,8 +37,11 @@ paid), so the answer moves from "draft long" at batch 1 to "do not draft" under 
 * **Cadence.** The search runs when the batch size changes (a load change is seen at once), after a step
   that measured a size never measured before, and otherwise every ``replan_every`` (8) steps; in between
   the current threshold is applied to the current alphas.
-* **Exploration.** While the plan drafts nothing, one sequence (in turn) drafts one token every
-  ``explore_every`` steps, so alpha keeps being measured and speculation returns when it pays again.
+* **Exploration.** While the plan drafts nothing, one sequence (in turn) drafts one token after
+  ``explore_every`` steps, so alpha keeps being measured and speculation returns when it pays again; each
+  exploration that leaves the plan at "no draft" doubles the interval, up to ``explore_max``, and it is
+  back at ``explore_every`` once the plan drafts. Where the measured costs rule drafting out at the batch
+  size even if every draft token were accepted, nobody explores.
 
 ``disable_above`` (``disableAboveConcurrency``) is a hard rule on top of this: above that many sequences in
 the step nobody drafts, whatever the draft length (as TensorRT-LLM's ``max_concurrency``).
@@ -42,15 +49,25 @@ the step nobody drafts, whatever the draft length (as TensorRT-LLM's ``max_concu
 
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from specdeploy_server.core.cost_curves import BUCKETS_PER_DOUBLING, CostCurve, DraftCost
+
+__all__ = [
+    "ALPHA_GRID",
+    "NO_DRAFT",
+    "CostCurve",
+    "DraftCost",
+    "DraftLenController",
+    "Plan",
+    "expected_tokens_per_step",
+    "group_alphas",
+]
+
 #: per-sequence alphas are grouped to this resolution for the search
 ALPHA_GRID = 0.05
-#: a bucket of the cost curves spans a factor of sqrt(2) in size
-_BUCKETS_PER_DOUBLING = 2
 
 
 Plan = tuple[float, int]
@@ -69,7 +86,7 @@ def group_alphas(alphas: Sequence[float]) -> dict[float, int]:
 
 
 def _batch_bucket(batch: int) -> int:
-    return batch if batch <= 16 else 16 + round(math.log2(batch / 16) * _BUCKETS_PER_DOUBLING)
+    return batch if batch <= 16 else 16 + round(math.log2(batch / 16) * BUCKETS_PER_DOUBLING)
 
 
 def expected_tokens_per_step(alpha: float, k: int) -> float:
@@ -77,70 +94,6 @@ def expected_tokens_per_step(alpha: float, k: int) -> float:
     if alpha >= 1.0:
         return float(k + 1)
     return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
-
-
-@dataclass
-class CostCurve:
-    """Measured seconds of a call as a function of its size, per size bucket: the lower envelope of the
-    measurements, an EMA that follows a faster measurement quickly (``down``) and a slower one slowly
-    (``up``), because interference (a busy host, a late wake-up) only ever adds time to a call. A bucket is
-    trusted from its ``trusted_after``-th measurement on; until then it is left out whenever a trusted one
-    exists, so its size is estimated (optimistically) from the others and tried again: one unlucky first
-    measurement cannot rule a size out for good."""
-
-    down: float = 0.5
-    up: float = 0.05
-    trusted_after: int = 3
-    _points: dict[int, list[float]] = field(default_factory=dict)  # bucket -> [size, seconds, measurements]
-
-    def observe(self, size: float, seconds: float) -> bool:
-        """Add a measurement; True while its bucket is not yet trusted (worth a new search)."""
-        if size <= 0:
-            return False
-        bucket = round(math.log2(size) * _BUCKETS_PER_DOUBLING)
-        point = self._points.get(bucket)
-        if point is None:
-            self._points[bucket] = [size, seconds, 1]
-            return True
-        rate = self.down if seconds < point[1] else self.up
-        point[0] += rate * (size - point[0])
-        point[1] += rate * (seconds - point[1])
-        point[2] += 1
-        return point[2] <= self.trusted_after
-
-    @property
-    def known(self) -> bool:
-        return bool(self._points)
-
-    def points(self) -> list[tuple[float, float]]:
-        """(size, seconds), sorted: the trusted buckets, or all while none is."""
-        trusted = [p for p in self._points.values() if p[2] >= self.trusted_after]
-        return sorted((p[0], p[1]) for p in (trusted or self._points.values()))
-
-    def estimate(
-        self, size: float, points: list[tuple[float, float]] | None = None, sizes: list[float] | None = None
-    ) -> float:
-        """Estimated seconds: the least consistent with the measured points (see the module docstring).
-        ``points`` (and their ``sizes``), as :meth:`points` returns them, save recomputing them per call."""
-        pts = self.points() if points is None else points
-        if size <= 0 or not pts:
-            return 0.0
-        if sizes is None:
-            sizes = [p[0] for p in pts]
-        i = bisect.bisect_left(sizes, size)
-        if i == 0:
-            return pts[0][1] * size / pts[0][0]
-        if i == len(pts):
-            if len(pts) == 1:
-                return pts[-1][1]
-            (s0, t0), (s1, t1) = pts[-2], pts[-1]
-            slope = max((t1 - t0) / (s1 - s0), 0.0)
-            return t1 + slope * (size - s1)
-        # Between two measured sizes: the least time consistent with what a step costs on a GPU (time does
-        # not fall as the size grows, time per token does not rise), exact for a roofline whose knee lies
-        # between them; a size in between is then tried, not ruled out by a straight line across the knee.
-        (s0, t0), (s1, t1) = pts[i - 1], pts[i]
-        return max(t0, t1 * size / s1)
 
 
 @dataclass
@@ -157,7 +110,13 @@ class DraftLenController:
     initial: int = 4
     hysteresis: float = 0.03
     prior_trials: float = 4.0
+    #: while the plan drafts nothing, one sequence drafts one token after this many steps; the interval
+    #: doubles after each such exploration (the plan staying "no draft" confirms it), up to ``explore_max``,
+    #: and is back at ``explore_every`` once the plan drafts again
     explore_every: int = 32
+    explore_max: int = 1024
+    #: the cost measurements of the first steps are left out (a first call's warm-up is not its cost)
+    warmup_steps: int = 1
     #: the search runs when the batch size changed, else every this many steps (between, the plan's threshold
     #: is applied to the sequences' current alphas)
     replan_every: int = 8
@@ -168,11 +127,13 @@ class DraftLenController:
     verify_curve: CostCurve = field(default_factory=CostCurve)
     #: the same per batch size (exact up to 16, then buckets a factor sqrt(2) wide): what the search uses
     verify_by_batch: dict[int, CostCurve] = field(default_factory=dict)
-    draft_curve: CostCurve = field(default_factory=CostCurve)
+    draft_cost: DraftCost = field(default_factory=DraftCost)
     current: Plan | None = None  # the plan in use
     _per_sequence: dict[str, list[float]] = field(default_factory=dict)  # id -> [accepted, trials]
     _steps_without_draft: int = 0
+    _explore_interval: int = 0  # 0: explore_every
     _explored: int = 0
+    _observed_steps: int = 0
     _planned_batch: int = 0
     _learned: bool = False  # the last step measured a size never measured before: search again
     _since_replan: int = 0
@@ -198,7 +159,7 @@ class DraftLenController:
             return [min(self.fixed, self.max_k)] * batch
         if self.max_k <= 0 or batch == 0:
             return [0] * batch
-        if not self.verify_curve.known or (self.has_draft_cost and not self.draft_curve.known):
+        if not self.verify_curve.confirmed or (self.has_draft_cost and not self.draft_cost.known):
             return [min(self.initial, self.max_k)] * batch
         self._since_replan += 1
         alphas: list[float] | None = None
@@ -217,14 +178,24 @@ class DraftLenController:
             alphas = alphas or [self.alpha_of(rid) for rid in request_ids]
             ks = [self.draft_len_at(alpha, self.current) for alpha in alphas]
         if any(ks):
-            self._steps_without_draft = 0
+            self._steps_without_draft, self._explore_interval = 0, self.explore_every
             return ks
         self._steps_without_draft += 1
-        if self._steps_without_draft >= self.explore_every:
+        interval = self._explore_interval or self.explore_every
+        if self._steps_without_draft >= interval:
             self._steps_without_draft = 0
-            self._explored += 1
-            ks[self._explored % batch] = 1
+            if not self.drafting_ruled_out(batch):
+                self._explore_interval = min(2 * interval, max(self.explore_max, self.explore_every))
+                self._explored += 1
+                ks[self._explored % batch] = 1
         return ks
+
+    def drafting_ruled_out(self, batch: int) -> bool:
+        """Whether the measured costs rule drafting out at this batch size whatever the acceptance: not one
+        plan beats drafting nothing even if every draft token were accepted (then exploring, to measure the
+        acceptance, cannot pay)."""
+        rates = self._plan_rates({1.0: batch})
+        return max(rate for _, rate in rates[1:]) <= rates[0][1]
 
     def choose_plan(self, groups: Mapping[float, int], current: Plan | None) -> Plan:
         """The best plan for sequences grouped by alpha (``{alpha: count}``), or ``current`` when the best
@@ -257,9 +228,8 @@ class DraftLenController:
         verify_curve = at_batch if at_batch is not None else self.verify_curve
         verify_points = verify_curve.points()
         verify_sizes = [p[0] for p in verify_points]
-        draft_points = self.draft_curve.points()
-        draft_sizes = [p[0] for p in draft_points]
-        verify, draft = verify_curve.estimate, self.draft_curve.estimate
+        draft = self.draft_cost.estimator()
+        verify = verify_curve.estimate
         no_draft_seconds = verify(batch, verify_points, verify_sizes)
         rates: list[tuple[Plan, float]] = [
             (NO_DRAFT, batch / no_draft_seconds if no_draft_seconds else batch)
@@ -268,18 +238,15 @@ class DraftLenController:
             gains = sorted(
                 ((alpha**j, alpha, j) for alpha in groups for j in range(1, cap + 1)), reverse=True
             )
-            tokens, drafted, draft_seconds = float(batch), 0, 0.0
-            per_pass = [0] * (cap + 1)  # per_pass[j]: sequences proposing at least j tokens
-            last = math.inf
+            tokens, drafted, passes = float(batch), 0, 0
+            draft_seconds, last = 0.0, math.inf
             for gain, alpha, j in gains:
                 count = groups[alpha]
                 tokens += count * gain
                 drafted += count
+                passes = max(passes, j)  # the draft passes so far: the deepest draft token taken
                 if self.has_draft_cost:
-                    old = per_pass[j]
-                    draft_seconds -= draft(old, draft_points, draft_sizes) if old else 0.0
-                    draft_seconds += draft(old + count, draft_points, draft_sizes)
-                per_pass[j] += count
+                    draft_seconds = draft(passes, drafted / passes)
                 seconds = draft_seconds + verify(batch + drafted, verify_points, verify_sizes)
                 rate = tokens / seconds if seconds > 0 else tokens
                 if gain == last:
@@ -316,11 +283,15 @@ class DraftLenController:
     def observe_costs(
         self, draft_lens: Sequence[int], draft_seconds: float, verify_tokens: int, verify_seconds: float
     ) -> None:
-        """One step's measured calls: the draft lengths it asked for, the draft call's seconds, the tokens
-        the verify call covered (drafts + one per sequence) and its seconds."""
+        """One step's measured calls: the draft lengths it asked for, the draft call's seconds (the call
+        alone: not the planning), the tokens the verify call covered (drafts + one per sequence) and its
+        seconds. The first ``warmup_steps`` steps' are left out."""
+        self._observed_steps += 1
+        if self._observed_steps <= self.warmup_steps:
+            return
         passes = max(draft_lens, default=0)
         if self.has_draft_cost and passes > 0:
-            self._learned |= self.draft_curve.observe(sum(draft_lens) / passes, draft_seconds / passes)
+            self._learned |= self.draft_cost.observe(passes, sum(draft_lens) / passes, draft_seconds)
         self.verify_curve.observe(verify_tokens, verify_seconds)
         curve = self.verify_by_batch.setdefault(_batch_bucket(len(draft_lens)), CostCurve())
         self._learned |= curve.observe(verify_tokens, verify_seconds)

@@ -259,6 +259,9 @@ class SpeculativeScheduler(LoadFigures):
         want_probs = self.settings.acceptance == AcceptanceRule.LOGITS
         drafting = any(n > 0 for _, n in plan)
         self._phase = "draft"
+        # The draft call is timed alone: the plan search above is the controller's own time, not a cost of
+        # drafting (counted in it, it would make drafting look dearer the more often the controller searches).
+        t_draft = clock()
         proposals: list[Proposal] = (
             await self.drafter.propose(plan, want_probs) if drafting else [Proposal([]) for _ in batch]
         )
@@ -281,7 +284,7 @@ class SpeculativeScheduler(LoadFigures):
         t2 = clock()
         if requests:
             verify_tokens = sum(len(r.proposal.tokens) + 1 for r in requests)
-            self.draft_len.observe_costs([n for _, n in plan], t1 - t0, verify_tokens, t2 - t1)
+            self.draft_len.observe_costs([n for _, n in plan], t1 - t_draft, verify_tokens, t2 - t1)
         if self._undelivered:  # an earlier step's outputs always reach their consumers first
             self._flush()
         finished: list[tuple[SequenceState, StepOutput]] = []

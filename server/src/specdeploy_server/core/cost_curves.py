@@ -1,0 +1,171 @@
+"""Measured call costs for ``draftLen: auto`` (:mod:`specdeploy_server.core.adaptive`): seconds of a call as a
+function of its size (:class:`CostCurve`), and of a draft call as a function of its passes too
+(:class:`DraftCost`)."""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+
+#: a bucket of the cost curves spans a factor of sqrt(2) in size
+BUCKETS_PER_DOUBLING = 2
+
+
+@dataclass
+class CostCurve:
+    """Measured seconds of a call as a function of its size, per size bucket: the lower envelope of the
+    measurements, an EMA that follows a faster measurement quickly (``down``) and a slower one slowly
+    (``up``), because interference (a busy host, a late wake-up) only ever adds time to a call. A bucket is
+    trusted from its ``trusted_after``-th measurement on; until then it keeps the least of its measurements
+    and, where trusted buckets lie on both sides of it, is left out (its size estimated optimistically from
+    them, and tried again: one unlucky measurement cannot rule such a size out). Outside the trusted sizes an
+    untrusted bucket is used: a measurement says more about a size beyond them than extrapolating would (flat
+    above one point: a batch of 128 drafting 10 tokens each would look as cheap as drafting none).
+
+    ``flat_below``: below the smallest measured size, the time of that size (a draft-model pass on a GPU
+    costs one memory-bound forward however few sequences it carries) instead of a proportional share."""
+
+    down: float = 0.5
+    up: float = 0.05
+    trusted_after: int = 3
+    confirmed_after: int = 2
+    flat_below: bool = False
+    _points: dict[int, list[float]] = field(default_factory=dict)  # bucket -> [size, seconds, measurements]
+
+    def observe(self, size: float, seconds: float) -> bool:
+        """Add a measurement; True while its bucket is not yet trusted (worth a new search)."""
+        if size <= 0:
+            return False
+        bucket = round(math.log2(size) * BUCKETS_PER_DOUBLING)
+        point = self._points.get(bucket)
+        if point is None:
+            self._points[bucket] = [size, seconds, 1]
+            return True
+        if point[2] < self.trusted_after:
+            # not yet trusted: the least of its measurements, so an outlier among the first (a warm-up call)
+            # is gone at the next measurement, not averaged in
+            rate = 1.0 if seconds < point[1] else 0.0
+        else:
+            rate = self.down if seconds < point[1] else self.up
+        point[0] += rate * (size - point[0])
+        point[1] += rate * (seconds - point[1])
+        point[2] += 1
+        return point[2] <= self.trusted_after
+
+    @property
+    def known(self) -> bool:
+        return bool(self._points)
+
+    @property
+    def confirmed(self) -> bool:
+        """Some size is measured at least twice."""
+        return any(p[2] >= self.confirmed_after for p in self._points.values())
+
+    def points(self) -> list[tuple[float, float]]:
+        """(size, seconds), sorted: the trusted buckets and the untrusted ones outside the trusted sizes (all
+        while none is trusted)."""
+        trusted = [p[0] for p in self._points.values() if p[2] >= self.trusted_after]
+        low, high = min(trusted, default=math.inf), max(trusted, default=-math.inf)
+        points = sorted(
+            (p[0], p[1]) for p in self._points.values() if p[2] >= self.trusted_after or not low < p[0] < high
+        )
+        # time does not fall as the size grows: a size measured slower than a larger one was interfered with
+        for i in range(len(points) - 2, -1, -1):
+            if points[i][1] > points[i + 1][1]:
+                points[i] = (points[i][0], points[i + 1][1])
+        return points
+
+    def estimate(
+        self, size: float, points: list[tuple[float, float]] | None = None, sizes: list[float] | None = None
+    ) -> float:
+        """Estimated seconds: the least consistent with the measured points (see the module docstring).
+        ``points`` (and their ``sizes``), as :meth:`points` returns them, save recomputing them per call."""
+        pts = self.points() if points is None else points
+        if size <= 0 or not pts:
+            return 0.0
+        if sizes is None:
+            sizes = [p[0] for p in pts]
+        i = bisect.bisect_left(sizes, size)
+        if i == 0:
+            return pts[0][1] if self.flat_below else pts[0][1] * size / pts[0][0]
+        if i == len(pts):
+            if len(pts) == 1:
+                return pts[-1][1]
+            (s0, t0), (s1, t1) = pts[-2], pts[-1]
+            slope = max((t1 - t0) / (s1 - s0), 0.0)
+            return t1 + slope * (size - s1)
+        # Between two measured sizes: the least time consistent with what a step costs on a GPU (time does
+        # not fall as the size grows, time per token does not rise), exact for a roofline whose knee lies
+        # between them; a size in between is then tried, not ruled out by a straight line across the knee.
+        (s0, t0), (s1, t1) = pts[i - 1], pts[i]
+        return max(t0, t1 * size / s1)
+
+
+@dataclass
+class DraftCost:
+    """Measured seconds of a draft call as a function of its passes (k sequential draft-model forwards, pass j
+    over the sequences proposing at least j tokens) and of its sequences per pass: one :class:`CostCurve`
+    (seconds of the whole call by mean sequences per pass) per number of passes. A call's fixed cost (the
+    drafter's host work, a launch) is in every pass count's figures as measured, not spread over passes as if
+    a pass cost the call's time / k. A pass count not measured yet is estimated from the measured ones at the
+    same size: between two, linearly in the passes; above the largest, along the per-pass slope of the last
+    two (with one, in proportion); below the smallest, in proportion (optimistic: it is tried, then known).
+    Fewer sequences per pass than measured cost what the smallest measured did (``flat_below``): a pass is a
+    forward of the draft model, so leaving a few sequences out of it saves nothing on a GPU."""
+
+    by_passes: dict[int, CostCurve] = field(default_factory=dict)
+
+    def observe(self, passes: int, sequences_per_pass: float, seconds: float) -> bool:
+        """Add a call's measurement; True while its bucket is not yet trusted (worth a new search)."""
+        if passes <= 0:
+            return False
+        curve = self.by_passes.setdefault(passes, CostCurve(flat_below=True))
+        return curve.observe(sequences_per_pass, seconds)
+
+    @property
+    def known(self) -> bool:
+        return bool(self.by_passes)
+
+    def estimator(self) -> DraftEstimate:
+        """The estimate under the current measurements (their points read once, for a whole search)."""
+        curves = [(passes, curve, curve.points()) for passes, curve in self.by_passes.items()]
+        return DraftEstimate(sorted((c for c in curves if c[2]), key=lambda c: c[0]))
+
+
+class DraftEstimate:
+    """Seconds of a draft call of ``passes`` passes over ``size`` sequences per pass (:class:`DraftCost`)."""
+
+    def __bool__(self) -> bool:
+        return bool(self._passes)
+
+    def __init__(self, curves: list[tuple[int, CostCurve, list[tuple[float, float]]]]) -> None:
+        self._passes = [p for p, _, _ in curves]
+        self._curves = [(curve, points, [pt[0] for pt in points]) for _, curve, points in curves]
+
+    def _own(self, i: int, size: float) -> float:
+        curve, points, sizes = self._curves[i]
+        return curve.estimate(size, points, sizes)
+
+    def _at(self, i: int, size: float) -> float:
+        """Pass count ``known[i]``'s estimate, at most any larger pass count's (more passes cannot take less
+        time: a pass count measured slower than a larger one was interfered with, and is tried again)."""
+        return min(self._own(j, size) for j in range(i, len(self._curves)))
+
+    def __call__(self, passes: int, size: float) -> float:
+        known = self._passes
+        if passes <= 0 or size <= 0 or not known:
+            return 0.0
+        i = bisect.bisect_left(known, passes)
+        if i < len(known) and known[i] == passes:
+            return self._at(i, size)
+        if i == 0:
+            return self._at(0, size) * passes / known[0]
+        if i == len(known):
+            last = self._at(i - 1, size)
+            if i == 1:
+                return last * passes / known[0]
+            slope = max((last - self._at(i - 2, size)) / (known[i - 1] - known[i - 2]), 0.0)
+            return last + slope * (passes - known[i - 1])
+        low, high = self._at(i - 1, size), self._at(i, size)
+        return low + (high - low) * (passes - known[i - 1]) / (known[i] - known[i - 1])
