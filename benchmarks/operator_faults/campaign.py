@@ -228,9 +228,9 @@ def api_requests(op: OperatorProcess, *, writes_only: bool = False, status: str 
     for key, value in op.metrics().items():
         if not key.startswith("specdeploy_operator_api_requests_total"):
             continue
-        if writes_only and 'method="GET"' in key:
+        if writes_only and 'verb="GET"' in key:
             continue
-        if status is not None and f'status="{status}"' not in key:
+        if status is not None and f'code="{status}"' not in key:
             continue
         total += value
     return total
