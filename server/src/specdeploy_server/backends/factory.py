@@ -115,7 +115,13 @@ def _build_reference(config: ServerConfig, observer: SchedulerObserver | None) -
     tokenizer = HFTokenizer(config.model.tokenizer or config.model.target, config.serving.chat_template)
     max_len = config.model.max_model_len or max_position_embeddings(config.model.target) or 4096
     scheduler = SpeculativeScheduler(
-        ReferenceTargetExecutor(target, worker, max_draft_len=config.speculative.max_draft_len),
+        ReferenceTargetExecutor(
+            target,
+            worker,
+            max_draft_len=config.speculative.max_draft_len,
+            # a draft model shares the worker, and its proposals mostly begin with the target's own token
+            run_ahead=method != Method.DRAFT_TARGET,
+        ),
         drafter,
         scheduler_settings(config, max_len),
         observer,
