@@ -119,8 +119,9 @@ def _build_reference(config: ServerConfig, observer: SchedulerObserver | None) -
             target,
             worker,
             max_draft_len=config.speculative.max_draft_len,
-            # a draft model shares the worker, and its proposals mostly begin with the target's own token
-            run_ahead=method != Method.DRAFT_TARGET,
+            # pays where it saves passes (rejected proposals); for plain decoding the pass it moves earlier
+            # shares the interpreter lock with the event loop's work, which measured slower (docs/server.md)
+            run_ahead=method == Method.PROMPT_LOOKUP,
         ),
         drafter,
         scheduler_settings(config, max_len),

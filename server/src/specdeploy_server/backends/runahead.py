@@ -2,11 +2,11 @@
 
 With one request running, the reference backend's worker thread would otherwise sit idle while the step's
 result travels back to the event loop, the scheduler accounts the step and plans the next, and the next call
-travels to the worker (two thread wake-ups, which a loaded machine makes slow). Plain greedy decoding needs
-nothing from the loop to know what comes next: the next step's input is the sequence plus the tokens just
-emitted. So, right after answering a verify call for a lone greedy request, the worker feeds the step's last
-token to the target (the pass the next call would make first) and keeps its logits. The next call for that
-request, when its sequence is exactly what was fed, takes the logits from there:
+travels to the worker (two thread wake-ups, which a loaded machine makes slow). Greedy decoding needs nothing
+from the loop to know what the next pass starts with: the sequence plus the tokens just emitted. So, right
+after answering a verify call for a lone greedy request, the worker feeds the step's last token to the target
+(the first position the next call would compute) and keeps its logits. The next call for that request, when
+its sequence is exactly what was fed, takes the logits from there:
 
 * no proposal: the token is their argmax, no forward pass at all;
 * a proposal (prompt lookup) whose first token is not that argmax: it is rejected outright (token match), the
@@ -19,8 +19,11 @@ running, sampling or logits processing or a grammar or logprobs, the request's b
 emitted. The last case above costs a second pass (the token fed alone, then the proposal), where one pass
 over both would do: while more than ``MAX_FIRST_MATCH`` of a request's recent proposals (a moving average)
 begin with the target's own token, as prompt lookup's do on repetitive text, that request is not run ahead.
-The executor is built without run-ahead where a draft model shares the worker (a draft model's proposals
-mostly begin with the target's own token).
+
+The factory builds the executor with run-ahead for prompt lookup only, where it saves the passes over
+rejected proposals. Plain decoding would only move its pass earlier, and on CPU that pass and the event loop's
+work share the interpreter lock, so the overlap measured slower than none; a draft model shares the worker,
+and its proposals mostly begin with the target's own token.
 """
 
 from __future__ import annotations
