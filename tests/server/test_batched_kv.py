@@ -4,6 +4,8 @@ alone, and each request's cache afterwards holds exactly its own sequence (so ro
 from __future__ import annotations
 
 import asyncio
+import inspect
+import warnings
 from typing import Any
 
 import pytest
@@ -139,3 +141,17 @@ def test_a_pass_abandoned_before_commit_leaves_nothing_behind(tiny_models: TinyM
         again, _alone(tiny_models.target, [5, 6, 7, 8, 9], [12]), atol=TOLERANCE, rtol=0
     )
     assert model.cached_tokens("a") == len(model._kv["a"].tokens) == 6
+
+
+def test_the_cache_goes_to_the_model_by_the_keyword_it_declares(tiny_models: TinyModels) -> None:
+    """transformers 5.24 renamed ``past_key_values`` to ``cache`` (the old name warns at every call)."""
+    model = CachedModel(tiny_models.target, CPU, torch.float32)
+    declared = inspect.signature(model.model.forward).parameters
+    assert model.cache_kwarg == ("cache" if "cache" in declared else "past_key_values")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        first = model.logits_for("r", [5, 6, 7], [])
+        second = model.logits_for("r", [5, 6, 7, 8], [9])
+    assert model.cached_tokens("r") == 5
+    torch.testing.assert_close(second, _alone(tiny_models.target, [5, 6, 7, 8], [9]), atol=TOLERANCE, rtol=0)
+    assert first.shape[0] == 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -13,7 +14,7 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 from specdeploy_server.api.app import create_app
-from specdeploy_server.api.runs import weighted_observer
+from specdeploy_server.api.runs import LatencyTally
 from specdeploy_server.backends.standin import InstantEngine
 from specdeploy_server.core.types import FinishReason, SeqStats, StepOutput
 
@@ -59,19 +60,34 @@ def test_each_step_is_one_event_serialised_as_json_dumps_would(per_step: int) ->
     assert finishes == [None] * (steps - 1) + ["length"]
 
 
-def test_a_steps_latencies_are_counted_as_that_many_observations() -> None:
+def test_a_steps_latencies_are_counted_as_that_many_observations_once_flushed() -> None:
     registry_one, registry_many = CollectorRegistry(), CollectorRegistry()
     one = Histogram("itl", "x", buckets=(0.01, 0.1, 1.0), registry=registry_one)
     many = Histogram("itl", "x", buckets=(0.01, 0.1, 1.0), registry=registry_many)
-    observe = weighted_observer(many)
-    for value, times in ((0.005, 3), (0.05, 4), (0.5, 1), (5.0, 2)):
-        observe(value, times)
+    tally = LatencyTally(many)
+    for value, times in ((0.005, 3), (0.01, 2), (0.05, 4), (0.5, 1), (5.0, 2)):
+        tally.observe(value, times, 0.0)
         for _ in range(times):
             one.observe(value)
+    assert registry_many.get_sample_value("itl_count") == 0  # counted in the request until flushed
+    tally.flush()
     for le in ("0.01", "0.1", "1.0", "+Inf"):
         counted = registry_many.get_sample_value("itl_bucket", {"le": le})
         assert counted == registry_one.get_sample_value("itl_bucket", {"le": le})
-    assert registry_many.get_sample_value("itl_count") == 10
+    assert registry_many.get_sample_value("itl_count") == 12
     assert registry_many.get_sample_value("itl_sum") == pytest.approx(
         registry_one.get_sample_value("itl_sum")
     )
+    tally.flush()  # nothing counted twice
+    assert registry_many.get_sample_value("itl_count") == 12
+
+
+def test_a_running_streams_latencies_reach_the_histogram_every_flush_interval() -> None:
+    registry = CollectorRegistry()
+    histogram = Histogram("itl", "x", buckets=(0.01, 0.1), registry=registry)
+    tally = LatencyTally(histogram)
+    start = time.perf_counter()
+    tally.observe(0.05, 2, start)
+    assert registry.get_sample_value("itl_count") == 0
+    tally.observe(0.05, 1, start + LatencyTally.FLUSH_SECONDS + 0.01)
+    assert registry.get_sample_value("itl_count") == 3

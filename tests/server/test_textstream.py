@@ -51,3 +51,17 @@ def test_incremental_decoding_equals_decoding_everything(tiny_models: TinyModels
     pieces.append(decoder.flush())
     assert "".join(pieces) == tok.decode(ids) == text
     assert not any("\ufffd" in p for p in pieces)  # split multi-byte characters are held, not mangled
+
+
+def test_memoised_single_tokens_decode_what_the_tokenizer_decodes(tiny_models: TinyModels) -> None:
+    tok = HFTokenizer(tiny_models.target)
+    text = "speculative décodage 🚀 with ünïcode and the draft model ✓"
+    ids = tok.encode(text, add_special_tokens=False)
+    singles: dict[int, str] = {}
+    for _ in range(2):  # the second stream finds every single token memoised by the first
+        decoder = IncrementalDecoder(tok, singles)
+        pieces = [decoder.feed([t]) for t in ids]
+        pieces.append(decoder.flush())
+        assert "".join(pieces) == text
+    assert singles == {t: tok.decode([t]) for t in singles}
+    assert singles  # the windows of one token (all but those after a split character) were memoised

@@ -18,6 +18,19 @@ _ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
 
 
 @dataclass(frozen=True)
+class RequestMetrics:
+    """The children of one model's per-request metrics, looked up once per server and model (a
+    ``.labels()`` lookup costs a lock and a few dictionary lookups: several per request add up)."""
+
+    ttft: Any
+    itl: Any
+    in_flight: Any
+    prompt_tokens: Any
+    generation_tokens: Any
+    e2e: Any
+
+
+@dataclass(frozen=True)
 class ExecutorSample:
     """The latest iteration statistics of one model executor (TensorRT-LLM ``IterationStats``)."""
 
@@ -188,6 +201,7 @@ class ServerMetrics:
             registry=r,
         )
 
+        self._request_metrics: dict[str, RequestMetrics] = {}
         # The children the step loop updates, looked up once (``.labels()`` per step costs a lock and a
         # dictionary lookup per sequence at batch 64).
         self._step_seconds = self.step_seconds.labels(model)
@@ -197,6 +211,20 @@ class ServerMetrics:
         self._accepted_tokens = self.accepted_tokens.labels(model)
         self._speculating_steps = self.speculating_steps.labels(model)
         self._draft_length = self.draft_length.labels(model)
+
+    def for_requests(self, model: str) -> RequestMetrics:
+        """The per-request metrics of ``model``, bound once."""
+        found = self._request_metrics.get(model)
+        if found is None:
+            found = self._request_metrics[model] = RequestMetrics(
+                self.ttft.labels(model),
+                self.itl.labels(model),
+                self.in_flight.labels(model),
+                self.prompt_tokens.labels(model),
+                self.generation_tokens.labels(model),
+                self.e2e.labels(model),
+            )
+        return found
 
     def set_config(self, config: dict[str, Any]) -> None:
         """`specdeploy_server_config_info`: which configuration this process loaded (`config_digest` of its

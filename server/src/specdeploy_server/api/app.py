@@ -252,12 +252,17 @@ def _install_routes(app: FastAPI, state: AppState) -> None:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
+#: (path, status) pairs whose request counters the middleware keeps at hand
+MAX_COUNTED_PATHS = 256
+
+
 class _RequestCounter:
     """Pure ASGI middleware (keeps disconnect detection intact): counts /v1 requests by path and status."""
 
     def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
         self.app = app
         self.metrics = metrics
+        self._counters: dict[tuple[str, int], Any] = {}  # (path, status) -> its child, looked up once
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
@@ -275,7 +280,12 @@ class _RequestCounter:
         try:
             await self.app(scope, receive, capture)
         finally:
-            self.metrics.requests.labels(self.metrics.model, path, str(status)).inc()
+            counter = self._counters.get((path, status))
+            if counter is None:
+                counter = self.metrics.requests.labels(self.metrics.model, path, str(status))
+                if len(self._counters) < MAX_COUNTED_PATHS:  # paths come from clients: bound the cache
+                    self._counters[(path, status)] = counter
+            counter.inc()
 
 
 class _RunResponse(StreamingResponse):

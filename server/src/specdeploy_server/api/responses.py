@@ -133,7 +133,8 @@ def stream_completion(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
         offsets[index] += len(text)
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
-    return _stream(serving, run, base, first, chunk)
+    plain = None if wants_logprobs else ('{"index":0,"text":', ',"logprobs":null,"finish_reason":null}')
+    return _stream(serving, run, base, first, chunk, plain=plain)
 
 
 def stream_chat(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
@@ -167,7 +168,12 @@ def stream_chat(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
         delta = {"content": text} if text or finish is None else {}
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
-    return _stream(serving, run, base, first, chunk)
+    plain = (
+        None
+        if wants_logprobs or prepared.tool_mode is not None
+        else ('{"index":0,"delta":{"content":', '},"logprobs":null,"finish_reason":null}')
+    )
+    return _stream(serving, run, base, first, chunk, plain=plain)
 
 
 async def _stream(
@@ -176,24 +182,48 @@ async def _stream(
     base: dict[str, Any],
     first: list[dict[str, Any]],
     chunk: Any,
+    *,
+    plain: tuple[str, str] | None,
 ) -> AsyncIterator[str]:
-    finished = 0
+    """The SSE events of a run. ``chunk(index, text, finish, ids, logprobs)`` builds a choice (a dict, a
+    preformatted JSON string, or None for no event); ``plain``: the JSON before and after the text of a
+    single choice's event that carries only text, when such events need nothing else (no logprobs, no tool
+    calls), so that the events of a one-choice request are formatted right here, one string per event."""
     # Every event is the same envelope around one choice: the envelope is serialised once, the choice per
     # event (the bytes are those of json.dumps of the whole event, keys in the same order).
     head = f'data: {_json(base)[:-1]},"choices":['
     try:
         for choice in first:
             yield _sse({**base, "choices": [choice]})
-        async for index, delta in run.deltas():
-            body = chunk(index, delta.text, delta.finish_reason, delta.token_ids, delta.logprobs or [])
-            if body is None:
-                continue
-            if delta.finish_reason is not None:
-                finished += 1
-                if finished == len(run.choices):  # the last choice's final chunk carries the usage
-                    yield _sse({**base, "choices": [body], "usage": run.usage()})
+        if len(run.choices) == 1:
+            single = run.choices[0]
+            step = single.stepper()
+            before, after = (head + plain[0], plain[1] + "]}\n\n") if plain is not None else ("", "")
+            async with single.opened(run) as outputs:
+                async for out in outputs:
+                    text, finish = step(out)
+                    if finish is None and plain is not None:  # the common event
+                        if text:
+                            yield f"{before}{_string(text)}{after}"
+                        continue
+                    body = chunk(0, text, finish, out.token_ids, out.logprobs or [])
+                    if finish is not None:
+                        yield _sse({**base, "choices": [body], "usage": run.usage()})
+                        break
+                    if body is not None:
+                        yield f"{head}{body if isinstance(body, str) else _json(body)}]}}\n\n"
+        else:
+            finished = 0
+            async for index, delta in run.deltas():
+                body = chunk(index, delta.text, delta.finish_reason, delta.token_ids, delta.logprobs or [])
+                if body is None:
                     continue
-            yield f"{head}{body if isinstance(body, str) else _json(body)}]}}\n\n"
+                if delta.finish_reason is not None:
+                    finished += 1
+                    if finished == len(run.choices):  # the last choice's final chunk carries the usage
+                        yield _sse({**base, "choices": [body], "usage": run.usage()})
+                        continue
+                yield f"{head}{body if isinstance(body, str) else _json(body)}]}}\n\n"
         if run.prepared.include_usage:
             yield _sse({**base, "choices": [], "usage": run.usage()})
     except Exception as exc:  # headers are sent: report in-band, then end the stream

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
@@ -10,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from specdeploy_server.api.textstream import IncrementalDecoder, StopMatcher
-from specdeploy_server.core.types import FinishReason, SamplingParams, TokenLogprob
+from specdeploy_server.core.types import FinishReason, SamplingParams, StepOutput, TokenLogprob
 from specdeploy_server.engine import Generation
 from specdeploy_server.grammar import GrammarConstraint
 
@@ -57,75 +58,131 @@ class ChoiceRun:
         self.generation = generation
         self._run = run
         self.completion_tokens = 0
+        self._itl: LatencyTally | None = None
 
-    async def deltas(self, whole: Run | None = None) -> AsyncIterator[tuple[int, Delta]]:
-        """This choice's deltas, tagged with its index; with ``whole``, this is the request's only choice and
-        also keeps the request's metrics (one generator per event less than a merge)."""
+    def stepper(self) -> Callable[[StepOutput], tuple[str, str | None]]:
+        """``step(output) -> (text, finish_reason)``: the text an engine output adds (stop strings cut,
+        incomplete characters held back) and the choice's finish reason once it is over (None before), with
+        the TTFT/ITL metrics kept. Everything it needs is bound here, once per choice: the streaming loop
+        calls it once per event."""
         serving = self._run.serving
-        metrics, model = serving.metrics, serving.settings.served_model_name
-        ttft, itl = metrics.ttft.labels(model), weighted_observer(metrics.itl.labels(model))
-        decoder = IncrementalDecoder(serving.engine.tokenizer)
+        metrics = self._run.metrics
+        ttft = metrics.ttft
+        itl = self._itl = LatencyTally(metrics.itl)
+        decoder = IncrementalDecoder(serving.engine.tokenizer, serving.single_token_text)
+        feed, decoder_flush = decoder.feed, decoder.flush
         stopper = StopMatcher(self._run.prepared.stops)
-        started = last = self._run.started
-        index = self.index
+        stops = bool(stopper.stops)
+        started = self._run.started
+        last = started
+        clock = time.perf_counter
+
+        def step(out: StepOutput) -> tuple[str, str | None]:
+            nonlocal last
+            ids = out.token_ids
+            n = len(ids)
+            if n:
+                now = clock()
+                if self.completion_tokens:
+                    itl.observe((now - last) / n, n, now)
+                else:
+                    ttft.observe(now - started)
+                last = now
+                self.completion_tokens += n
+                text = feed(ids)
+            else:
+                text = ""
+            reason = out.finish_reason
+            if stops:
+                text = stopper.feed(text)
+                if stopper.stopped:
+                    return text, "stop"
+            if reason is None:
+                return text, None
+            text += stopper.feed(decoder_flush()) if stops else decoder_flush()
+            if stopper.stopped:
+                return text, "stop"
+            return text + stopper.flush(), _FINISH[reason]
+
+        return step
+
+    @contextlib.asynccontextmanager
+    async def opened(self, whole: Run | None = None) -> AsyncIterator[AsyncIterator[StepOutput]]:
+        """The generation's outputs, closed however the caller stops reading them; with ``whole``, this is
+        the request's only choice and also keeps the request's metrics."""
         if whole is not None:
             whole.begin()
         try:
             async with contextlib.aclosing(self.generation.outputs) as outputs:
-                async for out in outputs:
-                    now = time.perf_counter()
-                    n = len(out.token_ids)
-                    if n:
-                        if self.completion_tokens == 0:
-                            ttft.observe(now - started)
-                        else:
-                            itl((now - last) / n, n)
-                        last = now
-                    self.completion_tokens += n
-                    text = stopper.feed(decoder.feed(out.token_ids))
-                    ids, logprobs = out.token_ids, out.logprobs
-                    if stopper.stopped:
-                        yield index, Delta(text, "stop", ids, logprobs)
-                        return
-                    if out.finish_reason is not None:
-                        text += stopper.feed(decoder.flush())
-                        if not stopper.stopped:
-                            text += stopper.flush()
-                        finish = "stop" if stopper.stopped else _FINISH[out.finish_reason]
-                        yield index, Delta(text, finish, ids, logprobs)
-                        return
-                    if text or ids:
-                        yield index, Delta(text, None, ids, logprobs)
+                yield outputs
         finally:
+            if self._itl is not None:
+                self._itl.flush()
             if whole is not None:
                 whole.end()
 
+    async def deltas(self, whole: Run | None = None) -> AsyncIterator[tuple[int, Delta]]:
+        """This choice's deltas, tagged with its index; ``whole`` as for :meth:`opened`."""
+        step = self.stepper()
+        index = self.index
+        async with self.opened(whole) as outputs:
+            async for out in outputs:
+                text, finish = step(out)
+                ids, logprobs = out.token_ids, out.logprobs
+                if finish is not None:
+                    yield index, Delta(text, finish, ids, logprobs)
+                    return
+                if text or ids:
+                    yield index, Delta(text, None, ids, logprobs)
 
-def weighted_observer(histogram: Any) -> Callable[[float, int], None]:
-    """``observe(value, times)``: ``times`` observations of ``value`` (the inter-token latency of the tokens
-    of one step), counted as that many ``observe`` calls would count them, in one update. prometheus_client's
-    histogram child has no weighted ``observe``: its sum and the one bucket are incremented directly where
-    they are as expected, else ``observe`` is called ``times`` times. Resolved once per request."""
-    buckets = getattr(histogram, "_buckets", None)
-    bounds = getattr(histogram, "_upper_bounds", None)
-    total = getattr(histogram, "_sum", None)
-    if buckets is None or bounds is None or total is None or len(buckets) != len(bounds):
 
-        def repeated(value: float, times: int) -> None:
+class LatencyTally:
+    """A request's inter-token latencies, counted into a histogram child (prometheus_client's) in batches:
+    ``observe(value, times, now)`` counts ``times`` observations of ``value`` (the inter-token latency of the
+    tokens of one step) as that many ``observe`` calls would, but into plain per-bucket counts of this
+    request; they reach the histogram at ``flush`` (the end of the request) and whenever ``FLUSH_SECONDS``
+    have passed since the last time, so a scrape misses at most that much of a running stream. A histogram
+    whose internals are not as expected gets each observation at once, ``times`` times."""
+
+    FLUSH_SECONDS = 1.0
+
+    def __init__(self, histogram: Any) -> None:
+        self._histogram = histogram
+        buckets = getattr(histogram, "_buckets", None)
+        bounds = getattr(histogram, "_upper_bounds", None)
+        total = getattr(histogram, "_sum", None)
+        self._direct = buckets is None or bounds is None or total is None or len(buckets) != len(bounds)
+        self._buckets: list[Any] = [] if self._direct else list(buckets or [])
+        self._bounds: list[float] = [] if self._direct else list(bounds or [])
+        self._total = total
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+        self._pending = 0
+        self._flushed = time.perf_counter()
+
+    def observe(self, value: float, times: int, now: float) -> None:
+        if self._direct:
             for _ in range(times):
-                histogram.observe(value)
+                self._histogram.observe(value)
+            return
+        self._counts[bisect.bisect_left(self._bounds, value)] += times
+        self._sum += value * times
+        self._pending += times
+        if now - self._flushed >= self.FLUSH_SECONDS:
+            self.flush(now)
 
-        return repeated
-    pairs = list(zip(bounds, buckets, strict=True))
-
-    def weighted(value: float, times: int) -> None:
-        total.inc(value * times)
-        for bound, bucket in pairs:
-            if value <= bound:
-                bucket.inc(times)
-                return
-
-    return weighted
+    def flush(self, now: float | None = None) -> None:
+        self._flushed = time.perf_counter() if now is None else now
+        if not self._pending:
+            return
+        assert self._total is not None
+        self._total.inc(self._sum)
+        for bucket, count in zip(self._buckets, self._counts, strict=True):
+            if count:
+                bucket.inc(count)
+        self._counts = [0] * len(self._bounds)
+        self._sum = 0.0
+        self._pending = 0
 
 
 class Run:
@@ -134,6 +191,7 @@ class Run:
     def __init__(self, prepared: Prepared, generations: list[Generation], serving: OpenAIServing) -> None:
         self.prepared = prepared
         self.serving = serving
+        self.metrics = serving.metrics.for_requests(serving.settings.served_model_name)
         self.started = time.perf_counter()
         self.choices = [ChoiceRun(i, g, self) for i, g in enumerate(generations)]
 
@@ -168,15 +226,14 @@ class Run:
         }
 
     def begin(self) -> None:
-        serving = self.serving
-        serving.metrics.in_flight.labels(serving.settings.served_model_name).inc()
+        self.metrics.in_flight.inc()
 
     def end(self) -> None:
-        metrics, model = self.serving.metrics, self.serving.settings.served_model_name
-        metrics.in_flight.labels(model).dec()
-        metrics.prompt_tokens.labels(model).inc(self.prompt_tokens)
-        metrics.generation_tokens.labels(model).inc(self.completion_tokens)
-        metrics.e2e.labels(model).observe(time.perf_counter() - self.started)
+        metrics = self.metrics
+        metrics.in_flight.dec()
+        metrics.prompt_tokens.inc(self.prompt_tokens)
+        metrics.generation_tokens.inc(self.completion_tokens)
+        metrics.e2e.observe(time.perf_counter() - self.started)
 
     def deltas(self) -> AsyncIterator[tuple[int, Delta]]:
         """Every choice's deltas as they come, tagged with the choice's index."""

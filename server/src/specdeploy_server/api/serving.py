@@ -45,6 +45,8 @@ class OpenAIServing:
         self._tokenizer_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._compiler: GrammarCompiler | None = None
         self.logprobs = LogprobFormatter(engine.tokenizer)
+        #: the text of single token ids, memoised for the streams' incremental decoders
+        self.single_token_text: dict[int, str] = {}
 
     async def _off_loop(self, size: int, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)`` on the tokenizer threads when ``size`` (characters) makes it worth it, so a long
@@ -253,7 +255,11 @@ class OpenAIServing:
         generations: list[Generation] = []
         try:
             for i in range(prepared.n):
-                params = dataclasses.replace(prepared.params, seed=choice_seed(prepared.params.seed, i))
+                params = (  # choice 0 keeps the request's own seed
+                    prepared.params
+                    if i == 0
+                    else dataclasses.replace(prepared.params, seed=choice_seed(prepared.params.seed, i))
+                )
                 constraint = prepared.constraint.copy() if prepared.constraint is not None else None
                 generations.append(
                     self.engine.generate(prepared.prompt_ids, prepared.max_tokens, params, constraint)

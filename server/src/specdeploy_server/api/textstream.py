@@ -14,28 +14,49 @@ class IncrementalDecoder:
 
     Text is produced from a sliding window of ids (so each step decodes a few tokens, not the whole output),
     and held back while it ends in an incomplete UTF-8 sequence (a byte-level token can split a character).
+    Each feed decodes the window of the previous feed's tokens (the text already sent) and the window with
+    the new tokens; ``singles``, when given, memoises the decoding of single token ids (a deterministic
+    function of the id, shared by every request of a server and bounded by the vocabulary), so the previous
+    window of a stream that emits one token per step is a dictionary lookup.
     """
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self._tok = tokenizer
+    #: at most this many ids are memoised (a tokenizer's vocabulary is smaller; the bound guards ids beyond)
+    MAX_SINGLES = 1 << 18
+
+    def __init__(self, tokenizer: Tokenizer, singles: dict[int, str] | None = None) -> None:
+        self._decode = tokenizer.decode
+        self._singles = singles
         self._ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
 
+    def _window(self, start: int, end: int) -> str:
+        singles = self._singles
+        if singles is not None and end - start == 1:
+            token = self._ids[start]
+            text = singles.get(token)
+            if text is None:
+                text = self._decode([token])
+                if len(singles) < self.MAX_SINGLES:
+                    singles[token] = text
+            return text
+        return self._decode(self._ids[start:end])
+
     def feed(self, token_ids: Sequence[int]) -> str:
-        self._ids.extend(token_ids)
-        prefix = self._tok.decode(self._ids[self._prefix_offset : self._read_offset])
-        full = self._tok.decode(self._ids[self._prefix_offset :])
+        ids = self._ids
+        ids.extend(token_ids)
+        prefix = self._window(self._prefix_offset, self._read_offset)
+        full = self._decode(ids[self._prefix_offset :])
         if full.endswith(_REPLACEMENT) or len(full) < len(prefix):
             return ""
         self._prefix_offset = self._read_offset
-        self._read_offset = len(self._ids)
+        self._read_offset = len(ids)
         return full[len(prefix) :]
 
     def flush(self) -> str:
         """Whatever is still held back (an incomplete character becomes U+FFFD)."""
-        prefix = self._tok.decode(self._ids[self._prefix_offset : self._read_offset])
-        full = self._tok.decode(self._ids[self._prefix_offset :])
+        prefix = self._window(self._prefix_offset, self._read_offset)
+        full = self._decode(self._ids[self._prefix_offset :])
         self._prefix_offset = self._read_offset = len(self._ids)
         return full[len(prefix) :] if full.startswith(prefix) else ""
 

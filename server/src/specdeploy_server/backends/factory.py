@@ -115,7 +115,14 @@ def _build_reference(config: ServerConfig, observer: SchedulerObserver | None) -
     tokenizer = HFTokenizer(config.model.tokenizer or config.model.target, config.serving.chat_template)
     max_len = config.model.max_model_len or max_position_embeddings(config.model.target) or 4096
     scheduler = SpeculativeScheduler(
-        ReferenceTargetExecutor(target, worker, max_draft_len=config.speculative.max_draft_len),
+        ReferenceTargetExecutor(
+            target,
+            worker,
+            max_draft_len=config.speculative.max_draft_len,
+            # pays where it saves passes (rejected proposals); for plain decoding the pass it moves earlier
+            # shares the interpreter lock with the event loop's work, which measured slower (docs/server.md)
+            run_ahead=method == Method.PROMPT_LOOKUP,
+        ),
         drafter,
         scheduler_settings(config, max_len),
         observer,

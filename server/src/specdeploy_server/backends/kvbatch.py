@@ -18,6 +18,7 @@ valid), so the caller may retry them one by one to find the request that failed.
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -61,6 +62,12 @@ class CachedModel:
         # through them to every earlier request's: memory that grows with every step until the process dies).
         self.model: Any = model.to(device).eval().requires_grad_(False)
         self.vocab_size = int(self.model.config.vocab_size)
+        #: the keyword the model's forward takes its cache by: ``cache`` from transformers 5.24 (where
+        #: ``past_key_values`` still works, through a deprecation shim that warns on every call), else
+        #: ``past_key_values``
+        self.cache_kwarg = (
+            "cache" if "cache" in inspect.signature(self.model.forward).parameters else "past_key_values"
+        )
         self._kv: dict[str, _KV] = {}
         probe = DynamicCache(config=self.model.config)
         #: several requests share a forward only when every cache layer is a plain growing one (a sliding
@@ -119,7 +126,7 @@ class CachedModel:
         kv = self._kv[request_id]
         out = self.model(
             input_ids=torch.tensor([[token]], dtype=torch.long, device=self.device),
-            past_key_values=kv.cache,
+            **{self.cache_kwarg: kv.cache},
             use_cache=True,
         )
         kv.tokens.append(token)
@@ -188,7 +195,7 @@ class PaddedBatch:
         first = min(len(new) - keep for new, keep in zip(self.new, self.keep, strict=True))
         out = self.model.model(
             input_ids=inputs.to(device),
-            past_key_values=self.cache,
+            **{self.model.cache_kwarg: self.cache},
             attention_mask=self.mask,
             position_ids=positions.to(device) if padded else None,
             use_cache=True,
@@ -219,7 +226,7 @@ class PaddedBatch:
             self.mask = torch.cat([self.mask, self.mask.new_ones((len(ids), 1))], dim=1)
         out = self.model.model(
             input_ids=inputs,
-            past_key_values=self.cache,
+            **{self.model.cache_kwarg: self.cache},
             attention_mask=self.mask,
             position_ids=positions if self.mask is not None else None,
             use_cache=True,
@@ -231,7 +238,7 @@ class PaddedBatch:
         """A forward pass of the single request on its own cache; a failed one may have extended some of the
         cache's layers and not others, so the cache is dropped (the next call rebuilds it)."""
         try:
-            return self.model.model(past_key_values=self.cache, use_cache=True, **inputs)
+            return self.model.model(**{self.model.cache_kwarg: self.cache}, use_cache=True, **inputs)
         except Exception:
             self.model.release(self.request_ids[0])
             raise

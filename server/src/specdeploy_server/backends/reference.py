@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,6 +29,7 @@ import torch
 from transformers import AutoConfig
 
 from specdeploy_server.backends.kvbatch import CachedModel, PaddedBatch
+from specdeploy_server.backends.runahead import RunAhead, eligible
 from specdeploy_server.core.acceptance import (
     accept_rejection_sampling,
     accept_token_match,
@@ -164,8 +166,8 @@ def run_batched(
     return run_each(executor, batch, seq_of, each, skip)
 
 
-def release_on(worker: concurrent.futures.Executor, model: CachedModel, request_id: str) -> None:
-    """Free a request's cache on the worker thread, behind any call already queued there."""
+def release_on(worker: concurrent.futures.Executor, model: CachedModel | RunAhead, request_id: str) -> None:
+    """Free a request's cache (or run-ahead) on the worker thread, behind any call already queued there."""
     try:
         worker.submit(model.release, request_id)
     except RuntimeError:  # the worker is shut down: nothing can use the cache any more
@@ -173,12 +175,21 @@ def release_on(worker: concurrent.futures.Executor, model: CachedModel, request_
 
 
 class ReferenceTargetExecutor:
+    """``run_ahead``: with one greedy request running, start its next forward pass as soon as a step's tokens
+    are known (backends/runahead.py)."""
+
     def __init__(
-        self, model: CachedModel, worker: concurrent.futures.Executor, max_draft_len: int = 64
+        self,
+        model: CachedModel,
+        worker: concurrent.futures.Executor,
+        max_draft_len: int = 64,
+        *,
+        run_ahead: bool = False,
     ) -> None:
         self.model = model
         self._worker = worker
         self._max_draft_len = max_draft_len
+        self.run_ahead = RunAhead(model) if run_ahead else None
 
     @property
     def max_draft_len(self) -> int:
@@ -190,6 +201,8 @@ class ReferenceTargetExecutor:
 
     def release(self, request_id: str) -> None:
         release_on(self._worker, self.model, request_id)
+        if self.run_ahead is not None:
+            release_on(self._worker, self.run_ahead, request_id)
 
     async def prompt_logprobs(self, prompt_ids: Sequence[int], top: int) -> list[TokenLogprob]:
         loop = asyncio.get_running_loop()
@@ -198,7 +211,7 @@ class ReferenceTargetExecutor:
     def _verify_all(self, batch: list[VerifyRequest]) -> list[list[int]]:
         if not self.model.batches:
             return run_each("reference target", batch, lambda r: r.seq, self._verify, [])
-        return run_batched(
+        out = run_batched(
             "reference target",
             batch,
             lambda r: r.seq,
@@ -207,8 +220,20 @@ class ReferenceTargetExecutor:
             one=self._verify,
             skip=[],
         )
+        ahead = self.run_ahead
+        if ahead is not None and len(batch) == 1 and eligible(batch[0]):
+            tokens = ahead.plan(batch[0], out[0])
+            if tokens is not None:
+                with contextlib.suppress(RuntimeError):  # the worker is shutting down: no step will follow
+                    self._worker.submit(ahead.run, batch[0].seq, tokens)  # runs once this call answered
+        return out
 
     def _forward(self, batch: list[VerifyRequest]) -> list[torch.Tensor]:
+        ahead = self.run_ahead
+        if ahead is not None and len(batch) == 1 and eligible(batch[0]):
+            rows = ahead.take(batch[0])
+            if rows is not None:
+                return [rows]
         return self.model.logits_rows([(r.seq.request_id, r.seq.token_ids, r.proposal.tokens) for r in batch])
 
     def _verify(self, req: VerifyRequest) -> list[int]:
