@@ -8,10 +8,11 @@ import json
 
 import pytest
 from specdeploy_operator.builders import job_name
+from specdeploy_operator.controller import reconciler as reconciler_module
 from specdeploy_operator.controller.deployments import ReconcileFailed, reconcile_deployment
 from specdeploy_operator.controller.enginebuilds import reconcile_engine
 from specdeploy_operator.controller.kube import ApiError
-from specdeploy_operator.controller.reconciler import RETRY_CEILING_SECONDS
+from specdeploy_operator.controller.reconciler import RETRY_CEILING_SECONDS, TERMINATING_PAUSE_SECONDS
 
 from tests.unit.fake_cluster import FakeKube, bound_reconciler
 from tests.unit.test_reconciler import NS, cpu_deployment, gpu_deployment, run
@@ -79,6 +80,30 @@ def test_a_create_refused_in_a_terminating_namespace_ends_the_reconcile_without_
     assert run(reconcile_deployment(bound_reconciler(kube), NS, "chat")) is None
     assert "status" not in kube.store[("SpeculativeDeployment", NS, "chat")]
     assert kube.events == []
+
+
+def test_reconciles_in_a_terminating_namespace_wait_instead_of_writing_each_vanishing_child_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(reconciler_module.time, "monotonic", lambda: clock[0])
+    kube = FakeKube()
+    kube.refuse[("Service", "chat")] = TERMINATING
+    kube.store[("SpeculativeDeployment", NS, "chat")] = cpu_deployment()
+    kube.store[("SpeculativeDeployment", NS, "other")] = cpu_deployment("other")
+    reconciler = bound_reconciler(kube)
+    assert run(reconciler._process(("sdep", NS, "chat"))) is None
+    refused = len(kube.requests)
+    clock[0] += 4.0
+    # the namespace's next objects to vanish trigger reconciles: they wait, making no request
+    assert run(reconciler._process(("sdep", NS, "other"))) == pytest.approx(TERMINATING_PAUSE_SECONDS - 4.0)
+    assert run(reconciler._process(("sdep", NS, "chat"))) == pytest.approx(TERMINATING_PAUSE_SECONDS - 4.0)
+    assert len(kube.requests) == refused
+    # deferred, not dropped: once the pause is over (a namespace of that name made afresh) they run again
+    del kube.refuse[("Service", "chat")]
+    clock[0] += TERMINATING_PAUSE_SECONDS
+    run(reconciler._process(("sdep", NS, "chat")))
+    assert ("Service", NS, "chat") in kube.store
 
 
 def test_refusal_kinds_are_told_apart_from_the_api_servers_status() -> None:

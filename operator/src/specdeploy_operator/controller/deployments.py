@@ -97,6 +97,7 @@ async def reconcile_deployment(r: Reconciler, namespace: str, name: str) -> floa
         if isinstance(failure, ApiError) and failure.namespace_terminating:
             # The namespace is being deleted and this deployment with it: nothing to create, report or retry.
             log.info("namespace terminating; not reconciled", extra={"object": f"{namespace}/{name}"})
+            r.namespace_terminating(namespace)
             return None
         reason = failure.reason if isinstance(failure, ApiError) else f"{type(failure).__name__}: {failure}"
         error = f"reconciling the {step} failed: {reason}"

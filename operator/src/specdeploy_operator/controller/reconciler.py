@@ -52,6 +52,10 @@ RETRY_CEILING_SECONDS: Final = 60.0
 """The longest a failing key waits before its next retry (controller-runtime's default is 1000 s). What
 fixes a refused write (a Role granted, a quota raised) is seldom a watch event the operator sees, so the
 retry itself finds out: within a minute, at one refused request per minute per object at worst."""
+TERMINATING_PAUSE_SECONDS: Final = 10.0
+"""After a create refused because its namespace is terminating, reconciles of anything in that namespace wait
+this long after the last refusal, then run (deferred, not dropped: a namespace of the same name created afresh
+is reconciled then). Its children vanishing one by one would otherwise each trigger a refused create."""
 
 Key = tuple[Literal["sdep", "engine"], str, str]
 
@@ -121,6 +125,7 @@ class Reconciler:
         self.engine_names = EngineNames(settings)
         self._resync: asyncio.TimerHandle | None = None
         self._own_writes: dict[tuple[str, str, str, str], OwnWrite] = {}
+        self._terminating: dict[str, float] = {}  # namespace -> when a create there was last refused
         # ScaledObjects have no index (KEDA may not be installed, and kopf cannot watch a resource that does
         # not exist): (namespace, name) -> the spec this process applied; cleared by the periodic resync, so
         # a hand-edited or deleted ScaledObject is repaired within `resync_seconds`.
@@ -201,8 +206,26 @@ class Reconciler:
         return sorted({str(name) for name in users[(namespace, engine)]})
 
     # -- processing ----------------------------------------------------------------------------------------
+    def namespace_terminating(self, namespace: str) -> None:
+        """A write in `namespace` was refused because the namespace is being deleted."""
+        self._terminating[namespace] = time.monotonic()
+
+    def _terminating_pause(self, namespace: str) -> float | None:
+        """Seconds reconciles in `namespace` still wait (None: they run now)."""
+        refused = self._terminating.get(namespace)
+        if refused is None:
+            return None
+        left = refused + TERMINATING_PAUSE_SECONDS - time.monotonic()
+        if left <= 0:
+            del self._terminating[namespace]
+            return None
+        return left
+
     async def _process(self, key: Key) -> float | None:
         kind, namespace, name = key
+        pause = self._terminating_pause(namespace)
+        if pause is not None:
+            return pause
         started = time.perf_counter()
         try:
             if kind == "sdep":
@@ -210,8 +233,9 @@ class Reconciler:
             else:
                 result = await reconcile_engine(self, namespace, name)
         except ApiError as error:
-            if error.namespace_terminating:  # its objects are being deleted: nothing to build or retry
+            if error.namespace_terminating:  # its objects are being deleted: nothing to build or retry now
                 log.info("namespace terminating; not reconciled", extra={"key": f"{namespace}/{name}"})
+                self.namespace_terminating(namespace)
                 metrics.RECONCILES.labels(kind, "ok").inc()
                 return None
             metrics.RECONCILES.labels(kind, "error").inc()
