@@ -90,10 +90,12 @@ def test_batched_passes_record_no_autograd_history_whatever_the_callers_grad_mod
             last = batch.feed([40, 41])
             batch.commit()
             for tensor in (*rows, last):
-                assert tensor.grad_fn is None and not tensor.requires_grad
+                assert tensor.grad_fn is None
+                assert not tensor.requires_grad
     for request_id in ("a", "b"):
         for layer in model._kv[request_id].cache.layers:
-            assert layer.keys.grad_fn is None and layer.values.grad_fn is None
+            assert layer.keys.grad_fn is None
+            assert layer.values.grad_fn is None
 
 
 @pytest.mark.parametrize("method", ["draftTarget", "promptLookup", "none"])
