@@ -5,10 +5,10 @@ deleted ends the reconcile quietly; an EngineBuild status edited by hand yields 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 from specdeploy_operator.builders import job_name
-from specdeploy_operator.controller import reconciler as reconciler_module
 from specdeploy_operator.controller.deployments import ReconcileFailed, reconcile_deployment
 from specdeploy_operator.controller.enginebuilds import reconcile_engine
 from specdeploy_operator.controller.kube import ApiError
@@ -86,7 +86,7 @@ def test_reconciles_in_a_terminating_namespace_wait_instead_of_writing_each_vani
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     clock = [1000.0]
-    monkeypatch.setattr(reconciler_module.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     kube = FakeKube()
     kube.refuse[("Service", "chat")] = TERMINATING
     kube.store[("SpeculativeDeployment", NS, "chat")] = cpu_deployment()
