@@ -95,7 +95,8 @@ async def reconcile_deployment(r: Reconciler, namespace: str, name: str) -> floa
         autoscaler, retry = await ensure_autoscaler(r, body, sdep)
     except Exception as failure:  # reported in status, then retried with back-off by the queue
         if isinstance(failure, ApiError) and failure.namespace_terminating:
-            # The namespace is being deleted and this deployment with it: nothing to create, report or retry.
+            # The namespace is being deleted and this deployment with it: nothing to create or report; the
+            # reconciler pauses work in the namespace (TERMINATING_PAUSE_SECONDS) instead of retrying.
             log.info("namespace terminating; not reconciled", extra={"object": f"{namespace}/{name}"})
             r.namespace_terminating(namespace)
             return None
