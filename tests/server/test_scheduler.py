@@ -164,11 +164,14 @@ def test_standin_calls_last_their_nominal_time() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()
         for seconds in (0.0005, 0.003, 0.012):
-            started = loop.time()
-            await wait_until(time.perf_counter() + seconds)
-            elapsed = loop.time() - started
-            assert seconds <= elapsed + 1e-6
-            assert elapsed < seconds + 0.005  # generous: a loaded CI machine can deschedule the spin
+            elapsed = []
+            for _ in range(5):
+                started = loop.time()
+                await wait_until(time.perf_counter() + seconds)
+                elapsed.append(loop.time() - started)
+            assert all(seconds <= e + 1e-6 for e in elapsed), "never early"
+            # Not more: the best of five, since a loaded machine can deschedule any one spin.
+            assert min(elapsed) < seconds + 0.002
 
     asyncio.run(main())
 
