@@ -1,5 +1,5 @@
 """Drift: another actor edits or deletes what the operator owns, one kind at a time, on one Ready deployment.
-Each case is timed from the API server's answer to the edit until the object is as the operator renders it
+Each case starts once the operator has written no status for a few seconds, and is timed from the API server's answer to the edit until the object is as the operator renders it
 again, and charged the operator's writes and status writes over that time; a field edit must be repaired on
 its watch event (well before the 60 s resync) without a status flap: the phase stays Ready and no condition
 changes, unless the Deployment's controller acted on the edit before the revert and replaced a serving pod
@@ -21,6 +21,10 @@ REPAIR_BOUND_SECONDS = 15.0
 """A repair within this came from the edit's watch event: the campaign's operators resync every 60 s."""
 SETTLE_SECONDS = 1.5
 """Requests charged to a case are those up to this long after the repair (a status write it caused)."""
+QUIET_SECONDS = 3.0
+"""A case starts once the operator has written no status for this long (what an earlier case or the HPA's
+first syncs caused is not charged to it)."""
+QUIET_BOUND_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,18 @@ def _serving_pods(c: Campaign, ns: str, name: str) -> set[str]:
     return {str(p["metadata"]["uid"]) for p in pods if not p["metadata"].get("deletionTimestamp")}
 
 
+def _quiet(op: Any) -> None:
+    """Wait until the operator has written no status for ``QUIET_SECONDS`` (at most ``QUIET_BOUND_SECONDS``:
+    a status that never settles is then charged to the case, which fails it)."""
+    deadline = time.monotonic() + QUIET_BOUND_SECONDS
+    last, since = status_writes(op), time.monotonic()
+    while time.monotonic() < deadline and time.monotonic() - since < QUIET_SECONDS:
+        time.sleep(0.25)
+        now = status_writes(op)
+        if now != last:
+            last, since = now, time.monotonic()
+
+
 def run_case(c: Campaign, op: Any, ns: str, name: str, case: Case) -> Outcome:
     checked = (
         "reverted on the watch event: phase stays Ready, no condition changes"
@@ -174,6 +190,7 @@ def run_case(c: Campaign, op: Any, ns: str, name: str, case: Case) -> Outcome:
         else "recreated as rendered; Ready again; no orphan"
     )
     outcome = Outcome(f"drift: {case.scenario}", f"{case.scenario} by another actor", checked)
+    _quiet(op)
     writes, statuses = api_requests(op, writes_only=True), status_writes(op)
     phases: list[tuple[str, tuple[tuple[str, str, str], ...]]] = [_state(c, ns, name)]
     serving = _serving_pods(c, ns, name)
@@ -282,7 +299,6 @@ def drift(c: Campaign) -> list[Outcome]:
             name = "drift"
             c.apply(deployment("autoscaled", ns, name, 60))
             c.wait(lambda: c.ready(ns, name), 240, f"{name} Ready")
-            time.sleep(SETTLE_SECONDS)
             outcomes = [run_case(c, op, ns, name, case) for case in cases(c, ns, name)]
             outcomes += engine_cases(c, op, ns, name)
         if not setup.passed:
