@@ -1,11 +1,11 @@
 """Drift: another actor edits or deletes what the operator owns, one kind at a time, on one Ready deployment.
-Each case starts once the operator has written no status for a few seconds, and is timed from the API server's answer to the edit until the object is as the operator renders it
-again, and charged the operator's writes and status writes over that time; a field edit must be repaired on
-its watch event (well before the 60 s resync) without a status flap: the phase stays Ready and no condition
-changes, unless the Deployment's controller acted on the edit before the revert and replaced a serving pod
-(then the deployment really rolled: `Deploying` is the truth, and it must be Ready again). Status writes are
-counted, not forbidden: a Deployment scaled by hand really runs the extra pods for a moment, and the status
-counts them."""
+Each case starts once the operator has written no status for a few seconds, and is timed from the API
+server's answer to the edit until the object is as the operator renders it again, and charged the
+operator's writes and status writes over that time; a field edit must be repaired on its watch event (well
+before the 60 s resync) without a status flap: the phase stays Ready and no condition changes, unless the
+Deployment's controller acted on the edit before the revert and replaced a serving pod (then the deployment
+really rolled: `Deploying` is the truth, and it must be Ready again). Status writes are counted, not
+forbidden: a Deployment scaled by hand really runs the extra pods for a moment, and the status counts them."""
 
 from __future__ import annotations
 

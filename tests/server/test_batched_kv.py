@@ -77,6 +77,43 @@ def test_tokens_fed_one_at_a_time_skip_the_padding_and_rows_that_are_done(tiny_m
     torch.testing.assert_close(after, _alone(tiny_models.target, [3, 4, 5, 41], [50]), atol=TOLERANCE, rtol=0)
 
 
+def test_a_new_prompt_beside_running_rows_is_caught_up_in_its_own_pass_not_padded_into_theirs(
+    tiny_models: TinyModels,
+) -> None:
+    model = CachedModel(tiny_models.target, CPU, torch.float32)
+    model.logits_rows([("a", list(range(10, 30)), []), ("b", [3, 4, 5, 6], [])])
+    widths: list[tuple[int, int]] = []
+    model.model.register_forward_hook(
+        lambda _module, args, kwargs, _out: widths.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+    prompt = list(range(100, 140))
+    batch = PaddedBatch(model, [("a", list(range(10, 33)), 1), ("new", prompt, 1), ("b", [3, 4, 5, 6, 7], 1)])
+    first = batch.run()
+    last = batch.feed([40, 41, 42])
+    batch.commit()
+    # the prompt alone (all but its last position), then all three rows 3 tokens wide, then the fed token
+    assert widths == [(1, 39), (3, 3), (3, 1)]
+    torch.testing.assert_close(first[1], _alone(tiny_models.target, prompt, [])[-1:], atol=TOLERANCE, rtol=0)
+    torch.testing.assert_close(
+        last[1], _alone(tiny_models.target, [*prompt, 41], [])[-1], atol=TOLERANCE, rtol=0
+    )
+    torch.testing.assert_close(
+        last[0], _alone(tiny_models.target, [*range(10, 33), 40], [])[-1], atol=TOLERANCE, rtol=0
+    )
+    assert model._kv["new"].tokens == [*prompt, 41]
+    assert [model.cached_tokens(rid) for rid in ("a", "new", "b")] == [24, 41, 6]
+
+
+def test_new_prompts_that_join_together_share_one_pass(tiny_models: TinyModels) -> None:
+    model = CachedModel(tiny_models.target, CPU, torch.float32)
+    widths: list[int] = []
+    model.model.register_forward_hook(
+        lambda _module, args, kwargs, _out: widths.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
+    model.logits_rows([("x", list(range(10, 40)), []), ("y", list(range(50, 90)), [])])
+    assert widths == [2]
+
+
 def test_batched_passes_record_no_autograd_history_whatever_the_callers_grad_mode(
     tiny_models: TinyModels,
 ) -> None:
@@ -128,7 +165,9 @@ def test_requests_in_flight_share_each_forward_pass_and_keep_greedy_output(
 
     outputs, forwards, steps, sequence_steps = asyncio.run(main())
     assert outputs == reference
-    assert forwards == steps  # one target forward per step, whatever the number of sequences
+    # one target forward per step, whatever the number of sequences, plus at most one per prompt that joined
+    # running requests (it is caught up in a pass of its own, not padded into theirs)
+    assert steps <= forwards <= steps + len(prompts)
     assert sequence_steps > 3 * steps
 
 

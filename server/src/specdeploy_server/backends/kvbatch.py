@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 #: the token id fed at padding positions (never attended to, never kept)
 PAD_ID = 0
+#: a row with more tokens than this to feed beyond the positions whose logits are wanted is caught up in a
+#: pass of its own when other rows of the batch have fewer (:meth:`PaddedBatch._catch_up_long_rows`)
+LONG_CATCH_UP = 16
 
 
 @dataclass
@@ -157,6 +160,8 @@ class PaddedBatch:
             kv, new = model.prepare(request_id, full, keep)
             self.kvs.append(kv)
             self.new.append(new)
+        if len(rows) > 1 and self._catch_up_long_rows(rows):
+            self.new = [model.prepare(request_id, full, keep)[1] for request_id, full, keep in rows]
         self.lens = [int(kv.cache.get_seq_length()) for kv in self.kvs]
         self.fed: list[list[int]] = [[] for _ in rows]  # tokens fed one at a time after the first pass
         self.cache: Any = None
@@ -166,6 +171,23 @@ class PaddedBatch:
     @property
     def single(self) -> bool:
         return len(self.kvs) == 1
+
+    def _catch_up_long_rows(self, rows: Sequence[tuple[str, Sequence[int], int]]) -> bool:
+        """Rows with a long way to catch up (a new request's prompt) beside rows with a few tokens to feed
+        (running requests) are first fed, among themselves, all but the positions whose logits are wanted:
+        one padded pass would otherwise be as wide as the longest for every row (a prompt of 50 tokens
+        joining 7 running requests: 400 positions computed instead of about 60), and so would every draft
+        pass after it, since the padding stays in the batched cache. Whether anything was fed."""
+        excess = [len(new) - keep for new, keep in zip(self.new, self.keep, strict=True)]
+        long = [i for i, extra in enumerate(excess) if extra > LONG_CATCH_UP]
+        if not long or len(long) == len(rows):
+            return False
+        prefixes = PaddedBatch(
+            self.model, [(rows[i][0], rows[i][1][: len(rows[i][1]) - rows[i][2]], 1) for i in long]
+        )
+        prefixes.run()
+        prefixes.commit()
+        return True
 
     @torch.inference_mode()
     def run(self) -> list[torch.Tensor]:

@@ -13,17 +13,18 @@ paid), so the answer moves from "draft long" at batch 1 to "do not draft" under 
   ``prior_trials`` pseudo-observations, so a new sequence starts at the batch's alpha.
 * **Costs** are measured, not assumed: the verify call's seconds as a function of its tokens, kept per batch
   size (the curve of all batch sizes together stands in for a batch size not yet seen), and the draft call's
-  seconds as a function of its number of passes and its sequences per pass (:class:`DraftCost`: one curve
-  per pass count, so a call's fixed cost is not spread over its passes). A :class:`CostCurve` keeps, per
-  size bucket, the lower envelope of the measurements, since interference only adds time, and the least of
-  a bucket's first measurements, so a warm-up outlier is gone at the next one; a size measured slower than a
-  larger one counts at the larger one's time. The draft call is timed alone (the plan search is not a cost
-  of drafting) and the first step's measurements are left out. A size between measured buckets is
-  estimated optimistically, as the least time consistent with a GPU step (time does not fall with size,
-  time per token does not rise: ``max(t_left, t_right * size / size_right)``); above the largest measured
-  size along the last segment's slope (flat with one point), below the smallest proportionally (a draft
-  pass: at the smallest's time). So a size not yet measured is tried and known from then on: a load change
-  costs a handful of exploratory steps, not a slow drift.
+  seconds as a function of its number of passes and its sequences per pass (:class:`DraftCost`: one curve per
+  pass count, so a call's fixed cost is not spread over its passes). A :class:`CostCurve` keeps, per size
+  bucket, the typical time of the latest measurements (their median: what the calls usually take, contention
+  included, with rare outliers such as a step that also prefilled a prompt left out), and the least of a
+  bucket's first measurements, so a warm-up outlier is gone at the next one; a size measured slower than a
+  larger one counts at the larger one's time. The draft call is timed alone (the plan search is not a cost of
+  drafting) and the first step's measurements are left out. A size between measured buckets is estimated
+  optimistically, as the least time consistent with a GPU step (time does not fall with size, time per token
+  does not rise: ``max(t_left, t_right * size / size_right)``); above the largest measured size along the last
+  segment's slope (flat with one point), below the smallest proportionally (a draft pass: at the smallest's
+  time). So a size not yet measured is tried and known from then on: a load change costs a handful of
+  exploratory steps, not a slow drift.
 * **Search.** Adding the j-th draft token to sequence i gains alpha_i^j expected tokens, which falls with
   j, so for a given number of draft tokens and draft passes the best plan takes the largest gains: the plans
   compared are "draft every token whose gain is at least a threshold tau, at most ``cap`` per sequence"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 #: a bucket of the cost curves spans a factor of sqrt(2) in size
@@ -13,62 +14,76 @@ BUCKETS_PER_DOUBLING = 2
 
 
 @dataclass
+class _Bucket:
+    """One size bucket's measurements: the latest ``window`` (size, seconds), their count, and the figure
+    the curve uses (kept current on each measurement, so a search reads it without sorting)."""
+
+    recent: deque[tuple[float, float]]
+    count: int = 0
+    size: float = 0.0
+    seconds: float = 0.0
+
+
+@dataclass
 class CostCurve:
-    """Measured seconds of a call as a function of its size, per size bucket: the lower envelope of the
-    measurements, an EMA that follows a faster measurement quickly (``down``) and a slower one slowly
-    (``up``), because interference (a busy host, a late wake-up) only ever adds time to a call. A bucket is
-    trusted from its ``trusted_after``-th measurement on; until then it keeps the least of its measurements
-    and, where trusted buckets lie on both sides of it, is left out (its size estimated optimistically from
-    them, and tried again: one unlucky measurement cannot rule such a size out). Outside the trusted sizes an
-    untrusted bucket is used: a measurement says more about a size beyond them than extrapolating would (flat
-    above one point: a batch of 128 drafting 10 tokens each would look as cheap as drafting none).
+    """Measured seconds of a call as a function of its size, per size bucket: the **typical** time of the
+    bucket's latest ``window`` measurements (their median), because what a choice of draft length pays over
+    many steps is what its calls usually take: on a contended CPU a large call can usually take 3 times its
+    fastest time, and a cost that grows with something the size leaves out (the context length) must not be
+    remembered at its cheapest. The median leaves out rare outliers (a late wake-up, a step that also
+    prefilled a new prompt) as long as they are fewer than half of the window. A bucket is trusted from its
+    ``trusted_after``-th measurement on; until then it keeps the least of its measurements (an outlier among
+    the first, a warm-up call, is gone at the next one) and, where trusted buckets lie on both sides of it, is
+    left out (its size estimated optimistically from them, and tried again: one unlucky measurement cannot
+    rule such a size out). Outside the trusted sizes an untrusted bucket is used: a measurement says more
+    about a size beyond them than extrapolating would (flat above one point: a batch of 128 drafting 10
+    tokens each would look as cheap as drafting none).
 
     ``flat_below``: below the smallest measured size, the time of that size (a draft-model pass on a GPU
     costs one memory-bound forward however few sequences it carries) instead of a proportional share."""
 
-    down: float = 0.5
-    up: float = 0.05
+    window: int = 9
     trusted_after: int = 3
     confirmed_after: int = 2
     flat_below: bool = False
-    _points: dict[int, list[float]] = field(default_factory=dict)  # bucket -> [size, seconds, measurements]
+    _buckets: dict[int, _Bucket] = field(default_factory=dict)
 
     def observe(self, size: float, seconds: float) -> bool:
         """Add a measurement; True while its bucket is not yet trusted (worth a new search)."""
         if size <= 0:
             return False
-        bucket = round(math.log2(size) * BUCKETS_PER_DOUBLING)
-        point = self._points.get(bucket)
-        if point is None:
-            self._points[bucket] = [size, seconds, 1]
-            return True
-        if point[2] < self.trusted_after:
-            # not yet trusted: the least of its measurements, so an outlier among the first (a warm-up call)
-            # is gone at the next measurement, not averaged in
-            rate = 1.0 if seconds < point[1] else 0.0
+        key = round(math.log2(size) * BUCKETS_PER_DOUBLING)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket(deque(maxlen=self.window))
+        bucket.recent.append((size, seconds))
+        bucket.count += 1
+        if bucket.count < self.trusted_after:
+            # not yet trusted: the least of its measurements
+            bucket.size, bucket.seconds = min(bucket.recent, key=lambda m: m[1])
         else:
-            rate = self.down if seconds < point[1] else self.up
-        point[0] += rate * (size - point[0])
-        point[1] += rate * (seconds - point[1])
-        point[2] += 1
-        return point[2] <= self.trusted_after
+            ordered = sorted(bucket.recent, key=lambda m: m[1])
+            bucket.size, bucket.seconds = ordered[len(ordered) // 2]
+        return bucket.count <= self.trusted_after
 
     @property
     def known(self) -> bool:
-        return bool(self._points)
+        return bool(self._buckets)
 
     @property
     def confirmed(self) -> bool:
         """Some size is measured at least twice."""
-        return any(p[2] >= self.confirmed_after for p in self._points.values())
+        return any(b.count >= self.confirmed_after for b in self._buckets.values())
 
     def points(self) -> list[tuple[float, float]]:
         """(size, seconds), sorted: the trusted buckets and the untrusted ones outside the trusted sizes (all
         while none is trusted)."""
-        trusted = [p[0] for p in self._points.values() if p[2] >= self.trusted_after]
+        trusted = [b.size for b in self._buckets.values() if b.count >= self.trusted_after]
         low, high = min(trusted, default=math.inf), max(trusted, default=-math.inf)
         points = sorted(
-            (p[0], p[1]) for p in self._points.values() if p[2] >= self.trusted_after or not low < p[0] < high
+            (b.size, b.seconds)
+            for b in self._buckets.values()
+            if b.count >= self.trusted_after or not low < b.size < high
         )
         # time does not fall as the size grows: a size measured slower than a larger one was interfered with
         for i in range(len(points) - 2, -1, -1):
