@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import uvicorn
 from specdeploy_server.api.app import create_app
 from specdeploy_server.backends.standin import InstantEngine
+from specdeploy_server.cli import freeze_startup_heap
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
@@ -190,6 +191,7 @@ async def _measure(client: _Client, url: str, streams: int, tokens: int) -> tupl
 def _serve(port: int, tokens_per_step: int, bare: bool) -> None:
     """The child process: one app on ``port`` until terminated."""
     app = bare_app() if bare else create_app(InstantEngine(tokens_per_step), served_model_name="instant")
+    freeze_startup_heap()  # the garbage collector as the server's command sets it, for both apps alike
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", backlog=1024)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from pydantic import ValidationError
-from specdeploy_server.cli import freeze_startup_heap, load_config, main
+from specdeploy_server.cli import GC_GEN0_THRESHOLD, freeze_startup_heap, load_config, main
 from specdeploy_server.config import Backend, Method, ServerConfig, detect_backend
 
 
@@ -124,8 +124,11 @@ def test_the_request_body_limit_comes_from_the_file_or_the_flag(tmp_path: Path) 
 
 def test_what_is_alive_once_the_models_are_loaded_is_frozen_out_of_the_collectors_reach() -> None:
     gc.unfreeze()
+    thresholds = gc.get_threshold()
     try:
         freeze_startup_heap()
         assert gc.get_freeze_count() > 0
+        assert gc.get_threshold() == (GC_GEN0_THRESHOLD, *thresholds[1:])
     finally:
         gc.unfreeze()
+        gc.set_threshold(*thresholds)
