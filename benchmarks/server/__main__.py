@@ -50,7 +50,7 @@ def _http_stream(quick: bool) -> Sequence[Any]:
     from benchmarks.server import http_stream  # noqa: PLC0415
 
     return http_stream.run(
-        ((8, 500), (64, 125)) if quick else ((8, 2000), (64, 500)), rounds=2 if quick else 3
+        ((8, 500), (64, 125)) if quick else ((8, 2000), (64, 500)), rounds=2 if quick else 6
     )
 
 
@@ -121,7 +121,7 @@ SECTIONS = (
         lambda q: {
             "streams_tokens": [[8, 500], [64, 125]] if q else [[8, 2000], [64, 500]],
             "tokens_per_step": 4,
-            "rounds": 2 if q else 3,
+            "rounds": 2 if q else 6,
         },
     ),
     Section(

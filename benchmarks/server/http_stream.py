@@ -224,7 +224,7 @@ def _served(tokens_per_step: int, bare: bool) -> Iterator[str]:
 def run(
     configs: tuple[tuple[int, int], ...] = ((8, 2000), (64, 500)),
     tokens_per_step: int = TOKENS_PER_STEP,
-    rounds: int = 3,
+    rounds: int = 6,
 ) -> list[StreamResult]:
     """For each (streams, tokens per stream): the bare endpoint, ours per token and ours per step, all three
     served at once and measured in turn, ``rounds`` times (the machine's load changes within seconds, so
