@@ -346,9 +346,10 @@ def test_a_deleted_pod_finishes_its_streams_in_flight_and_scaling_down_under_loa
     slots = threading.Semaphore(STREAMS)
 
     def stream() -> None:
-        finish, done = None, False
+        finish, done, answered = None, False, False
         try:
             with httpx.Client() as http, http.stream("POST", url, json=body, timeout=180) as resp:
+                answered = True
                 if resp.status_code != 200:  # draining: 503 shutting_down, before any work is accepted
                     with lock:
                         refused.append(f"HTTP {resp.status_code}: {resp.read()[:120]!r}")
@@ -361,10 +362,16 @@ def test_a_deleted_pod_finishes_its_streams_in_flight_and_scaling_down_under_loa
                         finish = json.loads(line[6:])["choices"][0].get("finish_reason") or finish
             with lock:
                 accepted.append((finish, done, time.monotonic()))
-        except httpx.ConnectError as err:  # the process is gone: nothing was accepted on this connection
+        except httpx.TransportError as err:
             with lock:
-                refused.append(f"connect: {err}")
-            closed.set()
+                if answered:  # a stream the pod accepted was cut: the failure the test is about
+                    accepted.append((f"{type(err).__name__}: {err}", False, time.monotonic()))
+                else:
+                    # Nothing was answered on this connection: the process is gone (connect refused), or the
+                    # listener closed with the connection still in its backlog (reset before any response).
+                    refused.append(f"{type(err).__name__}: {err}")
+            if not answered:
+                closed.set()
         finally:
             slots.release()
 
