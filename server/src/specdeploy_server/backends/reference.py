@@ -220,6 +220,8 @@ class ReferenceTargetExecutor:
             one=self._verify,
             skip=[],
         )
+        if len(batch) == 1 and batch[0].extra and out[0] and eligible(batch[0]):
+            self._decode_more(batch[0], out[0])
         ahead = self.run_ahead
         if ahead is not None and len(batch) == 1 and eligible(batch[0]):
             tokens = ahead.plan(batch[0], out[0])
@@ -227,6 +229,22 @@ class ReferenceTargetExecutor:
                 with contextlib.suppress(RuntimeError):  # the worker is shutting down: no step will follow
                     self._worker.submit(ahead.run, batch[0].seq, tokens)  # runs once this call answered
         return out
+
+    def _decode_more(self, req: VerifyRequest, tokens: list[int]) -> None:
+        """Up to ``req.extra`` more greedy tokens after ``tokens`` (the call's own), each fed to the request's
+        cache in place (core/multistep.py); stops after a stop token or an abort. A forward that fails
+        leaves the tokens decoded so far and drops the cache (the next call rebuilds it)."""
+        seq = req.seq
+        stops = seq.stop_token_ids
+        try:
+            for _ in range(req.extra):
+                if tokens[-1] in stops or seq.cancelled:
+                    return
+                logits = self.model.append(seq.request_id, tokens[-1])
+                tokens.append(int(torch.argmax(logits).item()))
+        except Exception:
+            log.debug("multi-step decoding of %s stopped by a failed forward", seq.request_id, exc_info=True)
+            self.model.release(seq.request_id)
 
     def _forward(self, batch: list[VerifyRequest]) -> list[torch.Tensor]:
         ahead = self.run_ahead

@@ -80,12 +80,18 @@ class DraftRequest:
 class VerifyRequest:
     """Verify ``proposal`` for ``seq``. The executor applies the sequence's logits processing
     (:func:`specdeploy_server.core.logits.target_logits`) before accepting, and, when ``logprobs`` is a
-    list (the request asked for logprobs), appends one :class:`TokenLogprob` per token it returns."""
+    list (the request asked for logprobs), appends one :class:`TokenLogprob` per token it returns.
+
+    ``extra`` (only with an empty proposal, for a greedy sequence whose tokens need no logits processing,
+    grammar or logprobs: :mod:`specdeploy_server.core.multistep`): the executor may decode up to that many
+    more tokens after its own, greedily, in the same call, stopping after a stop token or when the sequence
+    is aborted; an executor that cannot returns its one token, as always."""
 
     seq: SequenceState
     proposal: Proposal
     acceptance: str  # AcceptanceRule value
     logprobs: list[TokenLogprob] | None = None
+    extra: int = 0
 
 
 class DraftExecutor(Protocol):

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from specdeploy_server.core.adaptive import DraftLenController
-from specdeploy_server.core.drafters import Drafter
+from specdeploy_server.core.drafters import Drafter, NoDrafter
 from specdeploy_server.core.executors import (
     AcceptanceRule,
     CancelsInFlight,
@@ -30,6 +30,7 @@ from specdeploy_server.core.executors import (
 )
 from specdeploy_server.core.load import LoadFigures, ThroughputMeter
 from specdeploy_server.core.logits import cut_proposal, fast_forward
+from specdeploy_server.core.multistep import PlainMultiStep
 from specdeploy_server.core.scheduler_types import (
     EngineStoppedError,
     GlobalStats,
@@ -70,6 +71,14 @@ _MAX_ACCEPTED_BUCKET = 64
 _Undelivered = tuple[SequenceState, list[int], int, int, list[TokenLogprob] | None]
 
 
+def _decoded_accepted(tokens: Sequence[int], req: VerifyRequest) -> tuple[int, int]:
+    """Of a verify call's tokens: those decoded after the target's own in the same call
+    (``VerifyRequest.extra``: each a step of the target, none a draft token), and the draft tokens
+    accepted."""
+    decoded = max(len(tokens) - len(req.proposal.tokens) - 1, 0)
+    return decoded, (len(tokens) - 1 - decoded if tokens else 0)
+
+
 class SpeculativeScheduler(LoadFigures):
     def __init__(
         self,
@@ -107,6 +116,8 @@ class SpeculativeScheduler(LoadFigures):
         self._phase = "idle"  # what the step in flight is doing, for error reports
         self._k = 0
         self._cancellers = [ex for ex in (target, drafter) if isinstance(ex, CancelsInFlight)]
+        #: several target tokens per call for a lone plain sequence (core/multistep.py); None with a drafter
+        self._multistep = PlainMultiStep() if isinstance(drafter, NoDrafter) else None
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> None:
@@ -269,12 +280,15 @@ class SpeculativeScheduler(LoadFigures):
         if any(seq.state is not RUNNING for seq in batch):  # aborted while drafting: not worth verifying
             kept = [(seq, prop) for seq, prop in zip(batch, proposals, strict=True) if seq.state is RUNNING]
             batch, proposals = [seq for seq, _ in kept], [prop for _, prop in kept]
+        multistep = self._multistep
+        extra = multistep.extra(batch, len(self.waiting), max_model_len) if multistep is not None else 0
         requests = [
             VerifyRequest(
                 seq,
                 cut_proposal(seq, prop),
                 self.settings.acceptance,
                 [] if seq.params.logprobs is not None else None,
+                extra,
             )
             for seq, prop in zip(batch, proposals, strict=True)
         ]
@@ -283,8 +297,11 @@ class SpeculativeScheduler(LoadFigures):
         self._phase = "account"
         t2 = clock()
         if requests:
-            verify_tokens = sum(len(r.proposal.tokens) + 1 for r in requests)
-            self.draft_len.observe_costs([n for _, n in plan], t1 - t_draft, verify_tokens, t2 - t1)
+            if not extra:  # a multi-step call is several forwards in a row: not a verify call's cost
+                verify_tokens = sum(len(r.proposal.tokens) + 1 for r in requests)
+                self.draft_len.observe_costs([n for _, n in plan], t1 - t_draft, verify_tokens, t2 - t1)
+            if multistep is not None and len(requests) == 1 and requests[0].seq.num_generated:
+                multistep.observe(len(emitted[0]), t2 - t1)
         if self._undelivered:  # an earlier step's outputs always reach their consumers first
             self._flush()
         finished: list[tuple[SequenceState, StepOutput]] = []
@@ -355,11 +372,11 @@ class SpeculativeScheduler(LoadFigures):
         for seq, prop, req, tokens in zip(batch, proposals, requests, emitted, strict=True):
             if seq.state is not RUNNING:  # aborted while the step was in flight: its results are dropped
                 continue
-            accepted = len(tokens) - 1 if tokens else 0
+            decoded, accepted = _decoded_accepted(tokens, req)
             drafter_observe(seq, prop, accepted)
             drafted, accepted = self._drafted_accepted(seq, prop, accepted)
             observe_acceptance(seq.request_id, drafted, accepted)
-            sequence_steps += 1
+            sequence_steps += 1 + decoded
             if drafted:
                 total_drafted += drafted
                 total_accepted += accepted
@@ -382,7 +399,7 @@ class SpeculativeScheduler(LoadFigures):
             seq.token_ids.extend(new)
             seq.num_generated += n
             seq_stats = seq.stats
-            seq_stats.steps += 1
+            seq_stats.steps += 1 + decoded
             seq_stats.drafted += drafted
             seq_stats.accepted += accepted
             seq_stats.emitted += n
