@@ -46,7 +46,8 @@ class PlainMultiStep:
             or seq.constraint is not None
         ):
             return 0
-        fits = int(self.budget_seconds / self.seconds_per_token) if self.seconds_per_token > 0 else 1
+        per_token = self.seconds_per_token
+        fits = int(self.budget_seconds / per_token) if per_token > 0 else self.max_tokens_per_call
         room = min(seq.max_tokens - seq.num_generated, max_model_len - len(seq.token_ids))
         return max(0, min(fits, self.max_tokens_per_call, room) - 1)
 
