@@ -2,7 +2,8 @@
 
 Closed loop: ``concurrency`` clients each keep one request in flight (resubmitting as soon as one ends); each
 window is a steady state after a warm-up (the controller's first exploratory steps fall in the warm-up), on a
-fresh engine; each point is the median of ``REPEATS`` windows, the policies of a concurrency taking turns.
+fresh engine; each point is the median of ``REPEATS`` windows (``REFERENCE_REPEATS`` on the reference
+backend), the policies of a concurrency taking turns.
 Policies: fixed k in {0, 2, 4, 8} (k = 0: no drafter at all, plain decoding) and auto.
 
 * **Stand-ins with the presets** (``backends.step_costs.PRESETS``, estimates derived from seed 003): each call
@@ -45,6 +46,13 @@ REQUEST_TOKENS = 256
 #: the window with the median tokens/s, so that a burst of load on the shared machine hits one window of one
 #: policy, not the whole of it
 REPEATS = 3
+#: the reference backend's windows: more of them, longer, after a longer warm-up. Its real forwards on this
+#: shared CPU drift by 10-30 % over tens of seconds (other people's load), so three 1.5 s windows of policies
+#: that differ by a few percent compared the machine's moments more than the policies; and a fresh engine's
+#: controller spends its first second measuring call sizes, which is not the steady state served for hours.
+REFERENCE_REPEATS = 5
+REFERENCE_WINDOW_SECONDS = 2.5
+REFERENCE_WARMUP_SECONDS = 1.0
 #: stand-in windows at up to this concurrency are aligned on requests (see _standin_point)
 ALIGNED_LEVELS = 16
 #: the stand-ins' prompts, one per request in turn (n-th request: prompt n): a prompt fixes its alpha and the
@@ -106,11 +114,12 @@ async def _closed_loop(
     busy: Callable[[], float] = time.perf_counter,
     served: Callable[[], Counter[float]] = Counter,
     warmup_requests: int = 0,
+    warmup_seconds: float = 0.3,
 ) -> tuple[int, float, int, int, int, float, Counter[float]]:
     """(tokens, seconds, sequence steps, drafted, speculating sequence steps, busy seconds, served) of a
     steady-state window; ``busy`` is the clock of the busy time (default: the wall clock), ``served`` counts
     the tokens emitted so far by the alpha of their prompt (default: nothing). The window opens once
-    ``warmup_steps`` steps, 0.3 s and ``warmup_requests`` finished requests are past."""
+    ``warmup_steps`` steps, ``warmup_seconds`` and ``warmup_requests`` finished requests are past."""
     stats = engine.stats
     stop = False
     params = SamplingParams(temperature=0.0)
@@ -136,7 +145,7 @@ async def _closed_loop(
     started = time.perf_counter()
     while (
         stats.steps < warmup_steps
-        or time.perf_counter() - started < 0.3
+        or time.perf_counter() - started < warmup_seconds
         or stats.requests_finished < warmup_requests
     ):
         await asyncio.sleep(0.01)
@@ -246,7 +255,7 @@ def _reference_points(quick: bool) -> list[SweepPoint]:
 
         for level in REFERENCE_LEVELS:
             windows: dict[int | None, list[SweepPoint]] = {k: [] for k in (*FIXED, None)}
-            for _ in range(1 if quick else REPEATS):
+            for _ in range(1 if quick else REFERENCE_REPEATS):
                 for k, taken in windows.items():
                     engine = build_engine(ServerConfig.model_validate(config(k)))
 
@@ -259,10 +268,11 @@ def _reference_points(quick: bool) -> list[SweepPoint]:
                             level,
                             48,
                             warmup_steps=10,
-                            min_seconds=1.0 if quick else 1.5,
+                            warmup_seconds=0.3 if quick else REFERENCE_WARMUP_SECONDS,
+                            min_seconds=1.0 if quick else REFERENCE_WINDOW_SECONDS,
                             min_tokens=0,
                             min_steps=0,
-                            max_seconds=1.0 if quick else 1.5,
+                            max_seconds=1.0 if quick else REFERENCE_WINDOW_SECONDS,
                         )
                         return SweepPoint(
                             "reference", "tiny-cpu", level, _policy(k), tokens, seconds, steps, drafted,

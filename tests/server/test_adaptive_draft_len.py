@@ -352,3 +352,116 @@ def test_a_size_measured_slower_than_a_larger_one_counts_at_the_larger_ones_time
         cost.observe(4, 1, 0.009)  # four passes measured slower than six
         cost.observe(6, 1, 0.006)
     assert cost.estimator()(4, 1) == pytest.approx(0.006)
+
+
+def test_a_draft_length_measured_slow_once_is_estimated_from_the_trusted_ones_until_known() -> None:
+    """An unlucky first call of a pass count (a shape run for the first time) must not rule that draft
+    length out for good: until the pass count is trusted it counts at no more than the trusted pass counts
+    make it, so it is tried again, and from then on its typical time is used."""
+    cost = DraftCost()
+    for _ in range(3):
+        for passes in (2, 3, 4):
+            cost.observe(passes, 1, 0.001 + 0.001 * passes)  # 1 ms per call + 1 ms per pass
+    cost.observe(8, 1, 0.014)  # once, 40 % above its true 10 ms
+    assert cost.estimator()(8, 1) == pytest.approx(0.009)  # along the trusted slope (1 ms per pass from 4)
+    cost.observe(6, 1, 0.011)  # once, between trusted 4 and untrusted 8: the trusted extrapolation (7 ms)
+    assert cost.estimator()(6, 1) == pytest.approx(0.007)
+    assert cost.estimator()(3, 1) == pytest.approx(0.004)  # a trusted count keeps its own figure
+    for seconds in (0.012, 0.013):  # slower every time: now trusted, at its median
+        cost.observe(8, 1, seconds)
+    assert cost.estimator()(8, 1) == pytest.approx(0.013)
+
+
+def test_the_controller_retries_a_long_draft_whose_first_call_was_slow_and_settles_on_it() -> None:
+    ctl = DraftLenController(max_k=8, hysteresis=0.0)
+    ctl.accepted, ctl.rejections = 9.0, 1.0
+    first_call = {8: True}
+
+    def draft_seconds(ks: list[int]) -> float:
+        seconds = DRAFT.draft_seconds(ks)
+        if max(ks) == 8 and first_call.pop(8, False):
+            return 3 * seconds  # the first 8-pass call is slow
+        return seconds
+
+    rng = random.Random(5)
+    ids = ["a"]
+    for k in (1, 2, 4, 8):  # every draft length measured; 8 once, slowly
+        for _ in range(1 if k == 8 else 3):
+            ctl.draft_cost.observe(k, 1, draft_seconds([k]))
+    for tokens in (1, 2, 3, 5, 9):
+        for _ in range(3):
+            ctl.verify_curve.observe(tokens, TARGET.seconds(tokens))
+    caps = []
+    for _ in range(40):
+        ks = ctl.plan(ids)
+        assert ctl.current is not None
+        caps.append(ctl.current[1])
+        ctl.observe_costs(ks, draft_seconds(ks), ks[0] + 1, TARGET.seconds(ks[0] + 1))
+        accepted = 0
+        while accepted < ks[0] and rng.random() < 0.9:
+            accepted += 1
+        ctl.observe_acceptance("a", ks[0], accepted)
+    assert _best_uniform_k(0.9, 1, 8) == 8
+    assert caps[-10:] == [8] * 10
+
+
+def test_a_size_just_above_the_trusted_ones_measured_slow_once_is_capped_by_their_slope_until_trusted() -> (
+    None
+):
+    curve = CostCurve()
+    for _ in range(3):
+        curve.observe(4, 0.005)
+        curve.observe(5, 0.0055)
+    curve.observe(9, 0.02)  # once, an unlucky first call: the trusted slope says 0.0075
+    assert curve.estimate(9) == pytest.approx(0.0075)
+    curve.observe(40, 0.2)  # far above (more than a doubling): the measurement is used as it is
+    assert curve.estimate(40) == pytest.approx(0.2)
+    for _ in range(2):  # measured slow three times: trusted, at its median
+        curve.observe(9, 0.02)
+    assert curve.estimate(9) == pytest.approx(0.02)
+
+
+def test_a_step_that_fed_a_prompt_is_not_taken_for_the_cost_of_its_draft_and_verify_calls() -> None:
+    ctl = DraftLenController(max_k=8, warmup_steps=0)
+    for _ in range(5):
+        ctl.observe_costs([4], 0.004, 5, 0.006)
+        ctl.observe_costs(
+            [4], 0.009, 5, 0.015, prefills=True
+        )  # a new prompt rode in this step: twice as dear
+    assert ctl.verify_curve.estimate(5) == pytest.approx(0.006)
+    assert ctl.draft_cost.estimator()(4, 1) == pytest.approx(0.004)
+
+
+def test_when_nearly_every_step_feeds_a_prompt_those_steps_are_measured_all_the_same() -> None:
+    ctl = DraftLenController(max_k=8, warmup_steps=0, max_prefill_skips=8)
+    for _ in range(3 * 9):
+        ctl.observe_costs([2, 2], 0.003, 6, 0.010, prefills=True)
+    assert ctl.verify_curve.confirmed  # one in nine measured: enough to plan from
+    assert ctl.verify_curve.estimate(6) == pytest.approx(0.010)
+    assert ctl.draft_cost.known
+
+
+def test_a_padded_backend_gets_one_draft_length_for_every_row_and_is_measured_at_its_padded_size() -> None:
+    """A padded batch costs its rows times the longest draft: drafting 8 for one row and 2 for the other
+    costs what drafting 8 for both does, so the choice is among uniform lengths (a packed backend drafts
+    more for the row that accepts more)."""
+    packed = DraftLenController(max_k=8, hysteresis=0.0)
+    padded = DraftLenController(max_k=8, hysteresis=0.0, padded=True)
+    ids = [f"good{i}" for i in range(16)] + [f"poor{i}" for i in range(16)]  # 32 rows: compute-bound
+    for ctl in (packed, padded):
+        _measured(ctl)
+        ctl.accepted, ctl.rejections = 8.0, 2.0
+        for _ in range(20):
+            for rid in ids:
+                ctl.observe_acceptance(rid, 4, 4 if rid.startswith("good") else 0)
+    ks = packed.plan(ids)
+    assert ks[0] > ks[-1]
+    ks = padded.plan(ids)
+    assert len(set(ks)) == 1
+    assert ks[0] > 0
+
+    ctl = DraftLenController(max_k=8, warmup_steps=0, padded=True)
+    for _ in range(3):
+        ctl.observe_costs([6, 2], 0.006, 10, 0.009)  # computed as 2 rows of 7 tokens, 6 passes over 2 rows
+    assert ctl.verify_curve.estimate(14) == pytest.approx(0.009)
+    assert ctl.draft_cost.estimator()(6, 2) == pytest.approx(0.006)

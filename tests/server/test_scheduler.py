@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from specdeploy_server.backends.standin import standin_engine, wait_until
@@ -260,5 +261,28 @@ def test_the_plan_search_is_not_timed_as_drafting(monkeypatch: pytest.MonkeyPatc
         assert controller.draft_cost.by_passes
         for passes in controller.draft_cost.by_passes:
             assert estimate(passes, 1) < passes * 0.001 + 0.005
+
+    asyncio.run(main())
+
+
+def test_a_requests_first_step_is_reported_as_feeding_its_prompt(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        engine, _ = standin_engine(0.001, 0.0005, alpha=0.8, settings=SchedulerSettings(draft_len=None))
+        controller = engine.scheduler.draft_len
+        seen: list[bool] = []
+        observe = controller.observe_costs
+
+        def record(*args: Any, prefills: bool = False) -> None:
+            seen.append(prefills)
+            observe(*args, prefills=prefills)
+
+        monkeypatch.setattr(controller, "observe_costs", record)
+        await engine.start()
+        await _drain(engine, [97, 98], 12)
+        await _drain(engine, [97, 99], 12)
+        await engine.stop(1)
+        assert seen[0] is True
+        assert seen[1] is False
+        assert seen.count(True) == 2  # each request's first step, and no other
 
     asyncio.run(main())

@@ -178,6 +178,9 @@ class ReferenceTargetExecutor:
     """``run_ahead``: with one greedy request running, start its next forward pass as soon as a step's tokens
     are known (backends/runahead.py)."""
 
+    #: a batched pass is as wide as its widest row, and so are the draft passes (core.executors.pads_rows)
+    pads_rows = True
+
     def __init__(
         self,
         model: CachedModel,

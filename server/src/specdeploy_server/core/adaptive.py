@@ -16,15 +16,17 @@ paid), so the answer moves from "draft long" at batch 1 to "do not draft" under 
   seconds as a function of its number of passes and its sequences per pass (:class:`DraftCost`: one curve per
   pass count, so a call's fixed cost is not spread over its passes). A :class:`CostCurve` keeps, per size
   bucket, the typical time of the latest measurements (their median: what the calls usually take, contention
-  included, with rare outliers such as a step that also prefilled a prompt left out), and the least of a
-  bucket's first measurements, so a warm-up outlier is gone at the next one; a size measured slower than a
-  larger one counts at the larger one's time. The draft call is timed alone (the plan search is not a cost of
-  drafting) and the first step's measurements are left out. A size between measured buckets is estimated
-  optimistically, as the least time consistent with a GPU step (time does not fall with size, time per token
-  does not rise: ``max(t_left, t_right * size / size_right)``); above the largest measured size along the last
-  segment's slope (flat with one point), below the smallest proportionally (a draft pass: at the smallest's
-  time). So a size not yet measured is tried and known from then on: a load change costs a handful of
-  exploratory steps, not a slow drift.
+  included, with rare outliers left out), and the least of a bucket's first measurements, so a warm-up outlier
+  is gone at the next one; a size measured slower than a larger one counts at the larger one's time. The draft
+  call is timed alone (the plan search is not a cost of drafting); the first step's measurements are left out,
+  and so are those of a step that also fed a new prompt (up to ``max_prefill_skips`` such steps in a row),
+  whose calls ran the prompt's forwards too. A pass count or size measured fewer times than trusted counts at
+  no more than the trusted ones make it (next to them), so one unlucky first call cannot rule a draft length
+  out. A size between measured buckets is estimated optimistically, as the least time consistent with a GPU
+  step (time does not fall with size, time per token does not rise: ``max(t_left, t_right * size /
+  size_right)``); above the largest measured size along the last segment's slope (flat with one point), below
+  the smallest proportionally (a draft pass: at the smallest's time). So a size not yet measured is tried and
+  known from then on: a load change costs a handful of exploratory steps, not a slow drift.
 * **Search.** Adding the j-th draft token to sequence i gains alpha_i^j expected tokens, which falls with
   j, so for a given number of draft tokens and draft passes the best plan takes the largest gains: the plans
   compared are "draft every token whose gain is at least a threshold tau, at most ``cap`` per sequence"
@@ -43,6 +45,11 @@ paid), so the answer moves from "draft long" at batch 1 to "do not draft" under 
   exploration that leaves the plan at "no draft" doubles the interval, up to ``explore_max``, and it is
   back at ``explore_every`` once the plan drafts. Where the measured costs rule drafting out at the batch
   size even if every draft token were accepted, nobody explores.
+
+**Padded backends** (``padded``: the reference backend, whose batched passes are as wide as their widest
+row) pay batch x the longest draft whatever the shorter rows draft: their steps are measured at that padded
+size, and the plans compared are the uniform ones (every row drafts ``cap``), since drafting less for a
+row that accepts less saves nothing there and loses its accepted tokens.
 
 ``disable_above`` (``disableAboveConcurrency``) is a hard rule on top of this: above that many sequences in
 the step nobody drafts, whatever the draft length (as TensorRT-LLM's ``max_concurrency``).
@@ -107,6 +114,9 @@ class DraftLenController:
     disable_above: int | None = None
     #: the drafter's time is worth measuring (a draft model; prompt lookup is free)
     has_draft_cost: bool = True
+    #: the backend pads a batch's rows to the widest (core.executors.pads_rows): a step costs batch x the
+    #: longest draft, so every row drafts the same length (the plans compared are the uniform ones)
+    padded: bool = False
     smoothing: float = 0.02
     initial: int = 4
     hysteresis: float = 0.03
@@ -121,6 +131,8 @@ class DraftLenController:
     #: the search runs when the batch size changed, else every this many steps (between, the plan's threshold
     #: is applied to the sequences' current alphas)
     replan_every: int = 8
+    #: a step that fed a prompt is measured only after this many such steps in a row were left out
+    max_prefill_skips: int = 8
     # state
     accepted: float = 0.0
     rejections: float = 0.0
@@ -138,6 +150,7 @@ class DraftLenController:
     _planned_batch: int = 0
     _learned: bool = False  # the last step measured a size never measured before: search again
     _since_replan: int = 0
+    _prefill_skips: int = 0
 
     @property
     def alpha(self) -> float:
@@ -235,6 +248,14 @@ class DraftLenController:
         rates: list[tuple[Plan, float]] = [
             (NO_DRAFT, batch / no_draft_seconds if no_draft_seconds else batch)
         ]
+        if self.padded:
+            for cap in range(1, self.max_k + 1):  # uniform: every row drafts cap tokens (tau 0 takes all)
+                tokens = sum(count * expected_tokens_per_step(alpha, cap) for alpha, count in groups.items())
+                seconds = verify(batch * (cap + 1), verify_points, verify_sizes)
+                if self.has_draft_cost:
+                    seconds += draft(cap, batch)
+                rates.append(((0.0, cap), tokens / seconds if seconds > 0 else tokens))
+            return rates
         for cap in range(1, self.max_k + 1):
             gains = sorted(
                 ((alpha**j, alpha, j) for alpha in groups for j in range(1, cap + 1)), reverse=True
@@ -282,17 +303,36 @@ class DraftLenController:
             own[1] += accepted + rejected
 
     def observe_costs(
-        self, draft_lens: Sequence[int], draft_seconds: float, verify_tokens: int, verify_seconds: float
+        self,
+        draft_lens: Sequence[int],
+        draft_seconds: float,
+        verify_tokens: int,
+        verify_seconds: float,
+        *,
+        prefills: bool = False,
     ) -> None:
         """One step's measured calls: the draft lengths it asked for, the draft call's seconds (the call
         alone: not the planning), the tokens the verify call covered (drafts + one per sequence) and its
-        seconds. The first ``warmup_steps`` steps' are left out."""
+        seconds. The first ``warmup_steps`` steps' are left out, and so is a step in which some sequence's
+        prompt was fed (``prefills``: its first step): the draft and verify calls then also ran the prompt's
+        forwards, a cost no draft length saves, which made such a call take twice the time of its size on
+        the reference backend. In a closed loop of short requests every other step carried one, too many for
+        the medians to leave out. Only when ``max_prefill_skips`` steps in a row carried one (requests so
+        short, or arriving so fast, that nearly every step does) is the step measured all the same: a
+        measurement with a prompt in it beats none."""
         self._observed_steps += 1
         if self._observed_steps <= self.warmup_steps:
             return
+        if prefills and self._prefill_skips < self.max_prefill_skips:
+            self._prefill_skips += 1
+            return
+        self._prefill_skips = 0
         passes = max(draft_lens, default=0)
+        if self.padded:  # every row was as wide as the widest, in the verify pass and in every draft pass
+            verify_tokens = len(draft_lens) * (passes + 1)
         if self.has_draft_cost and passes > 0:
-            self._learned |= self.draft_cost.observe(passes, sum(draft_lens) / passes, draft_seconds)
+            per_pass = len(draft_lens) if self.padded else sum(draft_lens) / passes
+            self._learned |= self.draft_cost.observe(passes, per_pass, draft_seconds)
         self.verify_curve.observe(verify_tokens, verify_seconds)
         curve = self.verify_by_batch.setdefault(_batch_bucket(len(draft_lens)), CostCurve())
         self._learned |= curve.observe(verify_tokens, verify_seconds)

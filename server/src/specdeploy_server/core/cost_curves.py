@@ -13,6 +13,11 @@ from dataclasses import dataclass, field
 BUCKETS_PER_DOUBLING = 2
 
 
+def bucket_key(size: float) -> int:
+    """The size bucket of a (positive) size."""
+    return round(math.log2(size) * BUCKETS_PER_DOUBLING)
+
+
 @dataclass
 class _Bucket:
     """One size bucket's measurements: the latest ``window`` (size, seconds), their count, and the figure
@@ -37,7 +42,8 @@ class CostCurve:
     left out (its size estimated optimistically from them, and tried again: one unlucky measurement cannot
     rule such a size out). Outside the trusted sizes an untrusted bucket is used: a measurement says more
     about a size beyond them than extrapolating would (flat above one point: a batch of 128 drafting 10
-    tokens each would look as cheap as drafting none).
+    tokens each would look as cheap as drafting none), except just above them (:meth:`points`), where the
+    trusted slope caps it until it is trusted itself.
 
     ``flat_below``: below the smallest measured size, the time of that size (a draft-model pass on a GPU
     costs one memory-bound forward however few sequences it carries) instead of a proportional share."""
@@ -46,13 +52,15 @@ class CostCurve:
     trusted_after: int = 3
     confirmed_after: int = 2
     flat_below: bool = False
+    #: untrusted buckets up to this many above the largest trusted one are capped by the trusted slope
+    near_above: int = BUCKETS_PER_DOUBLING
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
 
     def observe(self, size: float, seconds: float) -> bool:
         """Add a measurement; True while its bucket is not yet trusted (worth a new search)."""
         if size <= 0:
             return False
-        key = round(math.log2(size) * BUCKETS_PER_DOUBLING)
+        key = bucket_key(size)
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket(deque(maxlen=self.window))
@@ -75,16 +83,36 @@ class CostCurve:
         """Some size is measured at least twice."""
         return any(b.count >= self.confirmed_after for b in self._buckets.values())
 
+    def trusted_keys(self) -> tuple[int, int] | None:
+        """The least and greatest :func:`bucket_key` of the trusted buckets (None: none is trusted). A size
+        whose key lies between them (or below them, for ``flat_below``) is estimated from trusted buckets
+        only."""
+        keys = [key for key, b in self._buckets.items() if b.count >= self.trusted_after]
+        return (min(keys), max(keys)) if keys else None
+
     def points(self) -> list[tuple[float, float]]:
         """(size, seconds), sorted: the trusted buckets and the untrusted ones outside the trusted sizes (all
-        while none is trusted)."""
-        trusted = [b.size for b in self._buckets.values() if b.count >= self.trusted_after]
-        low, high = min(trusted, default=math.inf), max(trusted, default=-math.inf)
-        points = sorted(
-            (b.size, b.seconds)
-            for b in self._buckets.values()
-            if b.count >= self.trusted_after or not low < b.size < high
-        )
+        while none is trusted). An untrusted bucket just above the trusted sizes (within ``near_above``
+        buckets, a factor of 2) counts at no more than the trusted sizes' last slope makes it: a first
+        measurement there may have been unlucky, and so close to what is known the slope says as much, so
+        the size is tried again until it is trusted. Further above, the measurement is used as it is."""
+        trusted = sorted((b.size, b.seconds) for b in self._buckets.values() if b.count >= self.trusted_after)
+        low, high = (trusted[0][0], trusted[-1][0]) if trusted else (math.inf, -math.inf)
+        slope, near = None, 0
+        if len(trusted) >= 2:
+            (s0, t0), (s1, t1) = trusted[-2], trusted[-1]
+            slope = max((t1 - t0) / (s1 - s0), 0.0)
+            near = bucket_key(high) + self.near_above
+        points = []
+        for key, b in self._buckets.items():
+            if b.count >= self.trusted_after:
+                points.append((b.size, b.seconds))
+            elif not low < b.size < high:
+                seconds = b.seconds
+                if slope is not None and b.size > high and key <= near:
+                    seconds = min(seconds, trusted[-1][1] + slope * (b.size - high))
+                points.append((b.size, seconds))
+        points.sort()
         # time does not fall as the size grows: a size measured slower than a larger one was interfered with
         for i in range(len(points) - 2, -1, -1):
             if points[i][1] > points[i + 1][1]:
@@ -126,8 +154,12 @@ class DraftCost:
     a pass cost the call's time / k. A pass count not measured yet is estimated from the measured ones at the
     same size: between two, linearly in the passes; above the largest, along the per-pass slope of the last
     two (with one, in proportion); below the smallest, in proportion (optimistic: it is tried, then known).
-    Fewer sequences per pass than measured cost what the smallest measured did (``flat_below``): a pass is a
-    forward of the draft model, so leaving a few sequences out of it saves nothing on a GPU."""
+    A pass count measured fewer times than its curve trusts (at that size) counts at the least of its own
+    figure and that estimate from the trusted pass counts: one unlucky first call (a shape run for the first
+    time, a late wake-up) cannot rule a draft length out for good, because the length is tried again until
+    its typical time is known. Fewer sequences per pass than measured cost what the smallest measured did
+    (``flat_below``): a pass is a forward of the draft model, so leaving a few sequences out of it saves
+    nothing on a GPU."""
 
     by_passes: dict[int, CostCurve] = field(default_factory=dict)
 
@@ -157,30 +189,47 @@ class DraftEstimate:
     def __init__(self, curves: list[tuple[int, CostCurve, list[tuple[float, float]]]]) -> None:
         self._passes = [p for p, _, _ in curves]
         self._curves = [(curve, points, [pt[0] for pt in points]) for _, curve, points in curves]
+        self._trusted = [curve.trusted_keys() for _, curve, _ in curves]
 
     def _own(self, i: int, size: float) -> float:
         curve, points, sizes = self._curves[i]
         return curve.estimate(size, points, sizes)
 
-    def _at(self, i: int, size: float) -> float:
-        """Pass count ``known[i]``'s estimate, at most any larger pass count's (more passes cannot take less
-        time: a pass count measured slower than a larger one was interfered with, and is tried again)."""
-        return min(self._own(j, size) for j in range(i, len(self._curves)))
+    def _trusted_at(self, i: int, key: int) -> bool:
+        keys = self._trusted[i]
+        return keys is not None and key <= keys[1] and (self._curves[i][0].flat_below or keys[0] <= key)
 
     def __call__(self, passes: int, size: float) -> float:
-        known = self._passes
-        if passes <= 0 or size <= 0 or not known:
+        if passes <= 0 or size <= 0 or not self._passes:
             return 0.0
-        i = bisect.bisect_left(known, passes)
-        if i < len(known) and known[i] == passes:
-            return self._at(i, size)
-        if i == 0:
-            return self._at(0, size) * passes / known[0]
-        if i == len(known):
-            last = self._at(i - 1, size)
-            if i == 1:
+        every = list(range(len(self._passes)))
+        estimate = self._interpolate(every, passes, size)
+        key = bucket_key(size)
+        trusted = [i for i in every if self._trusted_at(i, key)]
+        if trusted and len(trusted) < len(every):
+            estimate = min(estimate, self._interpolate(trusted, passes, size))
+        return estimate
+
+    def _interpolate(self, among: list[int], passes: int, size: float) -> float:
+        """The estimate from the pass counts ``among`` (indices into the measured ones, ascending)."""
+
+        def at(n: int) -> float:
+            # pass count among[n]'s own estimate, at most any larger pass count's (more passes cannot
+            # take less time: a pass count measured slower than a larger one was interfered with, and is
+            # tried again)
+            return min(self._own(j, size) for j in among[n:])
+
+        known = [self._passes[i] for i in among]
+        n = bisect.bisect_left(known, passes)
+        if n < len(known) and known[n] == passes:
+            return at(n)
+        if n == 0:
+            return at(0) * passes / known[0]
+        if n == len(known):
+            last = at(n - 1)
+            if n == 1:
                 return last * passes / known[0]
-            slope = max((last - self._at(i - 2, size)) / (known[i - 1] - known[i - 2]), 0.0)
-            return last + slope * (passes - known[i - 1])
-        low, high = self._at(i - 1, size), self._at(i, size)
-        return low + (high - low) * (passes - known[i - 1]) / (known[i] - known[i - 1])
+            slope = max((last - at(n - 2)) / (known[n - 1] - known[n - 2]), 0.0)
+            return last + slope * (passes - known[n - 1])
+        low, high = at(n - 1), at(n)
+        return low + (high - low) * (passes - known[n - 1]) / (known[n] - known[n - 1])

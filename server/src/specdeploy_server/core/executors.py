@@ -111,3 +111,12 @@ class TargetExecutor(Protocol):
     async def verify(self, batch: Sequence[VerifyRequest]) -> list[list[int]]: ...
 
     def release(self, request_id: str) -> None: ...
+
+
+def pads_rows(target: TargetExecutor) -> bool:
+    """Whether the backend computes every row of a batched call as wide as the widest (a padded batch: the
+    reference backend's verify pass, and its draft passes, which feed padding to the rows that are done),
+    declared by ``pads_rows = True`` on the target executor. Then a step costs its batch size times its
+    longest draft, whatever the shorter rows draft, and ``draftLen: auto`` plans one length for all rows.
+    A packed backend (TensorRT-LLM, the stand-ins) pays for the tokens it is given."""
+    return bool(getattr(target, "pads_rows", False))

@@ -27,6 +27,7 @@ from specdeploy_server.core.executors import (
     RequestErrors,
     TargetExecutor,
     VerifyRequest,
+    pads_rows,
 )
 from specdeploy_server.core.load import LoadFigures, ThroughputMeter
 from specdeploy_server.core.logits import cut_proposal, fast_forward
@@ -98,6 +99,7 @@ class SpeculativeScheduler(LoadFigures):
             fixed=settings.draft_len,
             disable_above=settings.disable_above_concurrency,
             has_draft_cost=drafter.has_cost,
+            padded=pads_rows(target),
         )
         self.stats = GlobalStats()
         self.waiting: deque[SequenceState] = deque()  # all WAITING
@@ -253,6 +255,7 @@ class SpeculativeScheduler(LoadFigures):
     async def _step(self, batch: list[SequenceState]) -> None:
         clock = self._clock
         t0 = clock()
+        prefills = any(not seq.num_generated for seq in batch)  # a prompt's own forwards ride in this step
         lengths = self.draft_len.plan([seq.request_id for seq in batch])
         self._k = max(lengths, default=0)
         max_model_len = self.settings.max_model_len
@@ -299,7 +302,9 @@ class SpeculativeScheduler(LoadFigures):
         if requests:
             if not extra:  # a multi-step call is several forwards in a row: not a verify call's cost
                 verify_tokens = sum(len(r.proposal.tokens) + 1 for r in requests)
-                self.draft_len.observe_costs([n for _, n in plan], t1 - t_draft, verify_tokens, t2 - t1)
+                self.draft_len.observe_costs(
+                    [n for _, n in plan], t1 - t_draft, verify_tokens, t2 - t1, prefills=prefills
+                )
             if multistep is not None and len(requests) == 1 and requests[0].seq.num_generated:
                 multistep.observe(len(emitted[0]), t2 - t1)
         if self._undelivered:  # an earlier step's outputs always reach their consumers first
