@@ -196,3 +196,14 @@ def test_the_cache_goes_to_the_model_by_the_keyword_it_declares(tiny_models: Tin
     assert model.cached_tokens("r") == 5
     torch.testing.assert_close(second, _alone(tiny_models.target, [5, 6, 7, 8], [9]), atol=TOLERANCE, rtol=0)
     assert first.shape[0] == 1
+
+
+def test_the_reference_backend_tells_draft_len_auto_that_its_rows_are_padded(tiny_models: TinyModels) -> None:
+    config = {
+        "model": {"target": str(tiny_models.target), "draft": str(tiny_models.draft_same)},
+        "speculative": {"method": "draftTarget", "draftLen": "auto"},
+        "placement": {"device": "cpu"},
+    }
+    engine = build_engine(ServerConfig.model_validate(config))
+    assert isinstance(engine, Engine)
+    assert engine.scheduler.draft_len.padded is True

@@ -178,9 +178,6 @@ class ReferenceTargetExecutor:
     """``run_ahead``: with one greedy request running, start its next forward pass as soon as a step's tokens
     are known (backends/runahead.py)."""
 
-    #: a batched pass is as wide as its widest row, and so are the draft passes (core.executors.pads_rows)
-    pads_rows = True
-
     def __init__(
         self,
         model: CachedModel,
@@ -197,6 +194,13 @@ class ReferenceTargetExecutor:
     @property
     def max_draft_len(self) -> int:
         return self._max_draft_len
+
+    @property
+    def pads_rows(self) -> bool:
+        """A batched pass is as wide as its widest row, and so are the draft passes
+        (:func:`specdeploy_server.core.executors.pads_rows`); a model whose cache cannot be batched runs its
+        rows one after another, each as wide as its own."""
+        return self.model.batches
 
     async def verify(self, batch: Sequence[VerifyRequest]) -> list[list[int]]:
         loop = asyncio.get_running_loop()
