@@ -2,8 +2,9 @@
 
 Closed loop: ``concurrency`` clients each keep one request in flight (resubmitting as soon as one ends); each
 window is a steady state after a warm-up (the controller's first exploratory steps fall in the warm-up), on a
-fresh engine; each point is the median of ``REPEATS`` windows (``REFERENCE_REPEATS`` on the reference
-backend), the policies of a concurrency taking turns.
+fresh engine (on the reference backend: one engine per policy, kept for all of a concurrency's windows);
+each point is the median of ``REPEATS`` windows (``REFERENCE_ROUNDS`` on the reference backend), the
+policies of a concurrency taking turns.
 Policies: fixed k in {0, 2, 4, 8} (k = 0: no drafter at all, plain decoding) and auto.
 
 * **Stand-ins with the presets** (``backends.step_costs.PRESETS``, estimates derived from seed 003): each call
@@ -46,13 +47,16 @@ REQUEST_TOKENS = 256
 #: the window with the median tokens/s, so that a burst of load on the shared machine hits one window of one
 #: policy, not the whole of it
 REPEATS = 3
-#: the reference backend's windows: more of them, longer, after a longer warm-up. Its real forwards on this
-#: shared CPU drift by 10-30 % over tens of seconds (other people's load), so three 1.5 s windows of policies
-#: that differ by a few percent compared the machine's moments more than the policies; and a fresh engine's
-#: controller spends its first second measuring call sizes, which is not the steady state served for hours.
-REFERENCE_REPEATS = 5
-REFERENCE_WINDOW_SECONDS = 2.5
-REFERENCE_WARMUP_SECONDS = 1.0
+#: the reference backend's windows. Its real forwards on this shared CPU drift by 10-30 % over seconds (other
+#: people's load), more than policies at concurrency 1-2 differ, so a window of each policy in turn on a fresh
+#: engine compared the machine's moments more than the policies. Its five engines (one per policy) are
+#: built and warmed up once per concurrency and then take turns, ``REFERENCE_ROUNDS`` windows of
+#: ``REFERENCE_WINDOW_SECONDS`` each: every policy samples the machine's drift alike, and auto's controller
+#: keeps what it measured from one window to the next, as in a server that runs for hours.
+REFERENCE_ROUNDS = 9
+REFERENCE_WINDOW_SECONDS = 1.0
+REFERENCE_WARMUP_SECONDS = 1.0  # an engine's first window opens after this (its first exploratory steps)
+REFERENCE_RAMP_SECONDS = 0.1  # the later ones once the clients are back in flight
 #: stand-in windows at up to this concurrency are aligned on requests (see _standin_point)
 ALIGNED_LEVELS = 16
 #: the stand-ins' prompts, one per request in turn (n-th request: prompt n): a prompt fixes its alpha and the
@@ -115,11 +119,14 @@ async def _closed_loop(
     served: Callable[[], Counter[float]] = Counter,
     warmup_requests: int = 0,
     warmup_seconds: float = 0.3,
+    keep_running: bool = False,
 ) -> tuple[int, float, int, int, int, float, Counter[float]]:
     """(tokens, seconds, sequence steps, drafted, speculating sequence steps, busy seconds, served) of a
     steady-state window; ``busy`` is the clock of the busy time (default: the wall clock), ``served`` counts
     the tokens emitted so far by the alpha of their prompt (default: nothing). The window opens once
-    ``warmup_steps`` steps, ``warmup_seconds`` and ``warmup_requests`` finished requests are past."""
+    ``warmup_steps`` steps, ``warmup_seconds`` and ``warmup_requests`` finished requests are past.
+    ``keep_running``: the engine is not stopped; the clients finish the requests they have in flight, so
+    the engine (and its controller's measurements) serve the next window as they are."""
     stats = engine.stats
     stop = False
     params = SamplingParams(temperature=0.0)
@@ -172,8 +179,10 @@ async def _closed_loop(
     )
     b1, served1 = busy(), Counter(served())
     stop = True
-    await engine.stop(0)
+    if not keep_running:
+        await engine.stop(0)
     await asyncio.gather(*clients, return_exceptions=True)
+    observer.on_speculation = on_speculation
     return e1 - e0, t1 - t0, s1 - s0, d1 - d0, p1 - p0, b1 - b0, served1 - served0
 
 
@@ -253,34 +262,39 @@ def _reference_points(quick: bool) -> list[SweepPoint]:
                 "runtime": {"maxBatchSize": 8},
             }
 
+        async def level_points(level: int) -> list[SweepPoint]:
+            engines = {k: build_engine(ServerConfig.model_validate(config(k))) for k in (*FIXED, None)}
+            windows: dict[int | None, list[SweepPoint]] = {k: [] for k in engines}
+            for engine in engines.values():
+                await engine.start()
+            prompts = [engines[0].tokenizer.encode(t) for t in texts]
+            for round_ in range(1 if quick else REFERENCE_ROUNDS):
+                for k, engine in engines.items():
+                    first = round_ == 0
+                    tokens, seconds, steps, drafted, speculating, _, _ = await _closed_loop(
+                        engine,
+                        prompts,
+                        level,
+                        48,
+                        warmup_steps=10 if first else 0,
+                        warmup_seconds=REFERENCE_WARMUP_SECONDS if first else REFERENCE_RAMP_SECONDS,
+                        min_seconds=REFERENCE_WINDOW_SECONDS,
+                        min_tokens=0,
+                        min_steps=0,
+                        max_seconds=REFERENCE_WINDOW_SECONDS,
+                        keep_running=True,
+                    )
+                    point = SweepPoint(
+                        "reference", "tiny-cpu", level, _policy(k), tokens, seconds, steps, drafted,
+                        speculating, seconds,
+                    )  # fmt: skip
+                    windows[k].append(point)
+            for engine in engines.values():
+                await engine.stop(0)
+            return [median_window(w) for w in windows.values()]
+
         for level in REFERENCE_LEVELS:
-            windows: dict[int | None, list[SweepPoint]] = {k: [] for k in (*FIXED, None)}
-            for _ in range(1 if quick else REFERENCE_REPEATS):
-                for k, taken in windows.items():
-                    engine = build_engine(ServerConfig.model_validate(config(k)))
-
-                    async def main(engine: Any = engine, level: int = level, k: int | None = k) -> SweepPoint:
-                        await engine.start()
-                        prompts = [engine.tokenizer.encode(t) for t in texts]
-                        tokens, seconds, steps, drafted, speculating, _, _ = await _closed_loop(
-                            engine,
-                            prompts,
-                            level,
-                            48,
-                            warmup_steps=10,
-                            warmup_seconds=0.3 if quick else REFERENCE_WARMUP_SECONDS,
-                            min_seconds=1.0 if quick else REFERENCE_WINDOW_SECONDS,
-                            min_tokens=0,
-                            min_steps=0,
-                            max_seconds=1.0 if quick else REFERENCE_WINDOW_SECONDS,
-                        )
-                        return SweepPoint(
-                            "reference", "tiny-cpu", level, _policy(k), tokens, seconds, steps, drafted,
-                            speculating, seconds,
-                        )  # fmt: skip
-
-                    taken.append(asyncio.run(main()))
-            out.extend(median_window(w) for w in windows.values())
+            out.extend(asyncio.run(level_points(level)))
     return out
 
 

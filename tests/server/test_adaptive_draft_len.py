@@ -465,3 +465,45 @@ def test_a_padded_backend_gets_one_draft_length_for_every_row_and_is_measured_at
         ctl.observe_costs([6, 2], 0.006, 10, 0.009)  # computed as 2 rows of 7 tokens, 6 passes over 2 rows
     assert ctl.verify_curve.estimate(14) == pytest.approx(0.009)
     assert ctl.draft_cost.estimator()(6, 2) == pytest.approx(0.006)
+
+
+def test_a_size_measured_while_the_machine_was_busy_is_measured_again_once_its_figure_is_stale() -> None:
+    """A draft length measured during someone else's load looked dear for good: not chosen, never measured
+    again. Once ``stale_after`` other measurements have passed, it is estimated from the trusted ones again
+    (so it is tried) and its next measurement starts it afresh."""
+    cost = DraftCost()
+    for _ in range(3):
+        cost.observe(8, 1, 0.020)  # measured while the machine was busy: twice its true 10 ms
+        for passes in (2, 3, 4):
+            cost.observe(passes, 1, 0.001 + 0.001 * passes)
+    assert cost.estimator()(8, 1) == pytest.approx(0.020)
+    for _ in range(40):  # the plan keeps drafting 2 to 4 tokens
+        for passes in (2, 3, 4):
+            cost.observe(passes, 1, 0.001 + 0.001 * passes)
+    assert cost.estimator()(8, 1) == pytest.approx(0.009)  # stale: from the trusted slope, so it is tried
+    cost.observe(8, 1, 0.010)  # measured again, now that the machine is quiet: afresh
+    assert cost.estimator()(8, 1) == pytest.approx(0.009)
+    cost.observe(8, 1, 0.010)
+    cost.observe(8, 1, 0.010)
+    assert cost.estimator()(8, 1) == pytest.approx(0.010)  # trusted again, at its new figure
+
+    curve = CostCurve(stale_after=10)
+    for _ in range(3):
+        curve.observe(16, 0.02)
+        curve.observe(4, 0.015)
+        curve.observe(8, 0.05)  # busy
+    for _ in range(12):
+        curve.observe(16, 0.02)
+        curve.observe(4, 0.015)
+    assert curve.estimate(8) == pytest.approx(max(0.015, 0.02 * 8 / 16))  # stale, between: left out
+
+
+def test_a_draft_calls_cost_is_fitted_as_fixed_plus_per_pass_so_one_noisy_pass_count_moves_little() -> None:
+    cost = DraftCost()
+    for _ in range(3):
+        for passes in range(1, 9):
+            seconds = 0.001 + 0.001 * passes  # 1 ms per call + 1 ms per pass
+            cost.observe(passes, 1, 2 * seconds if passes == 6 else seconds)  # 6 passes: always interfered
+    estimate = cost.estimator()
+    for passes in range(1, 11):
+        assert estimate(passes, 1) == pytest.approx(0.001 + 0.001 * passes)

@@ -5,12 +5,15 @@ function of its size (:class:`CostCurve`), and of a draft call as a function of 
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
 
 #: a bucket of the cost curves spans a factor of sqrt(2) in size
 BUCKETS_PER_DOUBLING = 2
+#: a draft call's cost is fitted as fixed + per pass once this many pass counts are trusted at a size
+FIT_AFTER = 3
 
 
 def bucket_key(size: float) -> int:
@@ -27,6 +30,7 @@ class _Bucket:
     count: int = 0
     size: float = 0.0
     seconds: float = 0.0
+    last: int = 0  # the curve's clock at its latest measurement
 
 
 @dataclass
@@ -45,6 +49,13 @@ class CostCurve:
     tokens each would look as cheap as drafting none), except just above them (:meth:`points`), where the
     trusted slope caps it until it is trusted itself.
 
+    **Stale** figures are not trusted: a bucket not measured in the latest ``stale_after`` measurements of
+    its curve (``clock``: shared by the curves of one :class:`DraftCost`) counts as untrusted again, and its
+    next measurement starts it afresh. On a shared machine a call's time drifts with other people's load: a
+    size measured while the machine was busy would otherwise look dear for good (a draft length not chosen
+    is never measured again), while the sizes in use follow the machine; so each size the search could
+    choose is measured again now and then, under the same conditions as the others.
+
     ``flat_below``: below the smallest measured size, the time of that size (a draft-model pass on a GPU
     costs one memory-bound forward however few sequences it carries) instead of a proportional share."""
 
@@ -54,7 +65,13 @@ class CostCurve:
     flat_below: bool = False
     #: untrusted buckets up to this many above the largest trusted one are capped by the trusted slope
     near_above: int = BUCKETS_PER_DOUBLING
+    stale_after: int = 100
+    #: measurements so far (of this curve, or of every curve sharing the list)
+    clock: list[int] = field(default_factory=lambda: [0])
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
+
+    def _trusted(self, bucket: _Bucket) -> bool:
+        return bucket.count >= self.trusted_after and self.clock[0] - bucket.last <= self.stale_after
 
     def observe(self, size: float, seconds: float) -> bool:
         """Add a measurement; True while its bucket is not yet trusted (worth a new search)."""
@@ -62,8 +79,10 @@ class CostCurve:
             return False
         key = bucket_key(size)
         bucket = self._buckets.get(key)
-        if bucket is None:
+        self.clock[0] += 1
+        if bucket is None or self.clock[0] - bucket.last > self.stale_after + 1:  # new, or stale: afresh
             bucket = self._buckets[key] = _Bucket(deque(maxlen=self.window))
+        bucket.last = self.clock[0]
         bucket.recent.append((size, seconds))
         bucket.count += 1
         if bucket.count < self.trusted_after:
@@ -87,7 +106,7 @@ class CostCurve:
         """The least and greatest :func:`bucket_key` of the trusted buckets (None: none is trusted). A size
         whose key lies between them (or below them, for ``flat_below``) is estimated from trusted buckets
         only."""
-        keys = [key for key, b in self._buckets.items() if b.count >= self.trusted_after]
+        keys = [key for key, b in self._buckets.items() if self._trusted(b)]
         return (min(keys), max(keys)) if keys else None
 
     def points(self) -> list[tuple[float, float]]:
@@ -96,7 +115,7 @@ class CostCurve:
         buckets, a factor of 2) counts at no more than the trusted sizes' last slope makes it: a first
         measurement there may have been unlucky, and so close to what is known the slope says as much, so
         the size is tried again until it is trusted. Further above, the measurement is used as it is."""
-        trusted = sorted((b.size, b.seconds) for b in self._buckets.values() if b.count >= self.trusted_after)
+        trusted = sorted((b.size, b.seconds) for b in self._buckets.values() if self._trusted(b))
         low, high = (trusted[0][0], trusted[-1][0]) if trusted else (math.inf, -math.inf)
         slope, near = None, 0
         if len(trusted) >= 2:
@@ -105,7 +124,7 @@ class CostCurve:
             near = bucket_key(high) + self.near_above
         points = []
         for key, b in self._buckets.items():
-            if b.count >= self.trusted_after:
+            if self._trusted(b):
                 points.append((b.size, b.seconds))
             elif not low < b.size < high:
                 seconds = b.seconds
@@ -162,12 +181,14 @@ class DraftCost:
     nothing on a GPU."""
 
     by_passes: dict[int, CostCurve] = field(default_factory=dict)
+    #: the clock the pass counts' curves share: a pass count goes stale while the others are measured
+    clock: list[int] = field(default_factory=lambda: [0])
 
     def observe(self, passes: int, sequences_per_pass: float, seconds: float) -> bool:
         """Add a call's measurement; True while its bucket is not yet trusted (worth a new search)."""
         if passes <= 0:
             return False
-        curve = self.by_passes.setdefault(passes, CostCurve(flat_below=True))
+        curve = self.by_passes.setdefault(passes, CostCurve(flat_below=True, clock=self.clock))
         return curve.observe(sequences_per_pass, seconds)
 
     @property
@@ -190,6 +211,7 @@ class DraftEstimate:
         self._passes = [p for p, _, _ in curves]
         self._curves = [(curve, points, [pt[0] for pt in points]) for _, curve, points in curves]
         self._trusted = [curve.trusted_keys() for _, curve, _ in curves]
+        self._lines: dict[float, tuple[float, float]] = {}  # size -> (fixed seconds, seconds per pass)
 
     def _own(self, i: int, size: float) -> float:
         curve, points, sizes = self._curves[i]
@@ -202,13 +224,28 @@ class DraftEstimate:
     def __call__(self, passes: int, size: float) -> float:
         if passes <= 0 or size <= 0 or not self._passes:
             return 0.0
+        key = bucket_key(size)
+        trusted = [i for i in range(len(self._passes)) if self._trusted_at(i, key)]
+        if len(trusted) >= FIT_AFTER:
+            return self._fit(trusted, passes, size)
         every = list(range(len(self._passes)))
         estimate = self._interpolate(every, passes, size)
-        key = bucket_key(size)
-        trusted = [i for i in every if self._trusted_at(i, key)]
         if trusted and len(trusted) < len(every):
             estimate = min(estimate, self._interpolate(trusted, passes, size))
         return estimate
+
+    def _fit(self, among: list[int], passes: int, size: float) -> float:
+        """A call's fixed cost plus a cost per pass, fitted robustly to the pass counts ``among`` (Theil-Sen:
+        the median of the slopes between every two of them, and the median of what each leaves as the fixed
+        cost), so one pass count's noisy figure moves the estimate of the others by little."""
+        line = self._lines.get(size)
+        if line is None:  # one fit per size, for a whole search
+            points = [(self._passes[i], self._own(i, size)) for i in among]
+            slopes = sorted((t1 - t0) / (p1 - p0) for (p0, t0), (p1, t1) in itertools.combinations(points, 2))
+            slope = max(slopes[len(slopes) // 2], 0.0)
+            line = self._lines[size] = (sorted(t - slope * p for p, t in points)[len(points) // 2], slope)
+        fixed, slope = line
+        return max(fixed + slope * passes, 0.0)
 
     def _interpolate(self, among: list[int], passes: int, size: float) -> float:
         """The estimate from the pass counts ``among`` (indices into the measured ones, ascending)."""
