@@ -2,7 +2,7 @@
 its block of docs/benchmarks-server.md is rendered from that record (benchmarks/records.py).
 
 python -m benchmarks.server                 # all seven, one run each (about 15 minutes on 2 CPU cores)
-python -m benchmarks.server --only 7        # the load sweep (stand-ins + reference backend; ~12 minutes)
+python -m benchmarks.server --only 7        # the load sweep (stand-ins + reference backend; ~14 minutes)
 python -m benchmarks.server --runs 3        # three runs of each: medians, and each run's key figure
 python -m benchmarks.server --only 1,3      # a subset
 python -m benchmarks.server --quick         # shorter runs, for a smoke check (records say --quick)
