@@ -176,9 +176,11 @@ class DraftCost:
     A pass count measured fewer times than its curve trusts (at that size) counts at the least of its own
     figure and that estimate from the trusted pass counts: one unlucky first call (a shape run for the first
     time, a late wake-up) cannot rule a draft length out for good, because the length is tried again until
-    its typical time is known. Fewer sequences per pass than measured cost what the smallest measured did
-    (``flat_below``): a pass is a forward of the draft model, so leaving a few sequences out of it saves
-    nothing on a GPU."""
+    its typical time is known. Once ``FIT_AFTER`` pass counts are trusted at a size, the call is fitted as a
+    fixed cost plus a cost per pass over them (Theil-Sen), which is what a draft call is (k forwards of the
+    draft model after one call's overhead): one pass count's noisy median then moves the others by little.
+    Fewer sequences per pass than measured cost what the smallest measured did (``flat_below``): a pass is a
+    forward of the draft model, so leaving a few sequences out of it saves nothing on a GPU."""
 
     by_passes: dict[int, CostCurve] = field(default_factory=dict)
     #: the clock the pass counts' curves share: a pass count goes stale while the others are measured
