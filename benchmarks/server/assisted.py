@@ -42,23 +42,28 @@ class AssistedResult:
     identical: bool
 
 
-def build_models(root: Path) -> tuple[Path, Path]:
+def build_models(
+    root: Path, shape: TinyLlama = SHAPE, *, draft_layers: int = 1, dtype: str = "float32"
+) -> tuple[Path, Path]:
+    """(target, draft) checkpoints under ``root``: a random-weight Llama of ``shape`` whose layers after the
+    first are scaled down, and a draft made of its first ``draft_layers`` layers, embedding, norm and head
+    (both saved in ``dtype``)."""
     tok_dir = root / "tokenizer"
     tok_dir.mkdir()
     testing.train_tokenizer(tok_dir)
-    target = testing.save_tiny_llama(root / "target", tok_dir, seed=0, shape=SHAPE)
+    target = testing.save_tiny_llama(root / "target", tok_dir, seed=0, shape=shape, dtype=dtype)
     model: Any = AutoModelForCausalLM.from_pretrained(str(target), local_files_only=True)
     with torch.no_grad():
         for layer in model.model.layers[1:]:
             layer.self_attn.o_proj.weight.mul_(LATER_LAYER_SCALE)
             layer.mlp.down_proj.weight.mul_(LATER_LAYER_SCALE)
-    model.save_pretrained(str(target))
+    model.to(getattr(torch, dtype)).save_pretrained(str(target))
     config = model.config.__class__.from_dict(model.config.to_dict())
-    config.num_hidden_layers = 1
+    config.num_hidden_layers = draft_layers
     draft: Any = LlamaForCausalLM(config)
     draft.load_state_dict(model.state_dict(), strict=False)
     draft_dir = root / "draft"
-    draft.save_pretrained(str(draft_dir))
+    draft.to(getattr(torch, dtype)).save_pretrained(str(draft_dir))
     for item in tok_dir.iterdir():
         (draft_dir / item.name).write_bytes(item.read_bytes())
     return target, draft_dir

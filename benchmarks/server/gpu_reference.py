@@ -1,0 +1,184 @@
+"""The reference backend on a GPU with Llama-shaped models of realistic size: speculation against none.
+
+For a session lent a GPU (issue 21's last item); nothing in ``make test`` needs one (a test runs this module
+on the CPU with a tiny shape, the same code path). Models are random weights (speed does not depend on them)
+built as benchmark 2 builds its CPU models: a target whose layers after the first are scaled down, so a
+layer-skip draft (its first ``draft_layers`` layers, embedding, norm and head) agrees with it often enough to
+be worth drafting. The vocabulary is the project's trained tokenizer's (384 tokens), not Llama's 128 256: the
+LM head is far cheaper than a real model's, which the report says.
+
+Per concurrency, one engine per policy (k = 0: plain decoding; k = 4; auto) is built and warmed up once, then
+the policies take turns for ``rounds`` windows each (as benchmark 7 measures the reference backend); a figure
+is the median of its policy's windows.
+
+    python -m benchmarks.server.gpu_reference          # llama-1b shape on cuda, concurrency 1 and 8
+    python -m benchmarks.server.gpu_reference --shape llama-8b --out /tmp/gpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from specdeploy_server import testing
+from specdeploy_server.backends.factory import build_engine
+from specdeploy_server.config import ServerConfig
+from specdeploy_server.testing import TinyLlama
+
+from benchmarks.server import assisted
+from benchmarks.server.load_sweep import _closed_loop
+
+#: Llama 3.2 1B's and Llama 3.1 8B's layer shapes (vocabulary aside)
+SHAPES = {
+    "llama-1b": TinyLlama(
+        hidden_size=2048,
+        layers=16,
+        heads=32,
+        kv_heads=8,
+        intermediate_size=8192,
+        max_position_embeddings=2048,
+    ),
+    "llama-8b": TinyLlama(
+        hidden_size=4096,
+        layers=32,
+        heads=32,
+        kv_heads=8,
+        intermediate_size=14336,
+        max_position_embeddings=2048,
+    ),
+    "tiny": assisted.SHAPE,  # the CPU smoke test's
+}
+POLICIES: tuple[int | None, ...] = (0, 4, None)  # k = 0 (no drafter), k = 4, auto
+
+
+@dataclass(frozen=True)
+class GpuPoint:
+    device: str
+    shape: str
+    concurrency: int
+    policy: str
+    tok_s: float  # median of the policy's windows
+    windows_tok_s: list[float]
+    tokens_per_step: float  # per sequence step, in the median window
+
+
+def _config(target: Path, draft: Path, k: int | None, device: str, dtype: str) -> dict[str, Any]:
+    speculative: dict[str, Any] = (
+        {"method": "none"} if k == 0 else {"method": "draftTarget", "maxDraftLen": 8}
+    )
+    if k != 0:
+        speculative["draftLen"] = "auto" if k is None else k
+    return {
+        "model": {"target": str(target), "draft": str(draft), "dtype": dtype},
+        "speculative": speculative,
+        "placement": {"device": device},
+        "runtime": {"maxBatchSize": 16},
+    }
+
+
+async def _level(
+    target: Path, draft: Path, args: argparse.Namespace, level: int, device_name: str
+) -> list[GpuPoint]:
+    engines = {
+        k: build_engine(ServerConfig.model_validate(_config(target, draft, k, args.device, args.dtype)))
+        for k in POLICIES
+    }
+    for engine in engines.values():
+        await engine.start()
+    prompts = [engines[0].tokenizer.encode(t) for t in testing.prompts(16, seed=11)]
+    windows: dict[int | None, list[tuple[float, float]]] = {k: [] for k in engines}
+    for round_ in range(args.rounds):
+        for k, engine in engines.items():
+            tokens, seconds, steps, *_ = await _closed_loop(
+                engine,
+                prompts,
+                level,
+                args.max_tokens,
+                warmup_steps=10 if round_ == 0 else 0,
+                warmup_seconds=args.warmup if round_ == 0 else 0.1,
+                min_seconds=args.seconds,
+                min_tokens=0,
+                min_steps=0,
+                max_seconds=args.seconds,
+                keep_running=True,
+            )
+            windows[k].append((tokens / seconds, tokens / steps if steps else 0.0))
+    for engine in engines.values():
+        await engine.stop(0)
+    points = []
+    for k, measured in windows.items():
+        median = statistics.median_high(rate for rate, _ in measured)
+        per_step = next(per for rate, per in measured if rate == median)
+        policy = "auto" if k is None else f"k={k}"
+        points.append(
+            GpuPoint(device_name, args.shape, level, policy, median, [r for r, _ in measured], per_step)
+        )
+    return points
+
+
+def run(args: argparse.Namespace) -> list[GpuPoint]:
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here (use --device cpu --shape tiny for a smoke run)")
+    device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+    points: list[GpuPoint] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        started = time.perf_counter()
+        target, draft = assisted.build_models(
+            Path(tmp), SHAPES[args.shape], draft_layers=args.draft_layers, dtype=args.dtype
+        )
+        print(f"models built in {time.perf_counter() - started:.1f} s", flush=True)
+        for level in args.concurrency:
+            points += asyncio.run(_level(target, draft, args, level, device_name))
+    return points
+
+
+def table(points: list[GpuPoint]) -> str:
+    lines = [
+        f"Device: {points[0].device}; shape {points[0].shape} (random weights, 384-token vocabulary).",
+        "",
+        "| concurrency | policy | tok/s (median) | vs k=0 | tokens per sequence step | windows tok/s |",
+        "|---:|---|---:|---:|---:|---|",
+    ]
+    plain = {p.concurrency: p.tok_s for p in points if p.policy == "k=0"}
+    for p in points:
+        ratio = p.tok_s / plain[p.concurrency] if plain.get(p.concurrency) else float("nan")
+        windows = " ".join(f"{w:.0f}" for w in p.windows_tok_s)
+        figures = f"{p.tok_s:.0f} | {ratio:.2f} | {p.tokens_per_step:.2f}"
+        lines.append(f"| {p.concurrency} | {p.policy} | {figures} | {windows} |")
+    return "\n".join(lines)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.server.gpu_reference", description=__doc__)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-1b")
+    parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
+    parser.add_argument("--draft-layers", type=int, default=2, help="layers of the layer-skip draft")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--rounds", type=int, default=3, help="windows per policy")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of a window")
+    parser.add_argument("--warmup", type=float, default=2.0, help="seconds before an engine's first window")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens per request")
+    parser.add_argument("--out", type=Path, help="write the points as JSON here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    points = run(args)
+    print(table(points))
+    if args.out is not None:
+        args.out.write_text(json.dumps([dataclasses.asdict(p) for p in points], indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
