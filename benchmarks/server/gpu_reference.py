@@ -35,7 +35,7 @@ from specdeploy_server.config import ServerConfig
 from specdeploy_server.testing import TinyLlama
 
 from benchmarks.server import assisted
-from benchmarks.server.load_sweep import _closed_loop
+from benchmarks.server.load_sweep import take_turns
 
 #: Llama 3.2 1B's and Llama 3.1 8B's layer shapes (vocabulary aside)
 SHAPES = {
@@ -92,28 +92,20 @@ async def _level(
         k: build_engine(ServerConfig.model_validate(_config(target, draft, k, args.device, args.dtype)))
         for k in POLICIES
     }
-    for engine in engines.values():
-        await engine.start()
     prompts = [engines[0].tokenizer.encode(t) for t in testing.prompts(16, seed=11)]
-    windows: dict[int | None, list[tuple[float, float]]] = {k: [] for k in engines}
-    for round_ in range(args.rounds):
-        for k, engine in engines.items():
-            tokens, seconds, steps, *_ = await _closed_loop(
-                engine,
-                prompts,
-                level,
-                args.max_tokens,
-                warmup_steps=10 if round_ == 0 else 0,
-                warmup_seconds=args.warmup if round_ == 0 else 0.1,
-                min_seconds=args.seconds,
-                min_tokens=0,
-                min_steps=0,
-                max_seconds=args.seconds,
-                keep_running=True,
-            )
-            windows[k].append((tokens / seconds, tokens / steps if steps else 0.0))
-    for engine in engines.values():
-        await engine.stop(0)
+    turns = await take_turns(
+        engines,
+        prompts,
+        level,
+        args.max_tokens,
+        rounds=args.rounds,
+        window_seconds=args.seconds,
+        warmup_seconds=args.warmup,
+    )
+    windows = {
+        k: [(tokens / seconds, tokens / steps if steps else 0.0) for tokens, seconds, steps, *_ in taken]
+        for k, taken in turns.items()
+    }
     points = []
     for k, measured in windows.items():
         median = statistics.median_high(rate for rate, _ in measured)

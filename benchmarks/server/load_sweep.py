@@ -236,6 +236,46 @@ def _standin_point(preset: SpeculationPreset, concurrency: int, k: int | None, q
     return asyncio.run(main())
 
 
+async def take_turns(
+    engines: dict[int | None, Any],
+    prompts: Sequence[list[int]],
+    concurrency: int,
+    max_tokens: int,
+    *,
+    rounds: int,
+    window_seconds: float,
+    warmup_seconds: float,
+) -> dict[int | None, list[tuple[int, float, int, int, int]]]:
+    """Windows of engines (one per policy, by draft length; None: auto) taking turns on one machine: each is
+    started, then every round each serves one closed-loop window, the first after ``warmup_seconds`` (and 10
+    steps), the later ones once its clients are back in flight; the engines stay warm between their windows
+    and are stopped at the end. Per policy, each window's (tokens, seconds, sequence steps, drafted,
+    speculating sequence steps)."""
+    for engine in engines.values():
+        await engine.start()
+    windows: dict[int | None, list[tuple[int, float, int, int, int]]] = {k: [] for k in engines}
+    for round_ in range(rounds):
+        for k, engine in engines.items():
+            first = round_ == 0
+            tokens, seconds, steps, drafted, speculating, _, _ = await _closed_loop(
+                engine,
+                prompts,
+                concurrency,
+                max_tokens,
+                warmup_steps=10 if first else 0,
+                warmup_seconds=warmup_seconds if first else REFERENCE_RAMP_SECONDS,
+                min_seconds=window_seconds,
+                min_tokens=0,
+                min_steps=0,
+                max_seconds=window_seconds,
+                keep_running=True,
+            )
+            windows[k].append((tokens, seconds, steps, drafted, speculating))
+    for engine in engines.values():
+        await engine.stop(0)
+    return windows
+
+
 def _reference_points(quick: bool) -> list[SweepPoint]:
     import torch  # noqa: PLC0415
     from specdeploy_server import testing  # noqa: PLC0415
@@ -264,34 +304,22 @@ def _reference_points(quick: bool) -> list[SweepPoint]:
 
         async def level_points(level: int) -> list[SweepPoint]:
             engines = {k: build_engine(ServerConfig.model_validate(config(k))) for k in (*FIXED, None)}
-            windows: dict[int | None, list[SweepPoint]] = {k: [] for k in engines}
-            for engine in engines.values():
-                await engine.start()
             prompts = [engines[0].tokenizer.encode(t) for t in texts]
-            for round_ in range(1 if quick else REFERENCE_ROUNDS):
-                for k, engine in engines.items():
-                    first = round_ == 0
-                    tokens, seconds, steps, drafted, speculating, _, _ = await _closed_loop(
-                        engine,
-                        prompts,
-                        level,
-                        48,
-                        warmup_steps=10 if first else 0,
-                        warmup_seconds=REFERENCE_WARMUP_SECONDS if first else REFERENCE_RAMP_SECONDS,
-                        min_seconds=REFERENCE_WINDOW_SECONDS,
-                        min_tokens=0,
-                        min_steps=0,
-                        max_seconds=REFERENCE_WINDOW_SECONDS,
-                        keep_running=True,
-                    )
-                    point = SweepPoint(
-                        "reference", "tiny-cpu", level, _policy(k), tokens, seconds, steps, drafted,
-                        speculating, seconds,
-                    )  # fmt: skip
-                    windows[k].append(point)
-            for engine in engines.values():
-                await engine.stop(0)
-            return [median_window(w) for w in windows.values()]
+            windows = await take_turns(
+                engines,
+                prompts,
+                level,
+                48,
+                rounds=1 if quick else REFERENCE_ROUNDS,
+                window_seconds=REFERENCE_WINDOW_SECONDS,
+                warmup_seconds=REFERENCE_WARMUP_SECONDS,
+            )
+            return [
+                median_window(
+                    [SweepPoint("reference", "tiny-cpu", level, _policy(k), *w, w[1]) for w in taken]
+                )
+                for k, taken in windows.items()
+            ]
 
         for level in REFERENCE_LEVELS:
             out.extend(asyncio.run(level_points(level)))
