@@ -58,6 +58,7 @@ SHAPES = {
     "tiny": assisted.SHAPE,  # the CPU smoke test's
 }
 POLICIES: tuple[int | None, ...] = (0, 4, None)  # k = 0 (no drafter), k = 4, auto
+AUTO_CAP = 8  # maxDraftLen: the longest draft auto may choose
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class GpuPoint:
 
 def _config(target: Path, draft: Path, k: int | None, device: str, dtype: str) -> dict[str, Any]:
     speculative: dict[str, Any] = (
-        {"method": "none"} if k == 0 else {"method": "draftTarget", "maxDraftLen": 8}
+        {"method": "none"} if k == 0 else {"method": "draftTarget", "maxDraftLen": AUTO_CAP}
     )
     if k != 0:
         speculative["draftLen"] = "auto" if k is None else k
