@@ -14,6 +14,9 @@ from specdeploy_server import testing
 from specdeploy_server.livethread import LiveServer, run_live
 from specdeploy_server.testing import TinyLlama
 
+from tests.server.constrained_cases import chat_prompt_ids, plain_constrained_outputs
+from tests.server.plain_decoding import PlainDecoder
+
 __all__ = ["LiveServer", "TinyModels", "run_live"]
 
 # Tiny models run fastest single-threaded; two threads on two cores mostly contend.
@@ -44,6 +47,19 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
         shape=TinyLlama(hidden_size=32, layers=1, heads=2, kv_heads=1),
     )
     return TinyModels(tokenizer, target, same, unrelated)
+
+
+@pytest.fixture(scope="module")
+def plain(tiny_models: TinyModels) -> PlainDecoder:
+    """Plain (non-speculative) decoding of the tiny target: what every backend's greedy output must equal."""
+    return PlainDecoder(tiny_models.target)
+
+
+@pytest.fixture(scope="session")
+def plain_outputs(tiny_models: TinyModels) -> list[str]:
+    """Plain constrained greedy decoding of every structured-output schema (constrained_cases.py), computed
+    once for every backend's structured-output tests."""
+    return plain_constrained_outputs(PlainDecoder(tiny_models.target), chat_prompt_ids(tiny_models.target))
 
 
 def hf_greedy_outputs(model_dir: Path, prompts: Sequence[str], max_tokens: int) -> list[list[int]]:

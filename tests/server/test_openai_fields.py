@@ -48,11 +48,6 @@ def client(server: LiveServer) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def plain(tiny_models: TinyModels) -> PlainDecoder:
-    return PlainDecoder(tiny_models.target)
-
-
-@pytest.fixture(scope="module")
 def tokenizer(tiny_models: TinyModels) -> HFTokenizer:
     return HFTokenizer(tiny_models.target)
 

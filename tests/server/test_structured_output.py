@@ -19,11 +19,8 @@ from tests.server.constrained_cases import (
     MAX_TOKENS,
     MESSAGES,
     SCHEMAS,
-    chat_prompt_ids,
     json_schema_format,
-    plain_constrained_outputs,
 )
-from tests.server.plain_decoding import PlainDecoder
 
 METHODS = ["draftTarget", "promptLookup", "none"]
 
@@ -46,22 +43,6 @@ def server(request: pytest.FixtureRequest, tiny_models: TinyModels) -> Iterator[
 @pytest.fixture
 def client(server: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def plain(tiny_models: TinyModels) -> PlainDecoder:
-    return PlainDecoder(tiny_models.target)
-
-
-@pytest.fixture(scope="module")
-def chat_prompt(tiny_models: TinyModels) -> list[int]:
-    return chat_prompt_ids(tiny_models.target)
-
-
-@pytest.fixture(scope="module")
-def plain_outputs(plain: PlainDecoder, chat_prompt: list[int]) -> list[str]:
-    """Plain constrained greedy decoding of every schema (computed once for the three servers)."""
-    return plain_constrained_outputs(plain, chat_prompt)
 
 
 def test_every_greedy_output_validates_and_equals_plain_constrained_greedy_decoding(

@@ -21,9 +21,7 @@ from tests.server.constrained_cases import (
     MAX_TOKENS,
     MESSAGES,
     SCHEMAS,
-    chat_prompt_ids,
     json_schema_format,
-    plain_constrained_outputs,
 )
 from tests.server.plain_decoding import Penalties, PlainDecoder
 from tests.server.trtllm_double import DoubleState, trtllm_double
@@ -52,21 +50,6 @@ def served(
 
 def _client(live: LiveServer) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{live.base_url}/v1", api_key="unused", max_retries=0, timeout=120)
-
-
-@pytest.fixture(scope="module")
-def plain(tiny_models: TinyModels) -> PlainDecoder:
-    return PlainDecoder(tiny_models.target)
-
-
-@pytest.fixture(scope="module")
-def chat_prompt(tiny_models: TinyModels) -> list[int]:
-    return chat_prompt_ids(tiny_models.target)
-
-
-@pytest.fixture(scope="module")
-def plain_outputs(plain: PlainDecoder, chat_prompt: list[int]) -> list[str]:
-    return plain_constrained_outputs(plain, chat_prompt)
 
 
 def test_json_schema_outputs_validate_and_equal_plain_constrained_greedy_decoding(
