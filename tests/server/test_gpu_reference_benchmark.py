@@ -28,10 +28,11 @@ def test_the_gpu_benchmark_measures_every_policy_at_every_concurrency(tmp_path: 
         assert point["tok_s"] > 0
     by_policy = {(p["concurrency"], p["policy"]): p for p in points}
     for level in (1, 2):
-        assert by_policy[(level, "k=0")]["tokens_per_step"] == 1.0
+        # plain decoding: one token per target step (a stop token inside a multi-step call cuts the rest)
+        assert 0.0 < by_policy[(level, "k=0")]["tokens_per_step"] <= 1.0
         assert by_policy[(level, "k=4")]["tokens_per_step"] > 1.0  # the layer-skip draft is accepted
         # auto may rightly not speculate where drafting costs about what it saves (a tiny model on a CPU),
-        # but it never emits more than a k=4 step can: 1 bonus token plus at most its cap of drafts
+        # but a step emits at least its target token and at most that plus the cap of draft tokens
         assert 1.0 <= by_policy[(level, "auto")]["tokens_per_step"] <= 1.0 + gpu_reference.AUTO_CAP
 
 
