@@ -33,10 +33,11 @@ bins: ## build (or find cached) kube-apiserver, controller-manager, scheduler, k
 lint: venv ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy operator/src server/src tests benchmarks hack/cluster/localcluster.py hack/cluster/operatorproc.py \
-	  hack/cluster/netguard.py hack/cluster/provisioner.py hack/cluster/podrunner hack/cluster/metricsstack.py \
-	  hack/cluster/serviceload.py hack/demo_client.py hack/demo_pods.py \
-	  hack/docgen.py hack/measure.py
+	$(VENV)/bin/mypy operator/src server/src tests benchmarks hack/cluster/localcluster.py \
+	  hack/cluster/nodepools.py hack/cluster/controlplane.py hack/cluster/autoscalingstack.py hack/cluster/pki.py \
+	  hack/cluster/processes.py hack/cluster/operatorproc.py hack/cluster/netguard.py hack/cluster/provisioner.py \
+	  hack/cluster/podrunner hack/cluster/metricsstack.py hack/cluster/serviceload.py hack/demo_client.py \
+	  hack/demo_pods.py hack/docgen.py hack/measure.py
 
 .PHONY: fmt
 fmt: venv ## format the code with ruff

@@ -51,7 +51,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "hack" / "cluster"))
 
 from demomodels import make_demo_models  # noqa: E402
-from localcluster import POOL_LABEL, LocalCluster  # noqa: E402
+from localcluster import LocalCluster  # noqa: E402
+from nodepools import POOL_LABEL  # noqa: E402
 from operatorproc import OperatorProcess  # noqa: E402
 from serviceload import ServiceEndpoints, StreamingLoad  # noqa: E402
 from specdeploy_operator.api import SpeculativeDeployment  # noqa: E402

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from localcluster import LocalCluster, NodePool
+from localcluster import LocalCluster
+from nodepools import NodePool
 
 from benchmarks.operator import REPO
 

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localcluster import LocalCluster, NodePool
+from localcluster import LocalCluster
+from nodepools import NodePool
 from operatorproc import OperatorProcess
 from specdeploy_operator.builders import OperatorSettings, build_default_cache_pvc
 

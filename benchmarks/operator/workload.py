@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from localcluster import NodePool, load_nodepools
+from nodepools import NodePool, load_nodepools
 from specdeploy_operator.api import SpeculativeDeployment
 from specdeploy_operator.builders import (
     OperatorSettings,

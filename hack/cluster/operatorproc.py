@@ -11,7 +11,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from localcluster import free_port
+from processes import free_port
 
 __all__ = ["OperatorProcess"]
 

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 from demomodels import make_demo_models
 from kubernetes import client
-from localcluster import NODE_GROUP_LABEL, POOL_LABEL, LocalCluster
+from localcluster import LocalCluster
+from nodepools import NODE_GROUP_LABEL, POOL_LABEL
 from serviceload import StreamingLoad
 
 from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from localcluster import CA_NODE_GROUP_ANNOTATION, GPU_TAINT, KWOK_ANNOTATION, NODE_GROUP_LABEL, LocalCluster
+from localcluster import LocalCluster
+from nodepools import CA_NODE_GROUP_ANNOTATION, GPU_TAINT, KWOK_ANNOTATION, NODE_GROUP_LABEL
 
 from tests.conftest import fresh_namespace, wait_for
 

@@ -6,7 +6,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from localcluster import LocalCluster, _pid_alive
+from localcluster import LocalCluster
+from processes import pid_alive
 
 
 def _listening(port: int) -> bool:
@@ -46,7 +47,7 @@ def test_up_twice_is_harmless_and_down_leaves_no_process_or_port() -> None:
         assert cluster.healthy()
 
         cluster.down()
-        assert not any(_pid_alive(pid) for pid in pids.values())
+        assert not any(pid_alive(pid) for pid in pids.values())
         assert not any(_listening(port) for port in ports.values())
         assert not cluster.kubeconfig.exists()
         assert (state / "logs" / "kube-apiserver.log").exists()  # logs are kept for post-mortems

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from localcluster import (
+from localcluster import autoscaling_from_env
+from nodepools import (
     CA_MAX_ANNOTATION,
     CA_MIN_ANNOTATION,
     DEFAULT_NODEPOOLS,
@@ -13,9 +14,8 @@ from localcluster import (
     KWOK_ANNOTATION,
     NODE_GROUP_LABEL,
     AutoscaledPool,
-    ClusterError,
     NodePool,
-    autoscaling_from_env,
+    NodePoolError,
     kwok_provider_config,
     load_autoscaled_pools,
     load_nodepools,
@@ -73,14 +73,14 @@ def test_pool_can_override_taints_labels_and_gpu_resource() -> None:
     ],
 )
 def test_bad_pool_is_refused_with_the_field_named(raw: dict[str, object], message: str) -> None:
-    with pytest.raises(ClusterError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(NodePoolError, match=message.replace("(", r"\(").replace(")", r"\)")):
         NodePool.from_dict(raw)
 
 
 def test_duplicate_pool_names_are_refused(tmp_path: Path) -> None:
     f = tmp_path / "pools.yaml"
     f.write_text("pools:\n- {name: a, nodes: 1, instanceType: x}\n- {name: a, nodes: 2, instanceType: y}\n")
-    with pytest.raises(ClusterError, match="unique"):
+    with pytest.raises(NodePoolError, match="unique"):
         load_nodepools(f)
 
 
@@ -135,7 +135,7 @@ def test_kwok_provider_config_groups_by_label_keeps_our_taint_and_knows_the_gpu_
     ],
 )
 def test_bad_autoscaled_pool_is_refused_with_the_field_named(raw: dict[str, object], message: str) -> None:
-    with pytest.raises(ClusterError, match=message):
+    with pytest.raises(NodePoolError, match=message):
         AutoscaledPool.from_dict(raw)
 
 
@@ -145,7 +145,7 @@ def test_pool_names_are_unique_across_static_and_autoscaled_pools(tmp_path: Path
         "pools:\n- {name: a, nodes: 1, instanceType: x}\n"
         "autoscaledPools:\n- {name: a, minNodes: 0, maxNodes: 1, instanceType: y}\n"
     )
-    with pytest.raises(ClusterError, match="unique"):
+    with pytest.raises(NodePoolError, match="unique"):
         load_autoscaled_pools(f)
 
 

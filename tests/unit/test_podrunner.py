@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
-from localcluster import kwok_stages
+from controlplane import kwok_stages
 from podrunner.container import _mount_script, command_line, expand
 from podrunner.probes import ProbeState
 from podrunner.process import backoff_seconds
