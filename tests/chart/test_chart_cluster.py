@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -20,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from processes import free_port
 
 from tests.chart.conftest import CHART, REPO, Helm
 from tests.conftest import Kubectl, wait_for
@@ -33,13 +33,6 @@ CRDS = [
     "kopfpeerings.kopf.dev",
 ]
 EXAMPLE = REPO / "examples" / "02-draft-target-llama8b-1b-h100.yaml"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def manifest(helm: Helm, release: str, namespace: str, kubeconfig: Path) -> list[dict[str, Any]]:

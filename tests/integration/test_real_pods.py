@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -26,6 +25,7 @@ import yaml
 from demomodels import make_demo_models
 from kubernetes import client
 from openai import OpenAI
+from processes import free_port
 from serviceload import ServiceEndpoints, StreamingLoad
 from specdeploy_operator.builders.serverconfig import PRESTOP_SECONDS
 from specdeploy_server.config import ServerConfig, config_digest
@@ -130,17 +130,11 @@ def test_greedy_completions_through_the_service_equal_transformers_greedy_output
         assert got.choices[0].text == transformers_greedy(models / "target", prompt, 24), prompt
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def test_kubectl_port_forward_reaches_the_server(
     served: tuple[Served, Path], kubectl_bin: str, kubeconfig: Path
 ) -> None:
     s, models = served
-    port = _free_port()
+    port = free_port()
     forward = subprocess.Popen(
         [
             kubectl_bin,
