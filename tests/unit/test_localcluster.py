@@ -1,7 +1,10 @@
-"""The local cluster's node-pool rendering (pure): what fake GPU nodes look like to the scheduler."""
+"""The local cluster's node-pool rendering (pure): what fake GPU nodes look like to the scheduler; and its
+command line's `down` and `status`, which need nothing but the standard library."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -158,3 +161,23 @@ def test_autoscaling_is_on_unless_the_environment_turns_it_off(
     else:
         monkeypatch.setenv("SPECDEPLOY_AUTOSCALING", value)
     assert autoscaling_from_env() is on
+
+
+LOCALCLUSTER = Path(__file__).resolve().parents[2] / "hack" / "cluster" / "localcluster.py"
+
+
+@pytest.mark.parametrize(("command", "code"), [("status", 1), ("down", 0)])
+def test_down_and_status_run_with_the_standard_library_only(tmp_path: Path, command: str, code: int) -> None:
+    """`make cluster-down` falls back to the system Python when the virtualenv is gone: no site-packages
+    (`-S`), no PYTHONPATH (`-E`)."""
+    proc = subprocess.run(
+        [sys.executable, "-S", "-E", str(LOCALCLUSTER), command, "--dir", str(tmp_path / "cluster")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == code, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    if command == "status":
+        assert proc.stdout.split()[:2] == ["etcd", "stopped"], proc.stdout
