@@ -111,6 +111,21 @@ def test_a_prompt_longer_than_the_context_is_a_bad_request(http: httpx.Client) -
     _assert_error(too_many, 400, "you requested 70 tokens", param="max_tokens")
 
 
+@pytest.mark.parametrize("limit", [{}, {"max_tokens": 4}, {"max_completion_tokens": 4}])
+def test_a_chat_longer_than_the_context_names_the_messages(http: httpx.Client, limit: dict[str, int]) -> None:
+    body = {"model": "standin", "messages": [{"role": "user", "content": "x" * 100}], **limit}
+    response = http.post("/v1/chat/completions", json=body)
+    _assert_error(response, 400, "maximum context length is 64 tokens", param="messages")
+
+
+def test_the_served_model_can_be_retrieved_by_its_id(http: httpx.Client) -> None:
+    listed = http.get("/v1/models").json()["data"]
+    assert http.get("/v1/models/standin").json() == listed[0]
+    response = http.get("/v1/models/other")
+    _assert_error(response, 404, "'other' does not exist", param="model")
+    assert response.json()["error"]["code"] == "model_not_found"
+
+
 def test_an_empty_prompt_is_a_bad_request(http: httpx.Client) -> None:
     _assert_error(http.post("/v1/completions", json=_completion(prompt="")), 400, "empty", param="prompt")
 

@@ -94,6 +94,8 @@ def test_streamed_chat_sends_role_first_then_content_then_usage(client: openai.O
     assert chunks[-1].choices == []
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    # Only there: a client that adds up usage across chunks (LangChain's stream_usage) counts it once.
+    assert [c.usage is not None for c in chunks].count(True) == 1
 
 
 def test_a_stop_string_ends_the_completion_before_it(client: openai.OpenAI) -> None:

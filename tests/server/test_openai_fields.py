@@ -113,6 +113,55 @@ def test_completion_logprobs_are_the_targets_own_log_probabilities(
     assert "".join(logprobs.tokens or []) == result.choices[0].text
 
 
+def test_usage_and_logprobs_end_at_the_token_that_completes_a_stop_string(client: openai.OpenAI) -> None:
+    """A step that accepts several drafts may go past a stop string: the tokens after the one completing it
+    count nowhere (usage, logprobs, streamed or not), exactly as when decoding one token at a time."""
+    whole = client.completions.create(
+        model="tiny", prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0, logprobs=0
+    )
+    assert whole.choices[0].logprobs is not None
+    tokens = whole.choices[0].logprobs.tokens or []
+    text = whole.choices[0].text
+    assert "".join(tokens) == text
+    assert len(tokens) == MAX_TOKENS
+    # A stop string that starts inside the text, a few tokens in, and ends a few tokens before its end.
+    start = len("".join(tokens[:3])) + 1
+    stop = text[start : start + 2]
+    cut = text.find(stop)
+    kept = next(i + 1 for i in range(len(tokens)) if stop in "".join(tokens[: i + 1]))
+    assert 3 <= kept < MAX_TOKENS - 2, (tokens, stop)
+
+    stopped = client.completions.create(
+        model="tiny", prompt=PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0, logprobs=0, stop=[stop]
+    )
+    choice = stopped.choices[0]
+    assert choice.finish_reason == "stop"
+    assert choice.text == text[:cut]
+    assert choice.logprobs is not None
+    assert choice.logprobs.tokens == tokens[:kept]
+    assert stopped.usage is not None
+    assert stopped.usage.completion_tokens == kept
+
+    streamed = list(
+        client.completions.create(
+            model="tiny",
+            prompt=PROMPTS[1],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            logprobs=0,
+            stop=[stop],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    pieces = [c.choices[0] for c in streamed if c.choices]
+    assert "".join(p.text for p in pieces) == text[:cut]
+    assert [t for p in pieces if p.logprobs for t in p.logprobs.tokens or []] == tokens[:kept]
+    assert streamed[-1].usage is not None
+    assert streamed[-1].usage.completion_tokens == kept
+    assert [c.usage is not None for c in streamed].count(True) == 1
+
+
 def test_chat_logprobs_are_the_targets_own_log_probabilities(
     client: openai.OpenAI, plain: PlainDecoder, tokenizer: HFTokenizer
 ) -> None:
@@ -286,6 +335,31 @@ def test_a_streamed_tool_call_arrives_whole_in_one_delta(client: openai.OpenAI) 
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+def test_a_streamed_tool_call_carries_the_logprobs_of_all_its_tokens(client: openai.OpenAI) -> None:
+    kwargs: dict[str, Any] = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "weather?"}],
+        "max_tokens": 100,
+        "temperature": 0,
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "logprobs": True,
+    }
+    whole = client.chat.completions.create(**kwargs)
+    assert whole.choices[0].logprobs is not None
+    assert whole.usage is not None
+    expected = [item.token for item in whole.choices[0].logprobs.content or []]
+    assert len(expected) == whole.usage.completion_tokens
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    streamed = [
+        item.token
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for item in c.choices[0].logprobs.content or []
+    ]
+    assert streamed == expected
+
+
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
@@ -301,6 +375,9 @@ def test_a_streamed_tool_call_arrives_whole_in_one_delta(client: openai.OpenAI) 
             "response_format",
         ),
         ({"logit_bias": {"999999": 1.0}}, "logit_bias"),
+        ({"tool_choice": "required"}, "tool_choice"),  # no tools to call
+        ({"top_logprobs": 2}, "top_logprobs"),  # without logprobs
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream
     ],
 )
 def test_what_cannot_be_honoured_is_a_bad_request_naming_the_field(

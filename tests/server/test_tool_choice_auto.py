@@ -12,9 +12,11 @@ from typing import Any
 import openai
 import pytest
 from specdeploy_server.api.app import create_app
+from specdeploy_server.api.protocol import ChatCompletionRequest
 from specdeploy_server.api.structured import auto_tool_calls
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.config import ServerConfig
+from specdeploy_server.tokenizer import ChatTemplate
 
 from tests.server.conftest import LiveServer, TinyModels, run_live
 
@@ -63,6 +65,47 @@ def test_a_bare_json_call_with_parameters_is_parsed() -> None:
 )
 def test_text_without_a_complete_call_of_a_known_tool_stays_text(text: str) -> None:
     assert auto_tool_calls(text, NAMES) is None
+
+
+# A tool-use template in the shape of Llama 3.1's: an assistant's calls rendered from their arguments object,
+# a tool's answer with the id of the call it answers, a user's name.
+HISTORY_TEMPLATE = (
+    "{% for m in messages %}<|{{ m.role }}{% if m.name %}:{{ m.name }}{% endif %}|>"
+    "{% for call in m.tool_calls or [] %}"
+    "call {{ call.function.name }}(city={{ call.function.arguments.city }})"
+    "{% endfor %}{% if m.tool_call_id %}[{{ m.tool_call_id }}]{% endif %}{{ m.content }}\n{% endfor %}"
+)
+
+
+def test_a_tool_use_history_reaches_the_chat_template_whole() -> None:
+    """The assistant's ``tool_calls`` (arguments as the object their JSON string encodes), the tool's
+    ``tool_call_id`` and a message's ``name`` reach the template, as Hugging Face's apply_chat_template
+    gets them."""
+    request = ChatCompletionRequest.model_validate(
+        {
+            "model": "tiny",
+            "messages": [
+                {"role": "user", "content": "weather in Oslo?", "name": "ann"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "c1",
+                            "type": "function",
+                            "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+            ],
+        }
+    )
+    messages = [m.for_template() for m in request.messages]
+    assert messages[1]["tool_calls"][0]["id"] == "c1"
+    assert ChatTemplate(HISTORY_TEMPLATE).render(messages) == (
+        "<|user:ann|>weather in Oslo?\n<|assistant|>call get_weather(city=Oslo)\n<|tool|>[c1]sunny\n"
+    )
 
 
 @pytest.fixture(scope="module")

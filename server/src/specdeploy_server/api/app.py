@@ -212,6 +212,11 @@ def _install_routes(app: FastAPI, state: AppState) -> None:
         authorize(request)
         return serving.list_models()
 
+    @app.get("/v1/models/{model:path}", response_model=None, responses=contract.MODEL_RESPONSES)
+    async def model(model: str, request: Request) -> dict[str, Any]:
+        authorize(request)
+        return serving.retrieve_model(model)
+
     @app.post(
         "/v1/completions",
         response_model=None,

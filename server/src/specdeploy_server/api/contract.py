@@ -169,6 +169,12 @@ MODELS_RESPONSES: dict[int | str, dict[str, Any]] = {
     **_UNAUTHORIZED,
     **_INTERNAL,
 }
+MODEL_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"model": ModelCard, "description": "The served model."},
+    **_UNAUTHORIZED,
+    404: _error("No such model (`model_not_found`)."),
+    **_INTERNAL,
+}
 
 
 def generation_responses(success: type[BaseModel], chunk: type[BaseModel]) -> dict[int | str, dict[str, Any]]:

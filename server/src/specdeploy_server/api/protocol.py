@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -58,6 +59,12 @@ class _Sampling(_Request):
         """Names of options set to something this server cannot honour."""
         return []
 
+    def contradiction(self) -> tuple[str, str] | None:
+        """``(field, message)`` for options that make no sense together (OpenAI refuses them too)."""
+        if self.stream_options is not None and not self.stream:
+            return "stream_options", "stream_options is only allowed when stream is true"
+        return None
+
     def top_logprobs_wanted(self) -> int | None:
         """How many alternatives per token the response reports (None: no logprobs)."""
         raise NotImplementedError
@@ -102,6 +109,34 @@ class ChatMessage(_Strict):
             return self.content
         return "".join(part.text for part in self.content)
 
+    def for_template(self) -> dict[str, Any]:
+        """The message as a chat template reads it (Hugging Face's message dicts): role, content as text,
+        and ``name``, ``tool_calls`` (an assistant's calls), ``tool_call_id`` (a tool's answer) and any other
+        field the client sent, as sent; except that a call's ``arguments``, a JSON string in OpenAI's API, is
+        handed over as the object it encodes, which is what tool-calling templates render (as vLLM does)."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        message.update(self.model_extra or {})
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            message["tool_calls"] = [_decoded_arguments(call) for call in calls]
+        return message
+
+
+def _decoded_arguments(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("arguments"), str):
+        return call
+    arguments = function["arguments"]
+    try:
+        decoded = json.loads(arguments)
+    except ValueError:
+        return call
+    if not isinstance(decoded, dict):
+        return call
+    return {**call, "function": {**function, "arguments": decoded}}
+
 
 class FunctionDefinition(_Strict):
     model_config = ConfigDict(extra="allow", strict=True)
@@ -138,6 +173,13 @@ class ChatCompletionRequest(_Sampling):
         if not self.logprobs:
             return None
         return self.top_logprobs or 0
+
+    def contradiction(self) -> tuple[str, str] | None:
+        if self.top_logprobs and not self.logprobs:
+            return "top_logprobs", "top_logprobs needs logprobs: true"
+        if not self.tools and self.tool_choice not in (None, "none", "auto"):
+            return "tool_choice", "tool_choice 'required' or a named function needs tools"
+        return super().contradiction()
 
     def tool_mode(self) -> Literal["auto", "forced"] | None:
         """``forced``: the output must be a call (``required`` or a named function); ``auto``: the model

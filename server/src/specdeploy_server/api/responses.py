@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from specdeploy_server.api.errors import ExecutorFailedError
-from specdeploy_server.api.runs import Prepared, Run
+from specdeploy_server.api.runs import Prepared, Run, kept_outputs
 from specdeploy_server.api.structured import auto_tool_calls, tool_calls_from
 from specdeploy_server.core.executors import ExecutorError
 from specdeploy_server.core.types import TokenLogprob
@@ -142,6 +142,7 @@ def stream_chat(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
     prepared = run.prepared
     wants_logprobs = prepared.params.logprobs is not None
     held = [""] * prepared.n  # with tools: the text so far, sent (as calls or content) once complete
+    held_logprobs: list[list[TokenLogprob]] = [[] for _ in range(prepared.n)]  # ... and its logprobs
     first = [
         {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
         for i in range(prepared.n)
@@ -150,9 +151,11 @@ def stream_chat(serving: OpenAIServing, run: Run) -> AsyncIterator[str]:
     def chunk(index: int, text: str, finish: str | None, ids: list[int], items: list[TokenLogprob]) -> Any:
         if prepared.tool_mode is not None:  # calls are sent whole once the text is complete
             held[index] += text
+            if wants_logprobs:
+                held_logprobs[index] += items
             if finish is None:
                 return None
-            logprobs = serving.logprobs.chat(items) if wants_logprobs else None
+            logprobs = serving.logprobs.chat(held_logprobs[index]) if wants_logprobs else None
             message, finish = _message(held[index], finish, prepared)
             calls = message.get("tool_calls")
             delta: dict[str, Any] = {"content": message["content"]} if message["content"] else {}
@@ -192,6 +195,9 @@ async def _stream(
     # Every event is the same envelope around one choice: the envelope is serialised once, the choice per
     # event (the bytes are those of json.dumps of the whole event, keys in the same order).
     head = f'data: {_json(base)[:-1]},"choices":['
+    # Usage goes out once: in the final `choices: []` chunk when the client asks for it (OpenAI's shape;
+    # clients that add up usage across chunks count it once), else with the last finish_reason.
+    extra_chunk = run.prepared.include_usage
     try:
         for choice in first:
             yield _sse({**base, "choices": [choice]})
@@ -201,14 +207,19 @@ async def _stream(
             before, after = (head + plain[0], plain[1] + "]}\n\n") if plain is not None else ("", "")
             async with single.opened(run) as outputs:
                 async for out in outputs:
-                    text, finish = step(out)
+                    text, finish, kept = step(out)
                     if finish is None and plain is not None:  # the common event
                         if text:
                             yield f"{before}{_string(text)}{after}"
                         continue
-                    body = chunk(0, text, finish, out.token_ids, out.logprobs or [])
+                    ids, logprobs = kept_outputs(out, kept)
+                    body = chunk(0, text, finish, ids, logprobs or [])
                     if finish is not None:
-                        yield _sse({**base, "choices": [body], "usage": run.usage()})
+                        yield _sse(
+                            {**base, "choices": [body]}
+                            if extra_chunk
+                            else {**base, "choices": [body], "usage": run.usage()}
+                        )
                         break
                     if body is not None:
                         yield f"{head}{body if isinstance(body, str) else _json(body)}]}}\n\n"
@@ -220,11 +231,11 @@ async def _stream(
                     continue
                 if delta.finish_reason is not None:
                     finished += 1
-                    if finished == len(run.choices):  # the last choice's final chunk carries the usage
+                    if finished == len(run.choices) and not extra_chunk:  # the last finish carries usage
                         yield _sse({**base, "choices": [body], "usage": run.usage()})
                         continue
                 yield f"{head}{body if isinstance(body, str) else _json(body)}]}}\n\n"
-        if run.prepared.include_usage:
+        if extra_chunk:
             yield _sse({**base, "choices": [], "usage": run.usage()})
     except Exception as exc:  # headers are sent: report in-band, then end the stream
         serving.metrics.errors.labels(serving.settings.served_model_name, "server_error").inc()

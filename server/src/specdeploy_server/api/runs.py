@@ -60,11 +60,14 @@ class ChoiceRun:
         self.completion_tokens = 0
         self._itl: LatencyTally | None = None
 
-    def stepper(self) -> Callable[[StepOutput], tuple[str, str | None]]:
-        """``step(output) -> (text, finish_reason)``: the text an engine output adds (stop strings cut,
-        incomplete characters held back) and the choice's finish reason once it is over (None before), with
-        the TTFT/ITL metrics kept. Everything it needs is bound here, once per choice: the streaming loop
-        calls it once per event."""
+    def stepper(self) -> Callable[[StepOutput], tuple[str, str | None, int]]:
+        """``step(output) -> (text, finish_reason, kept)``: the text an engine output adds (stop strings cut,
+        incomplete characters held back), the choice's finish reason once it is over (None before), and how
+        many of the output's tokens count: all of them, except when a stop string ends inside a step of
+        several tokens (speculation): the tokens after the one that completed it are dropped, so that usage
+        and logprobs are those of decoding one token at a time, whatever was accepted in a step. The TTFT/ITL
+        metrics are kept. Everything it needs is bound here, once per choice: the streaming loop calls it once
+        per event."""
         serving = self._run.serving
         metrics = self._run.metrics
         ttft = metrics.ttft
@@ -72,16 +75,30 @@ class ChoiceRun:
         decoder = IncrementalDecoder(serving.engine.tokenizer, serving.single_token_text)
         feed, decoder_flush = decoder.feed, decoder.flush
         stopper = StopMatcher(self._run.prepared.stops)
+        stop_feed = stopper.feed
+
+        def stopped() -> bool:  # a call, not an attribute read, for mypy: feeding the stopper changes it
+            return stopper.stopped
+
         stops = bool(stopper.stops)
         started = self._run.started
         last = started
         clock = time.perf_counter
 
-        def step(out: StepOutput) -> tuple[str, str | None]:
+        def step(out: StepOutput) -> tuple[str, str | None, int]:
             nonlocal last
             ids = out.token_ids
             n = len(ids)
+            text = ""
             if n:
+                if stops:  # token by token: the stop string's last token is the last one that counts
+                    for i, token in enumerate(ids):
+                        text += stop_feed(feed((token,)))
+                        if stopped():
+                            n = i + 1
+                            break
+                else:
+                    text = feed(ids)
                 now = clock()
                 if self.completion_tokens:
                     itl.observe((now - last) / n, n, now)
@@ -89,20 +106,15 @@ class ChoiceRun:
                     ttft.observe(now - started)
                 last = now
                 self.completion_tokens += n
-                text = feed(ids)
-            else:
-                text = ""
+            if stopped():
+                return text, "stop", n
             reason = out.finish_reason
-            if stops:
-                text = stopper.feed(text)
-                if stopper.stopped:
-                    return text, "stop"
             if reason is None:
-                return text, None
-            text += stopper.feed(decoder_flush()) if stops else decoder_flush()
-            if stopper.stopped:
-                return text, "stop"
-            return text + stopper.flush(), _FINISH[reason]
+                return text, None, n
+            if not stops:
+                return text + decoder_flush(), _FINISH[reason], n
+            text += stop_feed(decoder_flush())
+            return (text, "stop", n) if stopped() else (text + stopper.flush(), _FINISH[reason], n)
 
         return step
 
@@ -127,13 +139,21 @@ class ChoiceRun:
         index = self.index
         async with self.opened(whole) as outputs:
             async for out in outputs:
-                text, finish = step(out)
-                ids, logprobs = out.token_ids, out.logprobs
+                text, finish, kept = step(out)
+                ids, logprobs = kept_outputs(out, kept)
                 if finish is not None:
                     yield index, Delta(text, finish, ids, logprobs)
                     return
                 if text or ids:
                     yield index, Delta(text, None, ids, logprobs)
+
+
+def kept_outputs(out: StepOutput, kept: int) -> tuple[list[int], list[TokenLogprob] | None]:
+    """The token ids and logprobs of an engine output that count (``kept``: what the stepper said)."""
+    ids, logprobs = out.token_ids, out.logprobs
+    if kept == len(ids):
+        return ids, logprobs
+    return ids[:kept], None if logprobs is None else logprobs[:kept]
 
 
 class LatencyTally:

@@ -75,18 +75,25 @@ class OpenAIServing:
         )
 
     def list_models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [self._model_card()]}
+
+    def retrieve_model(self, model: str) -> dict[str, Any]:
+        """``GET /v1/models/{model}``: the served model's card, or 404 ``model_not_found``."""
+        if model != self.settings.served_model_name:
+            raise ModelNotFoundError(
+                f"The model '{model}' does not exist; this server serves '{self.settings.served_model_name}'",
+                param="model",
+            )
+        return self._model_card()
+
+    def _model_card(self) -> dict[str, Any]:
         info = self.engine.info
         return {
-            "object": "list",
-            "data": [
-                {
-                    "id": self.settings.served_model_name,
-                    "object": "model",
-                    "created": info.created,
-                    "owned_by": "specdeploy",
-                    "max_model_len": info.max_model_len,
-                }
-            ],
+            "id": self.settings.served_model_name,
+            "object": "model",
+            "created": info.created,
+            "owned_by": "specdeploy",
+            "max_model_len": info.max_model_len,
         }
 
     # ----------------------------------------------------------------- validation
@@ -101,6 +108,10 @@ class OpenAIServing:
         if unsupported:
             name = unsupported[0]
             raise BadRequestError(f"'{name}' is not supported by this server", param=name)
+        contradiction = req.contradiction()
+        if contradiction is not None:
+            name, message = contradiction
+            raise BadRequestError(message, param=name)
         info = self.engine.info
         for name, feature in required_features(req, grammar):
             if feature not in info.features:
@@ -110,14 +121,18 @@ class OpenAIServing:
                     param=name,
                 )
 
-    def _budget(self, prompt_ids: list[int], requested: int | None, default: int | None, param: str) -> int:
+    def _budget(
+        self, prompt_ids: list[int], requested: int | None, default: int | None, param: str, prompt: str
+    ) -> int:
+        """The completion's token budget: ``requested`` (the field ``param``) or ``default`` or what the
+        context leaves, after checking the prompt (the field ``prompt``: "prompt" or "messages")."""
         if not prompt_ids:
-            raise BadRequestError("the prompt is empty", param="prompt")
+            raise BadRequestError("the prompt is empty", param=prompt)
         limit = self.engine.info.max_model_len
         vocab = self.engine.info.vocab_size
         scan = vocab is not None and len(prompt_ids) < limit  # a prompt too long is refused below anyway
         if scan and not 0 <= min(prompt_ids) <= max(prompt_ids) < (vocab or 0):
-            raise BadRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+            raise BadRequestError(f"prompt token ids must be in [0, {vocab})", param=prompt)
         room = limit - len(prompt_ids)
         if requested is not None and requested < 1:
             raise BadRequestError(f"{param} must be at least 1, got {requested}", param=param)
@@ -125,7 +140,7 @@ class OpenAIServing:
             raise BadRequestError(
                 f"This model's maximum context length is {limit} tokens, but the prompt has "
                 f"{len(prompt_ids)} tokens",
-                param="messages" if param == "max_completion_tokens" else "prompt",
+                param=prompt,
                 code="context_length_exceeded",
             )
         if requested is None:
@@ -168,7 +183,8 @@ class OpenAIServing:
         self._check_common(req, grammar=False)
         constraint = await self._grammar(req)
         ids = await self._prompt_ids(req.prompt)
-        max_tokens = self._budget(ids, req.max_tokens, self.settings.default_max_tokens, "max_tokens")
+        default = self.settings.default_max_tokens
+        max_tokens = self._budget(ids, req.max_tokens, default, "max_tokens", "prompt")
         params = sampling_params(req, self.engine.info.vocab_size)
         prompt_logprobs: list[TokenLogprob | None] | None = None
         prompt_text = ""
@@ -213,8 +229,8 @@ class OpenAIServing:
     async def prepare_chat(self, req: ChatCompletionRequest) -> Prepared:
         self._check_common(req, grammar=False)
         constraint = await self._grammar(req)
-        messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-        chars = sum(len(m["content"]) for m in messages)
+        messages = [m.for_template() for m in req.messages]
+        chars = sum(len(m["content"]) + (len(str(m)) if len(m) > 2 else 0) for m in messages)
         self._precheck(chars, "messages")  # the rendered text holds every message's content, and more
         tokenizer = self.engine.tokenizer
         tool_mode = req.tool_mode()
@@ -232,7 +248,7 @@ class OpenAIServing:
         ids = await self._off_loop(len(text), tokenizer.encode, text, False)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        max_tokens = self._budget(ids, requested, None, param)
+        max_tokens = self._budget(ids, requested, None, param, "messages")
         return Prepared(
             ids,
             max_tokens,
