@@ -361,6 +361,10 @@ def test_settings_from_env() -> None:
     assert OperatorSettings.from_env({}) == OperatorSettings()
     with pytest.raises(ValueError, match="gc_grace_seconds"):
         OperatorSettings.from_env({"SPECDEPLOY_GC_GRACE_SECONDS": "-1"})
+    # status.engines.previous holds 32 names: 16 per model role at most.
+    assert OperatorSettings.from_env({"SPECDEPLOY_KEEP_PREVIOUS_ENGINES": "16"}).keep_previous_engines == 16
+    with pytest.raises(ValueError, match="keep_previous_engines"):
+        OperatorSettings.from_env({"SPECDEPLOY_KEEP_PREVIOUS_ENGINES": "17"})
 
 
 def test_runtime_change_rolls_pods_through_the_config_hash() -> None:

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import time
+import types
 from typing import Any
 
 import pytest
 from specdeploy_operator.api import SpeculativeDeployment
 from specdeploy_operator.builders import OperatorSettings, build_engine_builds, job_name
+from specdeploy_operator.controller import reconciler as reconciler_module
 from specdeploy_operator.controller.deployments import ReconcileFailed, reconcile_deployment
 from specdeploy_operator.controller.enginebuilds import reconcile_engine
 from specdeploy_operator.controller.livestate import contains, difference
 from specdeploy_operator.controller.queue import TokenBucket, WorkQueue
+from specdeploy_operator.controller.reconciler import OWN_WRITE_TTL
 
 from tests.unit.fake_cluster import FakeKube, bound_reconciler
 
@@ -79,6 +83,32 @@ def test_the_steady_state_costs_no_request_although_the_server_added_defaults() 
     kube.requests.clear()
     run(reconcile_deployment(reconciler, NS, "chat"))
     assert kube.requests == []
+
+
+def test_own_writes_of_deleted_deployments_are_forgotten_at_the_resync(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What this process wrote is kept a while (the index lags behind its own writes); the periodic resync
+    drops what is older than that, so deleted deployments leave nothing behind however many come and go."""
+    kube = FakeKube()
+    reconciler = bound_reconciler(kube)
+    for i in range(20):
+        doc = cpu_deployment(f"chat-{i}")
+        kube.store[("SpeculativeDeployment", NS, f"chat-{i}")] = copy.deepcopy(doc)
+        run(reconcile_deployment(reconciler, NS, f"chat-{i}"))
+        for key in [key for key in kube.store if key[1] == NS]:
+            del kube.store[key]
+    assert len(reconciler._own_writes) >= 20 * 4
+    later = time.monotonic() + OWN_WRITE_TTL + 1
+    monkeypatch.setattr(reconciler_module, "time", types.SimpleNamespace(monotonic=lambda: later))
+
+    async def resync() -> None:
+        reconciler._resync_all()
+        assert reconciler._resync is not None
+        reconciler._resync.cancel()
+
+    run(resync())
+    assert reconciler._own_writes == {}
 
 
 @pytest.mark.parametrize(

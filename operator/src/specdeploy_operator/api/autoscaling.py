@@ -66,7 +66,8 @@ class KedaSpec(ApiModel):
     query: Annotated[str, StringConstraints(min_length=1, max_length=4096)] | None = None
     """PromQL returning the deployment's total of `metric` (summed over its pods; the HPA KEDA creates
     divides it by the replica count). Unset: `sum(specdeploy_queue_seconds{namespace="<ns>",
-    pod=~"<name>-.*"})` (or `specdeploy_queue_depth`)."""
+    pod=~"<name>-[a-z0-9]+-[a-z0-9]+"})` (or `specdeploy_queue_depth`; for names over 46 characters the
+    pattern follows the API server's cut of generated pod names)."""
     polling_interval_seconds: Annotated[int, Field(ge=1, le=3600)] = 15
     """How often KEDA queries Prometheus."""
     cooldown_period_seconds: Annotated[int, Field(ge=0, le=86400)] = 300

@@ -119,15 +119,31 @@ def build_hpa(sdep: SpeculativeDeployment) -> dict[str, Any]:
     }
 
 
+#: the API server cuts a generated name's base (`<replicaset>-` for a pod) to this many characters, then adds
+#: 5 random ones (apiserver's names.SimpleNameGenerator)
+GENERATED_BASE: Final = 58
+#: a pod-template-hash has at most 10 characters
+TEMPLATE_HASH: Final = 10
+
+
+def serving_pod_pattern(name: str) -> str:
+    """A regex (anchored, as PromQL's are) of the names of the Deployment `name`'s pods: `<name>-<pod-template
+    hash>-<5 random>`, from a base cut to GENERATED_BASE characters when the name is long; the pods of a
+    deployment whose name merely starts with this one's do not match while the base is whole."""
+    if len(name) + 1 + TEMPLATE_HASH + 1 <= GENERATED_BASE:
+        return f"{name}-[a-z0-9]+-[a-z0-9]+"
+    if len(name) >= GENERATED_BASE:
+        return f"{name[:GENERATED_BASE]}[a-z0-9]{{5}}"
+    return f"{name}-[a-z0-9]*-?[a-z0-9]{{5}}"
+
+
 def keda_query(sdep: SpeculativeDeployment) -> str:
-    """PromQL summing the deployment's metric over its serving pods (`spec.autoscaling.keda.query` wins).
-    Serving pods are named `<name>-<replicaset hash>-<suffix>`; PromQL regexes are anchored, so the pods of a
-    deployment whose name merely starts with this one's do not match."""
+    """PromQL summing the deployment's metric over its serving pods (`spec.autoscaling.keda.query` wins)."""
     auto = _spec_of(sdep)
     if auto.keda is not None and auto.keda.query:
         return auto.keda.query
     namespace = sdep.metadata.namespace or "default"
-    pods = f"{_name(sdep)}-[a-z0-9]+-[a-z0-9]+"
+    pods = serving_pod_pattern(_name(sdep))
     return f'sum({METRIC_NAMES[auto.metric]}{{namespace="{namespace}",pod=~"{pods}"}})'
 
 

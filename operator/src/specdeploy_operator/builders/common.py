@@ -15,6 +15,7 @@ __all__ = [
     "ENGINE_HASHES_ANNOTATION",
     "FIELD_MANAGER",
     "MANAGED_BY",
+    "derived_name",
     "dns_label",
     "labels",
     "owner_reference",
@@ -48,6 +49,16 @@ def dns_label(*parts: str, max_length: int = MAX_NAME) -> str:
     room = max_length - len(last) - 1
     name = last[:max_length] if room <= 0 or not prefix else f"{prefix[:room].rstrip('-')}-{last}"
     return name.strip("-")
+
+
+def derived_name(name: str, suffix: str) -> str:
+    """The name of a child that is one per deployment: `<name>-<suffix>` when that fits a DNS-1123 label;
+    else the name shortened, with a hash of the whole name before the suffix, so that two long names sharing
+    their first characters never share a child."""
+    whole = f"{name}-{suffix}"
+    if len(whole) <= MAX_NAME:
+        return whole
+    return dns_label(name, f"{short_hash(name)}-{suffix}")
 
 
 def short_hash(*values: str, length: int = 8) -> str:

@@ -16,7 +16,16 @@ from specdeploy_operator.api import (
     render_build_flags,
 )
 
-from .common import ENGINE_HASH_LABEL, ENGINE_ROLE_LABEL, MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, dns_label
+from .common import (
+    ENGINE_HASH_LABEL,
+    ENGINE_ROLE_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NAME_LABEL,
+    derived_name,
+    dns_label,
+    short_hash,
+)
 from .layout import builder_image, engine_dir
 from .scheduling import DEFAULT_GPU_RESOURCE
 from .settings import OperatorSettings
@@ -66,12 +75,17 @@ def gpu_product(sdep: SpeculativeDeployment, settings: OperatorSettings) -> str:
 
 def cache_pvc_name(sdep: SpeculativeDeployment, settings: OperatorSettings) -> str:
     """The engine-cache claim of the deployment: `spec.engineCache.pvcName`, the claim the operator creates
-    for `spec.engineCache.size` (`<name>-engine-cache`), or the operator's default claim."""
+    for `spec.engineCache.size` (`<name>-engine-cache`, never the name of the operator's default claim, which
+    other deployments share), or the operator's default claim."""
     cache = sdep.spec.engine_cache
     if cache is not None and cache.pvc_name:
         return cache.pvc_name
     if cache is not None and cache.size:
-        return dns_label(sdep.metadata.name or "", "engine-cache")
+        name = sdep.metadata.name or ""
+        own = derived_name(name, "engine-cache")
+        if own == settings.cache_pvc_name:
+            own = derived_name(name, f"{short_hash(name)}-engine-cache")
+        return own
     return settings.cache_pvc_name
 
 

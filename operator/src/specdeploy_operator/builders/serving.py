@@ -16,7 +16,7 @@ from .common import (
     MANAGED_BY_LABEL,
     NAME_LABEL,
     deployment_owner,
-    dns_label,
+    derived_name,
     labels,
     metadata,
     selector_labels,
@@ -90,7 +90,7 @@ def endpoint(sdep: SpeculativeDeployment) -> str:
 
 
 def configmap_name(sdep: SpeculativeDeployment) -> str:
-    return dns_label(_name(sdep), "server-config")
+    return derived_name(_name(sdep), "server-config")
 
 
 def config_digest(configmap: dict[str, Any]) -> str:

@@ -39,8 +39,9 @@ class OperatorSettings(BaseModel):
     """GPU product when `spec.placement.gpuProduct` is unset (`SPECDEPLOY_DEFAULT_GPU_PRODUCT`)."""
     gc_grace_seconds: Annotated[int, Field(ge=0)] = 3600
     """How long an unreferenced EngineBuild is kept (`SPECDEPLOY_GC_GRACE_SECONDS`)."""
-    keep_previous_engines: Annotated[int, Field(ge=0)] = 1
-    """Previous engines kept per deployment for rollback (`SPECDEPLOY_KEEP_PREVIOUS_ENGINES`)."""
+    keep_previous_engines: Annotated[int, Field(ge=0, le=16)] = 1
+    """Previous engines kept per deployment and model role for rollback, 0 to 16
+    (`SPECDEPLOY_KEEP_PREVIOUS_ENGINES`; `status.engines.previous` holds at most 32 names)."""
     watch_namespaces: tuple[str, ...] = ()
     """Namespaces to watch, comma-separated (`SPECDEPLOY_WATCH_NAMESPACES`); empty means all."""
     build_backoff_limit: Annotated[int, Field(ge=0)] = 3

@@ -159,8 +159,12 @@ class Reconciler:
 
     def _resync_all(self) -> None:
         """Periodic safety net: look at everything again (no request when nothing changed, but one apply per
-        ScaledObject, which has no index to compare with)."""
+        ScaledObject, which has no index to compare with). Own writes past their TTL go (those of objects
+        deleted since are never looked up again)."""
         self.scaled_objects.clear()
+        now = time.monotonic()
+        for key in [key for key, write in self._own_writes.items() if now - write.at >= OWN_WRITE_TTL]:
+            del self._own_writes[key]
         for namespace, name in list(self.indices["sdeps"]):
             self.queue.add(("sdep", namespace, name))
         for namespace, name in list(self.indices["enginebuilds"]):
