@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdeploy_operator.api import Rule
+from specdeploy_operator.api.meta import NODE_SELECTOR_REQUIREMENT_RULES, TOLERATION_RULES
 from specdeploy_operator.api.rules import (
     AUTOSCALING_RULES,
     ENGINE_CACHE_RULES,
@@ -35,6 +36,8 @@ ALL_RULES: dict[str, Rule[Any]] = {
         *ENGINE_CACHE_RULES,
         *ROLLOUT_RULES,
         *AUTOSCALING_RULES,
+        *TOLERATION_RULES,
+        *NODE_SELECTOR_REQUIREMENT_RULES,
     )
 }
 
@@ -345,6 +348,12 @@ SCHEMA_CASES = [
         "spec.placement.nodeSelector",
     ),
     Case(
+        "node-selector-value-not-a-label-value",
+        "none",
+        _spec(placement={"nodeSelector": {"pool": "not a label value!"}}),
+        "spec.placement.nodeSelector.pool",
+    ),
+    Case(
         "kv-fraction-zero",
         "none",
         _runtime(kvCacheFreeGpuMemFraction=0),
@@ -459,7 +468,62 @@ SCHEMA_CASES = [
     Case("name-too-long", "none", {"metadata": {"name": "a" * 64}}, "metadata.name"),
 ]
 
+
+def _node_requirement(**requirement: Any) -> dict[str, Any]:
+    term = {"matchExpressions": [{"key": "zone", **requirement}]}
+    required = {"nodeSelectorTerms": [term]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+    return _spec(placement={"affinity": affinity})
+
+
+_REQUIREMENT = (
+    "spec.placement.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    ".nodeSelectorTerms[0].matchExpressions[0].values"
+)
+
 RULE_CASES = [
+    Case(
+        "toleration-exists-with-value",
+        "none",
+        _spec(placement={"tolerations": [{"key": "pool", "operator": "Exists", "value": "a"}]}),
+        "spec.placement.tolerations[0].value",
+        "toleration-exists-has-no-value",
+    ),
+    Case(
+        "toleration-equal-without-key",
+        "none",
+        _spec(placement={"tolerations": [{"operator": "Equal", "value": "a"}]}),
+        "spec.placement.tolerations[0].operator",
+        "toleration-without-key-is-exists",
+    ),
+    Case(
+        "toleration-seconds-without-noexecute",
+        "none",
+        _spec(placement={"tolerations": [{"key": "pool", "effect": "NoSchedule", "tolerationSeconds": 30}]}),
+        "spec.placement.tolerations[0].tolerationSeconds",
+        "toleration-seconds-need-noexecute",
+    ),
+    Case(
+        "node-in-without-values",
+        "none",
+        _node_requirement(operator="In"),
+        _REQUIREMENT,
+        "node-selector-values-fit-operator",
+    ),
+    Case(
+        "node-exists-with-values",
+        "none",
+        _node_requirement(operator="Exists", values=["a"]),
+        _REQUIREMENT,
+        "node-selector-values-fit-operator",
+    ),
+    Case(
+        "node-gt-two-values",
+        "none",
+        _node_requirement(operator="Gt", values=["1", "2"]),
+        _REQUIREMENT,
+        "node-selector-values-fit-operator",
+    ),
     Case("draft-missing", "draftTarget", _spec(draft=None), "spec.draft", "draft-required"),
     Case(
         "draft-with-prompt-lookup",

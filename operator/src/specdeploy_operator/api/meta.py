@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import re
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, StringConstraints, WithJsonSchema
 from pydantic_core import PydanticCustomError
 
-from .base import ApiModel
+from .base import ApiModel, Rule, Rules
 
 __all__ = [
     "DNS_1035_LABEL",
     "DNS_1123_LABEL",
     "DNS_1123_SUBDOMAIN",
+    "NODE_SELECTOR_REQUIREMENT_RULES",
+    "TOLERATION_RULES",
     "Affinity",
     "Condition",
     "ConfigMapKeyRef",
@@ -40,6 +42,7 @@ __all__ = [
     "Quantity",
     "ResourceList",
     "ResourceRequirements",
+    "SelectorValue",
     "Toleration",
     "WeightedPodAffinityTerm",
 ]
@@ -59,6 +62,8 @@ QualifiedName = Annotated[str, StringConstraints(pattern=_QUALIFIED_NAME, min_le
 """A label key or extended resource name, such as `nvidia.com/gpu.product`."""
 LabelValue = Annotated[str, StringConstraints(pattern=_LABEL_VALUE, min_length=1, max_length=63)]
 """A non-empty label value, such as `NVIDIA-H100-80GB-HBM3`."""
+SelectorValue = Annotated[str, StringConstraints(pattern=_LABEL_VALUE, max_length=63)]
+"""A label value in a node selector (it may be empty)."""
 
 # --- int-or-string ------------------------------------------------------------------------------------------
 
@@ -206,8 +211,35 @@ class ResourceRequirements(ApiModel):
 _ShortList = Annotated[list[Annotated[str, StringConstraints(max_length=316)]], Field(max_length=64)]
 
 
+TOLERATION_RULES: Rules = (
+    Rule["Toleration"](
+        name="toleration-exists-has-no-value",
+        cel="!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == ''",
+        message="spec.placement.tolerations: a toleration with operator Exists must have no value",
+        field_path=".value",
+        check=lambda t: t.operator != "Exists" or not t.value,
+    ),
+    Rule["Toleration"](
+        name="toleration-without-key-is-exists",
+        cel="(has(self.key) && self.key != '') || (has(self.operator) && self.operator == 'Exists')",
+        message="spec.placement.tolerations: a toleration without a key must have operator Exists",
+        field_path=".operator",
+        check=lambda t: bool(t.key) or t.operator == "Exists",
+    ),
+    Rule["Toleration"](
+        name="toleration-seconds-need-noexecute",
+        cel="!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+        message="spec.placement.tolerations: tolerationSeconds applies to effect NoExecute only",
+        field_path=".tolerationSeconds",
+        check=lambda t: t.toleration_seconds is None or t.effect == "NoExecute",
+    ),
+)
+
+
 class Toleration(ApiModel):
     """Lets the pods schedule onto nodes with a matching taint (Kubernetes `Toleration`)."""
+
+    validation_rules: ClassVar[Rules] = TOLERATION_RULES
 
     key: Annotated[str, StringConstraints(max_length=316)] | None = None
     """Taint key to match; empty with operator `Exists` matches every taint."""
@@ -221,8 +253,35 @@ class Toleration(ApiModel):
     """For `NoExecute`: how long the pod stays bound after the taint appears; unset means forever."""
 
 
+def _values_fit_operator(r: NodeSelectorRequirement) -> bool:
+    count = len(r.values or ())
+    if r.operator in ("Exists", "DoesNotExist"):
+        return count == 0
+    return count == 1 if r.operator in ("Gt", "Lt") else count > 0
+
+
+NODE_SELECTOR_REQUIREMENT_RULES: Rules = (
+    Rule["NodeSelectorRequirement"](
+        name="node-selector-values-fit-operator",
+        cel=(
+            "self.operator in ['Exists', 'DoesNotExist'] ? (!has(self.values) || size(self.values) == 0) : "
+            "self.operator in ['Gt', 'Lt'] ? (has(self.values) && size(self.values) == 1) : "
+            "(has(self.values) && size(self.values) > 0)"
+        ),
+        message=(
+            "spec.placement.affinity: a requirement's values: none for Exists and DoesNotExist, one for Gt "
+            "and Lt, one or more for In and NotIn"
+        ),
+        field_path=".values",
+        check=_values_fit_operator,
+    ),
+)
+
+
 class NodeSelectorRequirement(ApiModel):
     """A condition on one node label (or field)."""
+
+    validation_rules: ClassVar[Rules] = NODE_SELECTOR_REQUIREMENT_RULES
 
     key: Annotated[str, StringConstraints(max_length=316)]
     """Label key (or field name for matchFields)."""

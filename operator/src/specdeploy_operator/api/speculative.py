@@ -29,6 +29,7 @@ from .meta import (
     QualifiedName,
     Quantity,
     ResourceRequirements,
+    SelectorValue,
     Toleration,
 )
 from .podsecurity import PodSecuritySpec
@@ -255,7 +256,7 @@ class PlacementSpec(ApiModel):
     """Extended resource name that GPUs are requested as."""
     gpus_per_node: Annotated[int, Field(ge=1, le=64)] = 8
     """GPUs per node of the target pool; a replica (all its GPUs on one node) may not need more."""
-    node_selector: Annotated[dict[str, str], Field(max_length=64)] | None = None
+    node_selector: Annotated[dict[str, SelectorValue], Field(max_length=64)] | None = None
     """Extra node labels the pods require, added to the GPU product label (with `device: gpu`)."""
     tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = None
     """Tolerations added to the pods (GPU node taints, dedicated pools)."""
