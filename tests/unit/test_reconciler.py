@@ -278,6 +278,39 @@ def test_an_apply_the_api_server_refuses_shows_in_the_synced_condition_and_is_re
     assert (synced["status"], synced["reason"]) == ("True", "ReconcileSuccess")
 
 
+def test_a_refused_repair_of_another_child_leaves_a_ready_deployment_ready() -> None:
+    """A hand-edited ConfigMap whose revert is refused: Synced says so, but the Deployment was not touched
+    and is still current: the phase stays Ready, no rollout is reported, Progressing does not flip."""
+    kube = FakeKube()
+    reconciler = converge(kube, cpu_deployment())
+    generation = kube.store[("Deployment", NS, "chat")]["metadata"]["generation"]
+    rolled_out = {
+        "observedGeneration": generation + 1,  # kube.edit bumps the generation
+        "replicas": 1,
+        "readyReplicas": 1,
+        "updatedReplicas": 1,
+        "conditions": [{"type": "Available", "status": "True"}],
+    }
+    kube.edit("Deployment", NS, "chat", {"status": rolled_out})
+    run(reconcile_deployment(reconciler, NS, "chat"))
+    before = copy.deepcopy(kube.store[("SpeculativeDeployment", NS, "chat")]["status"])
+    assert before["phase"] == "Ready"
+    kube.edit("ConfigMap", NS, "chat-server-config", {"data": {"server.yaml": "{}"}})
+    kube.refuse[("ConfigMap", "chat-server-config")] = 'configmaps "chat-server-config" is forbidden'
+    kube.events.clear()
+    with pytest.raises(ReconcileFailed):
+        run(reconcile_deployment(reconciler, NS, "chat"))
+    after = kube.store[("SpeculativeDeployment", NS, "chat")]["status"]
+    assert after["phase"] == "Ready"
+    assert after.get("updatedReplicas") == before.get("updatedReplicas")
+    conditions = {c["type"]: c for c in after["conditions"]}
+    assert conditions["Synced"]["status"] == "False"
+    for kind, condition in {c["type"]: c for c in before["conditions"]}.items():
+        if kind != "Synced":
+            assert conditions[kind] == condition, kind
+    assert [reason for _, reason, _ in kube.events if reason in ("Deploying", "RolloutFinished")] == []
+
+
 def test_retries_back_off_per_key_up_to_1000_s_and_share_a_10_per_second_bucket() -> None:
     queue: WorkQueue[str] = WorkQueue(lambda key: asyncio.sleep(0))
     delays = [queue.retry_delay(n) for n in range(1, 40)]

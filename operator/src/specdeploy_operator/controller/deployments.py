@@ -108,6 +108,10 @@ async def reconcile_deployment(r: Reconciler, namespace: str, name: str) -> floa
         log.warning("reconcile failed", extra={"object": f"{namespace}/{name}", "error": error})
         if not engines:
             engines = [_engine_observation(r, e) for e in desired_engines]
+        if not current and step != "autoscaler":
+            # The failure came before the Deployment was looked at: whether it is current is read from it,
+            # so that a refused repair of another child does not report a Ready deployment as rolling out.
+            current = _live_deployment_current(r, sdep, desired_engines, engines, deployment)
     await report(
         r, body, sdep, engines, deployment, current, autoscaler, error, sync_reason, rollout_started=started
     )
@@ -194,6 +198,22 @@ def _unobserved(deployment: Obj | None) -> bool:
         return False
     generation = (deployment.get("metadata") or {}).get("generation") or 0
     return bool(((deployment.get("status") or {}).get("observedGeneration") or 0) < generation)
+
+
+def _live_deployment_current(
+    r: Reconciler,
+    sdep: SpeculativeDeployment,
+    desired_engines: list[dict[str, Any]],
+    engines: list[EngineObservation],
+    deployment: Obj | None,
+) -> bool:
+    if deployment is None or not all(e.phase == "Succeeded" for e in engines):
+        return False
+    try:
+        desired = build_deployment(sdep, desired_engines, r.settings)
+    except Exception:  # the builders failed: then nothing was written either
+        return False
+    return _deployment_current(deployment, desired)
 
 
 def _deployment_current(deployment: Obj | None, desired: Obj) -> bool:
