@@ -106,7 +106,7 @@ class ChoiceRun:
                     ttft.observe(now - started)
                 last = now
                 self.completion_tokens += n
-            if stopped():
+            if stops and stopped():
                 return text, "stop", n
             reason = out.finish_reason
             if reason is None:
