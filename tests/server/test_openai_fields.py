@@ -210,6 +210,43 @@ def test_echo_returns_the_prompt_before_the_completion_with_its_logprobs(
         assert choice.logprobs.token_logprobs[j] == pytest.approx(forward[j - 1][ids[j]], abs=1e-4)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_with_max_tokens_0_scores_the_prompt_and_generates_nothing(
+    client: openai.OpenAI, plain: PlainDecoder, tokenizer: HFTokenizer, stream: bool
+) -> None:
+    """How evaluation harnesses (lm-eval's loglikelihood) score a text: the prompt's logprobs, no tokens."""
+    prompt = PROMPTS[3]
+    ids = tokenizer.encode(prompt)
+    forward = _log_softmax(plain.all_logits(ids))
+    expected = [None, *(pytest.approx(forward[j - 1][ids[j]], abs=1e-4) for j in range(1, len(ids)))]
+    kwargs: dict[str, Any] = {"model": "tiny", "prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 0}
+    if stream:
+        chunks = list(
+            client.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
+        )
+        choices = [c.choices[0] for c in chunks if c.choices]
+        text = "".join(c.text for c in choices)
+        scored = [x for c in choices if c.logprobs for x in c.logprobs.token_logprobs or []]
+        finish, usage = choices[-1].finish_reason, chunks[-1].usage
+    else:
+        result = client.completions.create(**kwargs)
+        assert result.choices[0].logprobs is not None
+        text, scored = result.choices[0].text, list(result.choices[0].logprobs.token_logprobs or [])
+        finish, usage = result.choices[0].finish_reason, result.usage
+    assert text == prompt
+    assert scored == expected
+    assert finish == "length"
+    assert usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens) == (len(ids), 0)
+
+
+def test_max_tokens_0_without_echo_is_refused(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny", prompt="x", max_tokens=0)
+    assert info.value.body["param"] == "max_tokens"  # type: ignore[index]
+    assert "0 only with echo" in info.value.body["message"]  # type: ignore[index]
+
+
 @pytest.mark.parametrize(
     "penalties",
     [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -17,7 +17,7 @@ from specdeploy_server.api.runs import Delta, Prepared, Run
 from specdeploy_server.api.sampling import choice_seed, required_features, sampling_params
 from specdeploy_server.api.structured import requested_guide, tool_dicts
 from specdeploy_server.core.scheduler import EngineStoppedError, QueueFullError
-from specdeploy_server.core.types import TokenLogprob
+from specdeploy_server.core.types import FinishReason, SeqStats, StepOutput, TokenLogprob
 from specdeploy_server.engine import EngineClient, Generation, ScoresPrompts
 from specdeploy_server.grammar import GrammarCompiler, GrammarConstraint, GrammarError
 from specdeploy_server.metrics import ServerMetrics
@@ -122,10 +122,21 @@ class OpenAIServing:
                 )
 
     def _budget(
-        self, prompt_ids: list[int], requested: int | None, default: int | None, param: str, prompt: str
+        self,
+        prompt_ids: list[int],
+        requested: int | None,
+        default: int | None,
+        param: str,
+        prompt: str,
+        *,
+        echo: bool = False,
     ) -> int:
         """The completion's token budget: ``requested`` (the field ``param``) or ``default`` or what the
-        context leaves, after checking the prompt (the field ``prompt``: "prompt" or "messages")."""
+        context leaves, after checking the prompt (the field ``prompt``: "prompt" or "messages"). 0 only with
+        ``echo`` (the prompt and its logprobs, nothing generated: how evaluation harnesses score a text)."""
+        if echo and requested == 0:
+            self._budget(prompt_ids, None, 1, param, prompt)  # the prompt's own checks
+            return 0
         if not prompt_ids:
             raise BadRequestError("the prompt is empty", param=prompt)
         limit = self.engine.info.max_model_len
@@ -135,7 +146,8 @@ class OpenAIServing:
             raise BadRequestError(f"prompt token ids must be in [0, {vocab})", param=prompt)
         room = limit - len(prompt_ids)
         if requested is not None and requested < 1:
-            raise BadRequestError(f"{param} must be at least 1, got {requested}", param=param)
+            hint = " (0 only with echo)" if prompt == "prompt" else ""
+            raise BadRequestError(f"{param} must be at least 1{hint}, got {requested}", param=param)
         if room < 1:
             raise BadRequestError(
                 f"This model's maximum context length is {limit} tokens, but the prompt has "
@@ -184,7 +196,7 @@ class OpenAIServing:
         constraint = await self._grammar(req)
         ids = await self._prompt_ids(req.prompt)
         default = self.settings.default_max_tokens
-        max_tokens = self._budget(ids, req.max_tokens, default, "max_tokens", "prompt")
+        max_tokens = self._budget(ids, req.max_tokens, default, "max_tokens", "prompt", echo=req.echo)
         params = sampling_params(req, self.engine.info.vocab_size)
         prompt_logprobs: list[TokenLogprob | None] | None = None
         prompt_text = ""
@@ -268,6 +280,8 @@ class OpenAIServing:
     def start(self, prepared: Prepared) -> Run:
         """Queue the request's ``n`` generations (each its own sequence, speculative state and grammar
         state; choice i > 0 samples with a seed derived from the request's)."""
+        if prepared.max_tokens == 0:  # echo only: nothing to generate, nothing queued
+            return Run(prepared, [_nothing_generated() for _ in range(prepared.n)], self)
         generations: list[Generation] = []
         try:
             for i in range(prepared.n):
@@ -301,3 +315,12 @@ class OpenAIServing:
 
     def stream_chat(self, run: Run) -> AsyncIterator[str]:
         return responses.stream_chat(self, run)
+
+
+def _nothing_generated() -> Generation:
+    """A generation of 0 tokens (``max_tokens: 0`` with ``echo``): it ends at once, for its length."""
+
+    async def outputs() -> AsyncGenerator[StepOutput, None]:
+        yield StepOutput([], FinishReason.LENGTH, 0, 0)
+
+    return Generation(outputs(), SeqStats())
