@@ -134,9 +134,6 @@ class OpenAIServing:
         """The completion's token budget: ``requested`` (the field ``param``) or ``default`` or what the
         context leaves, after checking the prompt (the field ``prompt``: "prompt" or "messages"). 0 only with
         ``echo`` (the prompt and its logprobs, nothing generated: how evaluation harnesses score a text)."""
-        if echo and requested == 0:
-            self._budget(prompt_ids, None, 1, param, prompt)  # the prompt's own checks
-            return 0
         if not prompt_ids:
             raise BadRequestError("the prompt is empty", param=prompt)
         limit = self.engine.info.max_model_len
@@ -145,7 +142,7 @@ class OpenAIServing:
         if scan and not 0 <= min(prompt_ids) <= max(prompt_ids) < (vocab or 0):
             raise BadRequestError(f"prompt token ids must be in [0, {vocab})", param=prompt)
         room = limit - len(prompt_ids)
-        if requested is not None and requested < 1:
+        if requested is not None and requested < (0 if echo else 1):
             hint = " (0 only with echo)" if prompt == "prompt" else ""
             raise BadRequestError(f"{param} must be at least 1{hint}, got {requested}", param=param)
         if room < 1:
@@ -242,7 +239,8 @@ class OpenAIServing:
         self._check_common(req, grammar=False)
         constraint = await self._grammar(req)
         messages = [m.for_template() for m in req.messages]
-        chars = sum(len(m["content"]) + (len(str(m)) if len(m) > 2 else 0) for m in messages)
+        # Only the content is surely rendered (a template may leave other fields out): a lower bound.
+        chars = sum(len(m["content"]) for m in messages)
         self._precheck(chars, "messages")  # the rendered text holds every message's content, and more
         tokenizer = self.engine.tokenizer
         tool_mode = req.tool_mode()
