@@ -37,6 +37,8 @@ RESULTS = REPO / "benchmarks" / "results"
 DOCS = REPO / "docs"
 
 Record = dict[str, Any]
+#: names the commit a copy of the tree without .git was taken at (see git_facts)
+COMMIT_ENV = "SPECDEPLOY_COMMIT"
 EXCLUDED_FROM_DIRTY = (":(exclude)docs", ":(exclude)benchmarks/results")
 Renderer = Callable[[Sequence[Record]], str]
 
@@ -79,6 +81,8 @@ SERVER_SECTIONS = (
     "structured",
     "load-sweep",
 )
+#: the sections of benchmarks/server/gpu_day.py, whose records are server-gpu-<section>
+GPU_SECTIONS = ("reference-1b", "http", "structured", "assisted", "reference-8b")
 
 
 def _server_block(number: int, section: str) -> Block:
@@ -101,6 +105,14 @@ def blocks() -> list[Block]:
     """Every block of the docs rendered from records, in the order of the docs."""
     return [
         *(_server_block(i + 1, s) for i, s in enumerate(SERVER_SECTIONS)),
+        Block(
+            "server-gpu",
+            SERVER_DOC,
+            tuple(f"server-gpu-{section}" for section in GPU_SECTIONS),
+            "benchmarks.server.render:gpu",
+            "bash benchmarks/gpu_day.sh",
+            partial=True,
+        ),
         Block(
             "autoscaling",
             OPERATOR_DOC,
@@ -270,7 +282,9 @@ def git_facts(repo: Path = REPO) -> dict[str, Any]:
         changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", *EXCLUDED_FROM_DIRTY)
         return {"commit": git("rev-parse", "HEAD"), "dirty": bool(changed)}
     except (OSError, subprocess.CalledProcessError):
-        return {"commit": None, "dirty": None}
+        # a copy of the tree without its history (a machine lent for a measurement): the commit it was copied
+        # at, as the copier says; whether the copy differs from it is then unknown
+        return {"commit": os.environ.get(COMMIT_ENV) or None, "dirty": None}
 
 
 def _cpu_model() -> str | None:

@@ -43,29 +43,36 @@ class AssistedResult:
 
 
 def build_models(
-    root: Path, shape: TinyLlama = SHAPE, *, draft_layers: int = 1, dtype: str = "float32"
+    root: Path,
+    shape: TinyLlama = SHAPE,
+    *,
+    draft_layers: int = 1,
+    dtype: str = "float32",
+    device: str = "cpu",
+    vocab_size: int | None = None,
 ) -> tuple[Path, Path]:
     """(target, draft) checkpoints under ``root``: a random-weight Llama of ``shape`` whose layers after the
     first are scaled down, and a draft made of its first ``draft_layers`` layers, embedding, norm and head
-    (both saved in ``dtype``)."""
+    (both saved in ``dtype``). Built on ``device`` (a model of billions of parameters initialises in seconds
+    on a GPU, in minutes on a CPU). ``vocab_size``: the tokenizer is padded to that many tokens
+    (``testing.train_tokenizer``); else it has the 384 it is trained to."""
     tok_dir = root / "tokenizer"
     tok_dir.mkdir()
-    testing.train_tokenizer(tok_dir)
-    target = testing.save_tiny_llama(root / "target", tok_dir, seed=0, shape=shape, dtype=dtype)
-    model: Any = AutoModelForCausalLM.from_pretrained(str(target), local_files_only=True)
+    testing.train_tokenizer(tok_dir, padded_to=vocab_size)
+    model: Any = testing.tiny_llama(tok_dir, seed=0, shape=shape, device=device)
     with torch.no_grad():
         for layer in model.model.layers[1:]:
             layer.self_attn.o_proj.weight.mul_(LATER_LAYER_SCALE)
             layer.mlp.down_proj.weight.mul_(LATER_LAYER_SCALE)
-    model.to(getattr(torch, dtype)).save_pretrained(str(target))
+    model.to(getattr(torch, dtype))
+    target = testing.save_with_tokenizer(model, root / "target", tok_dir)
     config = model.config.__class__.from_dict(model.config.to_dict())
     config.num_hidden_layers = draft_layers
-    draft: Any = LlamaForCausalLM(config)
+    with torch.device(device):
+        draft: Any = LlamaForCausalLM(config)
     draft.load_state_dict(model.state_dict(), strict=False)
-    draft_dir = root / "draft"
-    draft.to(getattr(torch, dtype)).save_pretrained(str(draft_dir))
-    for item in tok_dir.iterdir():
-        (draft_dir / item.name).write_bytes(item.read_bytes())
+    del model
+    draft_dir = testing.save_with_tokenizer(draft.to(getattr(torch, dtype)), root / "draft", tok_dir)
     return target, draft_dir
 
 
@@ -78,16 +85,20 @@ class _CallCounter:
         self.calls += 1
 
 
-class _Transformers:
+class Transformers:
     """transformers' ``generate()`` on the target: plain, with the draft as assistant, with prompt lookup."""
 
-    def __init__(self, target: Path, draft: Path, k: int) -> None:
+    def __init__(
+        self, target: Path, draft: Path, k: int, device: str = "cpu", dtype: str = "float32"
+    ) -> None:
         self.tok: Any = AutoTokenizer.from_pretrained(str(target), local_files_only=True)
-        model: Any = AutoModelForCausalLM.from_pretrained(str(target), local_files_only=True)
-        model.eval()
+        self.device = device
+        loaded = {"local_files_only": True, "dtype": getattr(torch, dtype)}
+        model: Any = AutoModelForCausalLM.from_pretrained(str(target), **loaded)
+        model.to(device).eval()
         self.model: Any = model
-        assistant: Any = AutoModelForCausalLM.from_pretrained(str(draft), local_files_only=True)
-        assistant.eval()
+        assistant: Any = AutoModelForCausalLM.from_pretrained(str(draft), **loaded)
+        assistant.to(device).eval()
         assistant.generation_config.num_assistant_tokens = k
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
         self.counter = _CallCounter(self.model)
@@ -107,10 +118,11 @@ class _Transformers:
     def generate(self, method: str, prompt: str, max_new: int) -> tuple[float, int, list[int]]:
         """Seconds, target forward calls, new tokens."""
         with torch.inference_mode():
-            ids = self.tok(prompt, return_tensors="pt").input_ids
+            ids = self.tok(prompt, return_tensors="pt").input_ids.to(self.device)
             before = self.counter.calls
             started = time.perf_counter()
             gen = self.model.generate(ids, max_new_tokens=max_new, do_sample=False, **self.variants[method])
+            gen = gen.cpu()  # waits for the device
             seconds = time.perf_counter() - started
         return seconds, self.counter.calls - before, gen[0, ids.shape[1] :].tolist()
 
@@ -127,14 +139,23 @@ class _Tally:
         self.outputs.append(new)
 
 
-def _compare(
-    hf: _Transformers, target: Path, draft: Path, method: str, prompts: list[str], *, max_new: int, k: int
+def compare(
+    hf: Transformers,
+    target: Path,
+    draft: Path,
+    method: str,
+    prompts: list[str],
+    *,
+    max_new: int,
+    k: int,
+    dtype: str = "float32",
 ) -> list[AssistedResult]:
-    """transformers' and ours on the same prompts, prompt by prompt in turn (the machine's load drifts)."""
+    """transformers' and ours on the same prompts, prompt by prompt in turn (the machine's load drifts), on
+    ``hf``'s device."""
     config = {
-        "model": {"target": str(target), "draft": str(draft)},
+        "model": {"target": str(target), "draft": str(draft), "dtype": dtype},
         "speculative": {"method": method, "draftLen": k},
-        "placement": {"device": "cpu"},
+        "placement": {"device": hf.device},
     }
 
     async def main() -> list[AssistedResult]:
@@ -188,9 +209,9 @@ def run(prompts: int = 8, max_new: int = 64, k: int = 4) -> list[AssistedResult]
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         target, draft = build_models(Path(tmp))
-        hf = _Transformers(target, draft, k)
+        hf = Transformers(target, draft, k)
         for name in ("none", "draftTarget", "promptLookup"):
-            results += _compare(hf, target, draft, name, texts, max_new=max_new, k=k)
+            results += compare(hf, target, draft, name, texts, max_new=max_new, k=k)
     return results
 
 

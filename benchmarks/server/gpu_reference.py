@@ -4,8 +4,9 @@ For a session lent a GPU (issue 21's last item); nothing in ``make test`` needs 
 on the CPU with a tiny shape, the same code path). Models are random weights (speed does not depend on them)
 built as benchmark 2 builds its CPU models: a target whose layers after the first are scaled down, so a
 layer-skip draft (its first ``draft_layers`` layers, embedding, norm and head) agrees with it often enough to
-be worth drafting. The vocabulary is the project's trained tokenizer's (384 tokens), not Llama's 128 256: the
-LM head is far cheaper than a real model's, which the report says.
+be worth drafting. The vocabulary is Llama 3's size, 128 256 tokens (``--vocab``; the project's trained
+tokenizer padded, ``testing.train_tokenizer``): the embedding, the LM head and the logits each step copies to
+the host cost what a real model's do, a large part of a small model's step and of a draft's.
 
 Per concurrency, one engine per policy (k = 0: plain decoding; k = 4; auto) is built and warmed up once, then
 the policies take turns for ``rounds`` windows each (as benchmark 7 measures the reference backend); a figure
@@ -37,7 +38,7 @@ from specdeploy_server.testing import TinyLlama
 from benchmarks.server import assisted
 from benchmarks.server.load_sweep import take_turns
 
-#: Llama 3.2 1B's and Llama 3.1 8B's layer shapes (vocabulary aside)
+#: Llama 3.2 1B's and Llama 3.1 8B's layer shapes (the vocabulary is ``--vocab``'s)
 SHAPES = {
     "llama-1b": TinyLlama(
         hidden_size=2048,
@@ -58,6 +59,7 @@ SHAPES = {
     "tiny": assisted.SHAPE,  # the CPU smoke test's
 }
 POLICIES: tuple[int | None, ...] = (0, 4, None)  # k = 0 (no drafter), k = 4, auto
+LLAMA3_VOCAB = 128_256
 AUTO_CAP = 8  # maxDraftLen: the longest draft auto may choose
 
 
@@ -65,6 +67,7 @@ AUTO_CAP = 8  # maxDraftLen: the longest draft auto may choose
 class GpuPoint:
     device: str
     shape: str
+    vocab: int
     concurrency: int
     policy: str
     tok_s: float  # median of the policy's windows
@@ -112,31 +115,49 @@ async def _level(
         median = statistics.median_high(rate for rate, _ in measured)
         per_step = next(per for rate, per in measured if rate == median)
         policy = "auto" if k is None else f"k={k}"
-        points.append(
-            GpuPoint(device_name, args.shape, level, policy, median, [r for r, _ in measured], per_step)
-        )
+        rates = [r for r, _ in measured]
+        points.append(GpuPoint(device_name, args.shape, args.vocab, level, policy, median, rates, per_step))
     return points
+
+
+def device_name(device: str) -> str:
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here (use --device cpu --shape tiny for a smoke run)")
+    return torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
+
+
+def build(root: Path, args: argparse.Namespace) -> tuple[Path, Path]:
+    """The (target, draft) checkpoints ``args`` ask for, under ``root``."""
+    started = time.perf_counter()
+    models = assisted.build_models(
+        root,
+        SHAPES[args.shape],
+        draft_layers=args.draft_layers,
+        dtype=args.dtype,
+        device=args.device,
+        vocab_size=args.vocab,
+    )
+    print(f"{args.shape} models built in {time.perf_counter() - started:.1f} s", flush=True)
+    return models
+
+
+def run_on(target: Path, draft: Path, args: argparse.Namespace) -> list[GpuPoint]:
+    name = device_name(args.device)
+    return [
+        point for level in args.concurrency for point in asyncio.run(_level(target, draft, args, level, name))
+    ]
 
 
 def run(args: argparse.Namespace) -> list[GpuPoint]:
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: no CUDA device here (use --device cpu --shape tiny for a smoke run)")
-    device_name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    points: list[GpuPoint] = []
+    device_name(args.device)  # fails before minutes of building where there is no GPU
     with tempfile.TemporaryDirectory() as tmp:
-        started = time.perf_counter()
-        target, draft = assisted.build_models(
-            Path(tmp), SHAPES[args.shape], draft_layers=args.draft_layers, dtype=args.dtype
-        )
-        print(f"models built in {time.perf_counter() - started:.1f} s", flush=True)
-        for level in args.concurrency:
-            points += asyncio.run(_level(target, draft, args, level, device_name))
-    return points
+        return run_on(*build(Path(tmp), args), args)
 
 
 def table(points: list[GpuPoint]) -> str:
     lines = [
-        f"Device: {points[0].device}; shape {points[0].shape} (random weights, 384-token vocabulary).",
+        f"Device: {points[0].device}; shape {points[0].shape} (random weights, {points[0].vocab}-token "
+        "vocabulary).",
         "",
         "| concurrency | policy | tok/s (median) | vs k=0 | tokens per sequence step | windows tok/s |",
         "|---:|---|---:|---:|---:|---|",
@@ -156,6 +177,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="llama-1b")
     parser.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default="bfloat16")
     parser.add_argument("--draft-layers", type=int, default=2, help="layers of the layer-skip draft")
+    parser.add_argument("--vocab", type=int, default=LLAMA3_VOCAB, help="vocabulary size (default Llama 3's)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--rounds", type=int, default=3, help="windows per policy")
     parser.add_argument("--seconds", type=float, default=5.0, help="length of a window")

@@ -12,12 +12,12 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from benchmarks.records import Record, provenance
+from benchmarks.records import GPU_SECTIONS, Record, provenance
 from benchmarks.server import assisted as assisted_bench
 from benchmarks.server import concurrency as concurrency_bench
+from benchmarks.server import gpu_http, gpu_reference, load_sweep_report
 from benchmarks.server import http_stream as http_stream_bench
 from benchmarks.server import load_sweep as load_sweep_bench
-from benchmarks.server import load_sweep_report
 from benchmarks.server import loop_lag as loop_lag_bench
 from benchmarks.server import orchestration as orchestration_bench
 from benchmarks.server import structured as structured_bench
@@ -164,3 +164,41 @@ def load_sweep(records: Sequence[Record]) -> str:
     runs = _runs(record)
     points = [load_sweep_bench.SweepPoint(**r) for r in median_rows(runs)]
     return f"{_head(record)}\n\n{load_sweep_report.render_body(points)}"
+
+
+# ------------------------------------------------------------------------------ on a GPU (gpu_day.py)
+
+GPU_TABLES: dict[str, tuple[str, Any, Any]] = {  # section -> (title, row class, table)
+    "reference-1b": ("Reference backend: plain, k = 4, auto", gpu_reference.GpuPoint, gpu_reference.table),
+    "http": ("Server over HTTP vs the engine driven directly", gpu_http.HttpPoint, gpu_http.table),
+    "structured": (
+        "JSON schema with speculation on and off",
+        structured_bench.StructuredResult,
+        structured_bench.table,
+    ),
+    "assisted": (
+        "transformers' assisted generation vs ours, batch 1",
+        assisted_bench.AssistedResult,
+        assisted_bench.table,
+    ),
+    "reference-8b": ("Reference backend: plain, k = 4, auto", gpu_reference.GpuPoint, gpu_reference.table),
+}
+GPU_RECORD_PREFIX = "server-gpu-"
+assert set(GPU_TABLES) == set(GPU_SECTIONS)
+
+
+def gpu_section(record: Record) -> str:
+    """One GPU section's record: its title, provenance and table."""
+    title, cls, build = GPU_TABLES[record["name"].removeprefix(GPU_RECORD_PREFIX)]
+    rows = [cls(**r) for r in median_rows(_runs(record))]
+    shape = record["parameters"].get("shape")
+    return f"#### {title} ({shape} shapes)\n\n{_head(record)}\n\n{build(rows)}\n"
+
+
+def gpu(records: Sequence[Record]) -> str:
+    """Every GPU section that has a record, in the order they run."""
+    if not records:
+        return "No GPU figures yet: `bash benchmarks/gpu_day.sh` on a machine with a GPU writes them.\n"
+    order = list(GPU_SECTIONS)
+    ranked = sorted(records, key=lambda r: order.index(r["name"].removeprefix(GPU_RECORD_PREFIX)))
+    return "\n".join(gpu_section(r) for r in ranked)

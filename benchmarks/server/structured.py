@@ -10,6 +10,7 @@ and rejected), and tokens the grammar forces are emitted without a model step (`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import tempfile
 import time
 from dataclasses import dataclass
@@ -42,14 +43,17 @@ class StructuredResult:
     requests: int
 
 
-def _config(target: Path, draft: Path, method: str, k: int) -> dict[str, Any]:
-    model: dict[str, Any] = {"target": str(target)}
+def _config(target: Path, draft: Path, method: str, k: int, *, device: str, dtype: str) -> dict[str, Any]:
+    model: dict[str, Any] = {"target": str(target), "dtype": dtype}
     if method == "draftTarget":
         model["draft"] = str(draft)
     speculative: dict[str, Any] = {"method": method}
     if method != "none":
         speculative["draftLen"] = k
-    return {"model": model, "speculative": speculative, "placement": {"device": "cpu", "cpuThreads": 1}}
+    placement: dict[str, Any] = {"device": device}
+    if device == "cpu":
+        placement["cpuThreads"] = 1
+    return {"model": model, "speculative": speculative, "placement": placement}
 
 
 async def _one_config(
@@ -83,44 +87,62 @@ async def _one_config(
     return seconds, outputs, valid
 
 
+METHODS = ("none", "draftTarget", "promptLookup")
+
+
 def run(requests: int = 12, max_new: int = 200, k: int = 4) -> list[StructuredResult]:
+    with tempfile.TemporaryDirectory() as tmp:
+        return run_on(*build_models(Path(tmp)), requests=requests, max_new=max_new, k=k)
+
+
+def run_on(
+    target: Path,
+    draft: Path,
+    *,
+    requests: int,
+    max_new: int,
+    k: int,
+    methods: tuple[str, ...] = METHODS,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> list[StructuredResult]:
+    """Every method of ``methods`` (the first is the baseline of the "= method none" column), free and under
+    a JSON schema, on the models ``target`` and ``draft``."""
     schemas = testing.json_schemas(requests, seed=6)
     results: list[StructuredResult] = []
-    with tempfile.TemporaryDirectory() as tmp:
-        target, draft = build_models(Path(tmp))
-        baseline: dict[bool, list[list[int]]] = {}
-        for method in ("none", "draftTarget", "promptLookup"):
-            for constrained in (False, True):
+    baseline: dict[bool, list[list[int]]] = {}
 
-                async def main(
-                    config: dict[str, Any], constrained: bool
-                ) -> tuple[float, list[list[int]], int, Any]:
-                    engine = build_engine(ServerConfig.model_validate(config))
-                    await engine.start()
-                    seconds, outputs, valid = await _one_config(engine, schemas, max_new, constrained)
-                    stats = engine.stats
-                    await engine.stop(5)
-                    return seconds, outputs, valid, stats
+    async def measure(config: dict[str, Any], constrained: bool) -> tuple[float, list[list[int]], int, Any]:
+        engine = build_engine(ServerConfig.model_validate(config))
+        await engine.start()
+        warmup = engine.generate(engine.tokenizer.encode(PROMPT), 4, SamplingParams(temperature=0.0))
+        _ = [out async for out in warmup.outputs]  # first-call allocations (and a GPU's kernel choices)
+        before = dataclasses.replace(engine.stats)
+        seconds, outputs, valid = await _one_config(engine, schemas, max_new, constrained)
+        stats = engine.stats
+        await engine.stop(5)
+        return seconds, outputs, valid, stats.since(before)
 
-                seconds, outputs, valid, stats = asyncio.run(
-                    main(_config(target, draft, method, k), constrained)
+    for method in methods:
+        for constrained in (False, True):
+            config = _config(target, draft, method, k, device=device, dtype=dtype)
+            seconds, outputs, valid, stats = asyncio.run(measure(config, constrained))
+            baseline.setdefault(constrained, outputs)
+            emitted = sum(len(o) for o in outputs)
+            forced = stats.forced
+            results.append(
+                StructuredResult(
+                    method=method,
+                    constrained=constrained,
+                    tok_s=emitted / seconds,
+                    tokens_per_target_step=(emitted - forced) / max(stats.sequence_steps, 1),
+                    acceptance=stats.accepted / stats.drafted if stats.drafted else None,
+                    forced_share=forced / emitted if emitted else 0.0,
+                    identical=outputs == baseline[constrained],
+                    valid=valid,
+                    requests=requests,
                 )
-                baseline.setdefault(constrained, outputs)
-                emitted = sum(len(o) for o in outputs)
-                forced = stats.forced
-                results.append(
-                    StructuredResult(
-                        method=method,
-                        constrained=constrained,
-                        tok_s=emitted / seconds,
-                        tokens_per_target_step=(emitted - forced) / max(stats.sequence_steps, 1),
-                        acceptance=stats.accepted / stats.drafted if stats.drafted else None,
-                        forced_share=forced / emitted if emitted else 0.0,
-                        identical=outputs == baseline[constrained],
-                        valid=valid,
-                        requests=requests,
-                    )
-                )
+            )
     return results
 
 

@@ -6,6 +6,8 @@ nothing is ever downloaded. Needs the ``torch`` extra.
 
 from __future__ import annotations
 
+import itertools
+import json
 import random
 import shutil
 from dataclasses import dataclass
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import pre_tokenizers
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 from specdeploy_server.demo_models import bpe_tokenizer
@@ -48,8 +51,34 @@ def prompts(count: int, seed: int = 1) -> list[str]:
     return [" ".join(rng.sample(text, rng.randint(1, 3))) for _ in range(count)]
 
 
-def train_tokenizer(directory: Path, vocab_size: int = 384) -> None:
+def train_tokenizer(directory: Path, vocab_size: int = 384, *, padded_to: int | None = None) -> None:
+    """A byte-level BPE tokenizer of ``vocab_size`` tokens trained on :func:`corpus`, saved in ``directory``.
+
+    ``padded_to``: the vocabulary is then filled up to that many tokens (a real model's size, e.g. Llama 3's
+    128 256, so that its embedding, LM head, logits and grammar masks cost what a real model's do) with
+    tokens that encoding never produces (no merge makes them) and that decode to three bytes each."""
     bpe_tokenizer(corpus(), vocab_size, CHAT_TEMPLATE).save_pretrained(str(directory))
+    if padded_to is not None:
+        pad_vocabulary(directory / "tokenizer.json", padded_to)
+
+
+def pad_vocabulary(tokenizer_json: Path, size: int) -> None:
+    """Fill a saved byte-level BPE tokenizer's vocabulary up to ``size`` ids with three-character tokens of
+    the byte-level alphabet that it does not hold (see :func:`train_tokenizer`)."""
+    data = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    vocab: dict[str, int] = data["model"]["vocab"]
+    taken = len(vocab) + sum(1 for t in data.get("added_tokens", []) if t["content"] not in vocab)
+    if size < taken:
+        raise ValueError(f"padded_to={size}: the tokenizer already has {taken} tokens")
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    combos = itertools.product(alphabet, repeat=3)
+    next_id = max([*vocab.values(), *(t["id"] for t in data.get("added_tokens", []))]) + 1
+    while next_id < size:
+        token = "".join(next(combos))
+        if token not in vocab:
+            vocab[token] = next_id
+            next_id += 1
+    tokenizer_json.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
 
 @dataclass(frozen=True)
@@ -63,11 +92,15 @@ class TinyLlama:
     initializer_range: float = 0.1
 
 
-def save_tiny_llama(
-    directory: Path, tokenizer_dir: Path, seed: int, shape: TinyLlama = TinyLlama(), dtype: str = "float32"
-) -> Path:
-    """A random-weight Llama checkpoint with ``tokenizer_dir``'s tokenizer copied beside it."""
-    directory.mkdir(parents=True, exist_ok=True)
+def tiny_llama(
+    tokenizer_dir: Path,
+    seed: int,
+    shape: TinyLlama = TinyLlama(),
+    dtype: str = "float32",
+    device: str = "cpu",
+) -> LlamaForCausalLM:
+    """A random-weight Llama of ``shape`` for ``tokenizer_dir``'s tokenizer, its vocabulary as large as that
+    tokenizer's, built on ``device`` (initialised in float32, then cast to ``dtype``)."""
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -84,12 +117,27 @@ def save_tiny_llama(
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).to(getattr(torch, dtype))
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    cast: LlamaForCausalLM = model.to(getattr(torch, dtype))
+    return cast
+
+
+def save_with_tokenizer(model: Any, directory: Path, tokenizer_dir: Path) -> Path:
+    """``model`` saved in ``directory`` with ``tokenizer_dir``'s files copied beside it."""
+    directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(directory))
     for item in tokenizer_dir.iterdir():
         if item.is_file():
             shutil.copy(item, directory / item.name)
     return directory
+
+
+def save_tiny_llama(
+    directory: Path, tokenizer_dir: Path, seed: int, shape: TinyLlama = TinyLlama(), dtype: str = "float32"
+) -> Path:
+    """A random-weight Llama checkpoint with ``tokenizer_dir``'s tokenizer copied beside it."""
+    return save_with_tokenizer(tiny_llama(tokenizer_dir, seed, shape, dtype), directory, tokenizer_dir)
 
 
 # ------------------------------------------------------------------ JSON schemas for structured output

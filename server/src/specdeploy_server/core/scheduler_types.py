@@ -6,7 +6,7 @@ Re-exported by :mod:`specdeploy_server.core.scheduler`, where the rest of the se
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Protocol
 
 from specdeploy_server.core.executors import AcceptanceRule
@@ -77,6 +77,10 @@ class GlobalStats:
     requests_finished: int = 0
     #: requests the backend failed (attributed to them, or in a step that failed as a whole)
     requests_failed: int = 0
+
+    def since(self, before: GlobalStats) -> GlobalStats:
+        """What was counted after ``before`` (an earlier copy of these figures) was taken."""
+        return GlobalStats(**{f.name: getattr(self, f.name) - getattr(before, f.name) for f in fields(self)})
 
 
 def truncate(tokens: list[int], stop_ids: frozenset[int], room: int) -> FinishReason | None:
