@@ -149,9 +149,10 @@ def compare(
     max_new: int,
     k: int,
     dtype: str = "float32",
+    warmup_seconds: float = 0.0,
 ) -> list[AssistedResult]:
     """transformers' and ours on the same prompts, prompt by prompt in turn (the machine's load drifts), on
-    ``hf``'s device."""
+    ``hf``'s device, after each has generated for ``warmup_seconds`` (at least once)."""
     config = {
         "model": {"target": str(target), "draft": str(draft), "dtype": dtype},
         "speculative": {"method": method, "draftLen": k},
@@ -168,8 +169,12 @@ def compare(
             new = [t async for o in gen.outputs for t in o.token_ids]
             return time.perf_counter() - started, new
 
-        await ours(prompts[0], 4)  # warm-up (first-call allocations)
-        hf.generate(method, prompts[0], 4)
+        warming = time.perf_counter()  # first-call allocations; on a GPU, an engine's first seconds
+        while True:
+            await ours(prompts[0], 4)
+            hf.generate(method, prompts[0], 4)
+            if time.perf_counter() - warming >= warmup_seconds:
+                break
         before = dataclasses.replace(engine.stats)
         theirs, mine, calls = _Tally(), _Tally(), 0
         for prompt in prompts:

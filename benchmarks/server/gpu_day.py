@@ -1,24 +1,28 @@
-"""Every GPU measurement of the server in one run that fits a short loan of a GPU (about 7 minutes on an H100
-or H200), each section writing its record as soon as it is done (a run cut short keeps what it measured):
+"""Every GPU measurement of the server in one run that fits a short loan of a GPU (about 8 minutes on an
+H200), each section writing its record as soon as it is done (a run cut short keeps what it measured):
 
 1. ``reference-1b``: the reference backend on Llama 3.2 1B's shapes with Llama 3's vocabulary (128 256):
    plain decoding, k = 4 and ``draftLen: auto`` at concurrency 1 and 8 (``gpu_reference``);
-2. ``http``: the server over HTTP against the same engine driven directly, streamed tokens/s per stream at
+2. ``assisted``: transformers' assisted generation (draft model, prompt lookup) against ours at batch 1, 1B
+   shapes (``assisted``);
+3. ``http``: the server over HTTP against the same engine driven directly, streamed tokens/s per stream at
    concurrency 1 and 16, 1B shapes (``gpu_http``);
-3. ``structured``: a ``json_schema`` request with speculation on and off, 1B shapes (``structured``);
-4. ``assisted``: transformers' assisted generation (draft model, prompt lookup) against ours at batch 1,
-   Llama 3.1 8B's shapes (``assisted``);
-5. ``reference-8b``: as 1, on the 8B shapes.
+4. ``structured``: a ``json_schema`` request with speculation on and off, 1B shapes (``structured``);
+5. ``reference-8b``: as 1, on Llama 3.1 8B's shapes.
 
 Models are random weights built on the device (``assisted.build_models``): a target whose later layers are
-scaled down and a 2-layer layer-skip draft cut from it. ``--smoke`` runs the same code on the CPU with the
-tiny shape and short windows, in a minute or two (tests/server/test_gpu_day.py).
+scaled down and a 2-layer layer-skip draft cut from it. Every engine serves for a few seconds before it is
+measured (on an H200 an engine's first seconds ran up to 3x slower). The GPU's SM clock and utilisation
+are sampled during each section (``gpu_clocks``). ``--smoke`` runs the same code on the CPU with the tiny
+shape and short windows, in about a minute (tests/server/test_gpu_day.py).
 
     python -m benchmarks.server.gpu_day --results benchmarks/results      # on a machine with a GPU
     python -m benchmarks.server.gpu_day --smoke --results /tmp/gpu-smoke  # the same code on the CPU
     python -m benchmarks.server.gpu_day --only http,structured            # a subset (a rerun)
 
 ``benchmarks/gpu_day.sh`` wraps it for a machine that lacks the server's dependencies (wheels beside it).
+Measured on an H200 (reference-1b 130 s, http 267 s, structured 69 s, reference-8b 205 s before the sizes
+below were cut to fit): plan about 8 minutes for the five sections.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from specdeploy_server import testing
 
 from benchmarks import records
 from benchmarks.server import assisted, gpu_http, gpu_reference, structured
+from benchmarks.server.gpu_clocks import ClockSampler
 
 SECTIONS = records.GPU_SECTIONS
 RECORD_PREFIX = "server-gpu-"
@@ -53,14 +58,16 @@ class Settings:
     device: str
     dtype: str
     vocab: int
-    small_shape: str  # sections 1-3
-    large_shape: str  # sections 4-5
+    small_shape: str  # sections 1-4
+    large_shape: str  # section 5
     window_seconds: float
-    warmup_seconds: float
+    warmup_seconds: float  # before an engine's first window in the reference sections
     rounds: int
     max_tokens: int
+    engine_warmup_seconds: float  # an engine serves this long before it is measured (sections 2-4)
     http_levels: tuple[int, ...]
     http_requests: int
+    http_max_tokens: int
     structured_requests: int
     structured_max_new: int
     assisted_prompts: int
@@ -73,15 +80,17 @@ GPU = Settings(
     vocab=gpu_reference.LLAMA3_VOCAB,
     small_shape="llama-1b",
     large_shape="llama-8b",
-    window_seconds=4.0,
+    window_seconds=2.5,
     warmup_seconds=2.0,
-    rounds=2,
+    rounds=3,
     max_tokens=128,
+    engine_warmup_seconds=4.0,
     http_levels=(1, 16),
-    http_requests=3,
-    structured_requests=4,
+    http_requests=2,
+    http_max_tokens=64,
+    structured_requests=3,
     structured_max_new=200,
-    assisted_prompts=4,
+    assisted_prompts=3,
     assisted_max_new=64,
 )
 SMOKE = Settings(
@@ -94,8 +103,10 @@ SMOKE = Settings(
     warmup_seconds=0.3,
     rounds=1,
     max_tokens=16,
+    engine_warmup_seconds=0.2,
     http_levels=(1, 2),
     http_requests=1,
+    http_max_tokens=16,
     structured_requests=2,
     structured_max_new=60,
     assisted_prompts=2,
@@ -165,8 +176,12 @@ class Section:
 
 
 def sections(settings: Settings, small: Models, large: Models, device_name: str) -> list[Section]:
-    def reference(models: Models) -> Callable[[], Sequence[Any]]:
-        return lambda: gpu_reference.run_on(*models.paths(), models.args)
+    def reference(models: Models, before: Callable[[], None] = lambda: None) -> Callable[[], Sequence[Any]]:
+        def measure() -> Sequence[Any]:
+            before()
+            return gpu_reference.run_on(*models.paths(), models.args)
+
+        return measure
 
     def http() -> Sequence[Any]:
         return gpu_http.run_on(
@@ -177,8 +192,9 @@ def sections(settings: Settings, small: Models, large: Models, device_name: str)
             levels=settings.http_levels,
             k=DRAFT_LEN,
             requests=settings.http_requests,
-            max_tokens=settings.max_tokens,
+            max_tokens=settings.http_max_tokens,
             rounds=settings.rounds,
+            warmup_seconds=settings.engine_warmup_seconds,
         )
 
     def constrained() -> Sequence[Any]:
@@ -190,11 +206,11 @@ def sections(settings: Settings, small: Models, large: Models, device_name: str)
             methods=("none", "draftTarget"),
             device=settings.device,
             dtype=settings.dtype,
+            warmup_seconds=settings.engine_warmup_seconds,
         )
 
     def peer() -> Sequence[Any]:
-        small.remove()  # the large shape's checkpoints need the disk
-        target, draft = large.paths()
+        target, draft = small.paths()
         texts = testing.prompts(settings.assisted_prompts, seed=11)
         hf = assisted.Transformers(target, draft, DRAFT_LEN, device=settings.device, dtype=settings.dtype)
         try:
@@ -210,6 +226,7 @@ def sections(settings: Settings, small: Models, large: Models, device_name: str)
                     max_new=settings.assisted_max_new,
                     k=DRAFT_LEN,
                     dtype=settings.dtype,
+                    warmup_seconds=settings.engine_warmup_seconds,
                 )
             ]
         finally:
@@ -225,6 +242,11 @@ def sections(settings: Settings, small: Models, large: Models, device_name: str)
         "max_tokens": settings.max_tokens,
         "concurrency": [1, 8],
     }
+    small_shape = {
+        **common,
+        "shape": settings.small_shape,
+        "engine_warmup_seconds": settings.engine_warmup_seconds,
+    }
     return [
         Section(
             "reference-1b",
@@ -233,16 +255,26 @@ def sections(settings: Settings, small: Models, large: Models, device_name: str)
             {**reference_parameters, "shape": settings.small_shape},
         ),
         Section(
+            "assisted",
+            f"transformers' assisted generation vs ours at batch 1, {settings.small_shape} shapes",
+            peer,
+            {
+                **small_shape,
+                "prompts": settings.assisted_prompts,
+                "max_new": settings.assisted_max_new,
+                "draft_len": DRAFT_LEN,
+            },
+        ),
+        Section(
             "http",
             f"Server over HTTP vs the engine driven directly, {settings.small_shape} shapes",
             http,
             {
-                **common,
-                "shape": settings.small_shape,
+                **small_shape,
                 "levels": list(settings.http_levels),
                 "draft_len": DRAFT_LEN,
                 "requests_per_stream": settings.http_requests,
-                "max_tokens": settings.max_tokens,
+                "max_tokens": settings.http_max_tokens,
                 "rounds": settings.rounds,
             },
         ),
@@ -251,32 +283,48 @@ def sections(settings: Settings, small: Models, large: Models, device_name: str)
             f"JSON schema with speculation on and off, {settings.small_shape} shapes",
             constrained,
             {
-                **common,
-                "shape": settings.small_shape,
+                **small_shape,
                 "requests": settings.structured_requests,
                 "max_new": settings.structured_max_new,
                 "draft_len": DRAFT_LEN,
             },
         ),
         Section(
-            "assisted",
-            f"transformers' assisted generation vs ours at batch 1, {settings.large_shape} shapes",
-            peer,
-            {
-                **common,
-                "shape": settings.large_shape,
-                "prompts": settings.assisted_prompts,
-                "max_new": settings.assisted_max_new,
-                "draft_len": DRAFT_LEN,
-            },
-        ),
-        Section(
             "reference-8b",
             f"Reference backend, {settings.large_shape} shapes: plain, k = 4, auto",
-            reference(large),
+            reference(large, before=small.remove),  # the large checkpoints need the disk
             {**reference_parameters, "shape": settings.large_shape},
         ),
     ]
+
+
+def _measure(
+    section: Section, command: str, facts: dict[str, Any], sampler: ClockSampler, results: Path
+) -> bool:
+    """Run one section and write its record; whether it succeeded (a failure is printed, not raised)."""
+    from benchmarks.server import render  # noqa: PLC0415
+
+    print(f"== {section.name}: {section.title}", flush=True)
+    started = records.now()
+    record = records.new_record(
+        RECORD_PREFIX + section.name, command, started, dict(facts), section.parameters
+    )
+    clock = time.perf_counter()
+    sampler.start()
+    try:
+        rows = [dataclasses.asdict(r) for r in section.run()]
+    except Exception:
+        traceback.print_exc()
+        print(f"== {section.name}: FAILED after {time.perf_counter() - clock:.0f} s", flush=True)
+        return False
+    finally:
+        clocks = sampler.stop()
+        _free_device_memory()
+    records.finish(record, started, {"runs": [rows], "gpu_clock": clocks})
+    path = records.save(record, results)
+    print(render.gpu_section(record), flush=True)
+    print(f"== {section.name}: {time.perf_counter() - clock:.0f} s, wrote {path}", flush=True)
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -303,34 +351,17 @@ def main(argv: list[str] | None = None) -> int:
     facts = machine(settings)
     small, large = Models(settings, settings.small_shape), Models(settings, settings.large_shape)
     failed = []
-    from benchmarks.server import render  # noqa: PLC0415
+    sampler = ClockSampler()
+    run_started = time.perf_counter()
 
     try:
         for section in sections(settings, small, large, name):
-            if section.name not in only:
-                continue
-            print(f"== {section.name}: {section.title}", flush=True)
-            started = records.now()
-            record = records.new_record(
-                RECORD_PREFIX + section.name, command, started, dict(facts), section.parameters
-            )
-            clock = time.perf_counter()
-            try:
-                rows = [dataclasses.asdict(r) for r in section.run()]
-            except Exception:
-                traceback.print_exc()
-                print(f"== {section.name}: FAILED after {time.perf_counter() - clock:.0f} s", flush=True)
+            if section.name in only and not _measure(section, command, facts, sampler, args.results):
                 failed.append(section.name)
-                continue
-            finally:
-                _free_device_memory()
-            records.finish(record, started, {"runs": [rows]})
-            path = records.save(record, args.results)
-            print(render.gpu_section(record), flush=True)
-            print(f"== {section.name}: {time.perf_counter() - clock:.0f} s, wrote {path}", flush=True)
     finally:
         small.remove()
         large.remove()
+    print(f"all sections: {time.perf_counter() - run_started:.0f} s", flush=True)
     if failed:
         print(f"failed sections: {', '.join(failed)}", flush=True)
     return 1 if failed else 0

@@ -12,10 +12,11 @@ its own (``http_stream``'s raw keep-alive client), so its work does not share th
   chunk) one request after another.
 
 Each client runs ``requests`` requests of ``max_tokens`` tokens; the two modes take turns, ``rounds`` windows
-each, after one warm-up window of each. A request's stream rate is its tokens over its time from sending to
-its last token; a window's per-stream figure is the mean over its requests, its aggregate the tokens over the
-window's length; a figure is the median over the mode's windows. The engine's steps in a mode's windows give
-its mean step time: the pace the HTTP layer has to keep up with.
+each, after warm-up windows (direct ones for ``warmup_seconds``, at least one, then one over HTTP). A
+request's stream rate is its tokens over its time from sending to its last token; a window's per-stream
+figure is the mean over its requests, its aggregate the tokens over the window's length; a figure is the
+median over the mode's windows. The engine's steps in a mode's windows give its mean step time: the pace
+the HTTP layer has to keep up with.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ async def _serve_and_measure(
     requests: int,
     max_tokens: int,
     rounds: int,
+    warmup_seconds: float,
     device_name: str,
     conn: Connection,
 ) -> list[HttpPoint]:
@@ -191,8 +193,10 @@ async def _serve_and_measure(
     points: list[HttpPoint] = []
     try:
         for level in levels:
-            for mode in MODES:
-                await window(mode, level)  # warm-up: connections, allocations, a GPU's kernel choices
+            warming = time.perf_counter()  # the engine's first seconds, connections, allocations
+            while time.perf_counter() - warming < warmup_seconds:
+                await window("direct", level)
+            await window("http", level)
             windows: dict[str, list[_Window]] = {mode: [] for mode in MODES}
             for _ in range(rounds):
                 for mode in MODES:
@@ -229,6 +233,7 @@ def run_on(
     requests: int = 3,
     max_tokens: int = 128,
     rounds: int = 2,
+    warmup_seconds: float = 0.0,
 ) -> list[HttpPoint]:
     parent, child = multiprocessing.get_context("spawn").Pipe()
     client = multiprocessing.get_context("spawn").Process(target=_client_process, args=(child,), daemon=True)
@@ -241,6 +246,7 @@ def run_on(
                 requests=requests,
                 max_tokens=max_tokens,
                 rounds=rounds,
+                warmup_seconds=warmup_seconds,
                 device_name=device_name,
                 conn=parent,
             )

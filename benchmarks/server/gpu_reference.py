@@ -8,9 +8,9 @@ be worth drafting. The vocabulary is Llama 3's size, 128 256 tokens (``--vocab``
 tokenizer padded, ``testing.train_tokenizer``): the embedding, the LM head and the logits each step copies to
 the host cost what a real model's do, a large part of a small model's step and of a draft's.
 
-Per concurrency, one engine per policy (k = 0: plain decoding; k = 4; auto) is built and warmed up once, then
-the policies take turns for ``rounds`` windows each (as benchmark 7 measures the reference backend); a figure
-is the median of its policy's windows.
+One engine per policy (k = 0: plain decoding; k = 4; auto) is built and started once; at each concurrency the
+policies take turns for ``rounds`` windows each, the first after a warm-up (as benchmark 7 measures the
+reference backend); a figure is the median of its policy's windows.
 
     python -m benchmarks.server.gpu_reference          # llama-1b shape on cuda, concurrency 1 and 8
     python -m benchmarks.server.gpu_reference --shape llama-8b --out /tmp/gpu.json
@@ -89,23 +89,44 @@ def _config(target: Path, draft: Path, k: int | None, device: str, dtype: str) -
     }
 
 
-async def _level(
-    target: Path, draft: Path, args: argparse.Namespace, level: int, device_name: str
-) -> list[GpuPoint]:
+async def _measure(target: Path, draft: Path, args: argparse.Namespace, device_name: str) -> list[GpuPoint]:
+    """Every concurrency of ``args``, on one engine per policy built and started once (auto's controller
+    carries what it learnt from one concurrency to the next, as in a server whose load changes)."""
+    started = time.perf_counter()
     engines = {
         k: build_engine(ServerConfig.model_validate(_config(target, draft, k, args.device, args.dtype)))
         for k in POLICIES
     }
+    print(f"{len(engines)} engines built in {time.perf_counter() - started:.1f} s", flush=True)
     prompts = [engines[0].tokenizer.encode(t) for t in testing.prompts(16, seed=11)]
-    turns = await take_turns(
-        engines,
-        prompts,
-        level,
-        args.max_tokens,
-        rounds=args.rounds,
-        window_seconds=args.seconds,
-        warmup_seconds=args.warmup,
-    )
+    for engine in engines.values():
+        await engine.start()
+    points: list[GpuPoint] = []
+    try:
+        for level in args.concurrency:
+            turns = await take_turns(
+                engines,
+                prompts,
+                level,
+                args.max_tokens,
+                rounds=args.rounds,
+                window_seconds=args.seconds,
+                warmup_seconds=args.warmup,
+                started_by_caller=True,
+            )
+            points += _points(turns, args, level, device_name)
+    finally:
+        for engine in engines.values():
+            await engine.stop(0)
+    return points
+
+
+def _points(
+    turns: dict[int | None, list[tuple[int, float, int, int, int]]],
+    args: argparse.Namespace,
+    level: int,
+    device_name: str,
+) -> list[GpuPoint]:
     windows = {
         k: [(tokens / seconds, tokens / steps if steps else 0.0) for tokens, seconds, steps, *_ in taken]
         for k, taken in turns.items()
@@ -142,10 +163,7 @@ def build(root: Path, args: argparse.Namespace) -> tuple[Path, Path]:
 
 
 def run_on(target: Path, draft: Path, args: argparse.Namespace) -> list[GpuPoint]:
-    name = device_name(args.device)
-    return [
-        point for level in args.concurrency for point in asyncio.run(_level(target, draft, args, level, name))
-    ]
+    return asyncio.run(_measure(target, draft, args, device_name(args.device)))
 
 
 def run(args: argparse.Namespace) -> list[GpuPoint]:

@@ -245,14 +245,17 @@ async def take_turns(
     rounds: int,
     window_seconds: float,
     warmup_seconds: float,
+    started_by_caller: bool = False,
 ) -> dict[int | None, list[tuple[int, float, int, int, int]]]:
     """Windows of engines (one per policy, by draft length; None: auto) taking turns on one machine: each is
     started, then every round each serves one closed-loop window, the first after ``warmup_seconds`` (and 10
     steps), the later ones once its clients are back in flight; the engines stay warm between their windows
-    and are stopped at the end. Per policy, each window's (tokens, seconds, sequence steps, drafted,
+    and are stopped at the end. ``started_by_caller``: the engines are running already and are left running
+    (the caller measures them again). Per policy, each window's (tokens, seconds, sequence steps, drafted,
     speculating sequence steps)."""
-    for engine in engines.values():
-        await engine.start()
+    if not started_by_caller:
+        for engine in engines.values():
+            await engine.start()
     windows: dict[int | None, list[tuple[int, float, int, int, int]]] = {k: [] for k in engines}
     for round_ in range(rounds):
         for k, engine in engines.items():
@@ -271,8 +274,9 @@ async def take_turns(
                 keep_running=True,
             )
             windows[k].append((tokens, seconds, steps, drafted, speculating))
-    for engine in engines.values():
-        await engine.stop(0)
+    if not started_by_caller:
+        for engine in engines.values():
+            await engine.stop(0)
     return windows
 
 

@@ -192,7 +192,14 @@ def gpu_section(record: Record) -> str:
     title, cls, build = GPU_TABLES[record["name"].removeprefix(GPU_RECORD_PREFIX)]
     rows = [cls(**r) for r in median_rows(_runs(record))]
     shape = record["parameters"].get("shape")
-    return f"#### {title} ({shape} shapes)\n\n{_head(record)}\n\n{build(rows)}\n"
+    clock = record["figures"].get("gpu_clock")
+    sampled = (
+        f" GPU SM clock during the section: {clock['sm_mhz_min']}-{clock['sm_mhz_max']} MHz (median "
+        f"{clock['sm_mhz_median']:g}), utilisation median {clock['utilisation_median_percent']:g} %."
+        if clock
+        else ""
+    )
+    return f"#### {title} ({shape} shapes)\n\n{_head(record)}{sampled}\n\n{build(rows)}\n"
 
 
 def gpu(records: Sequence[Record]) -> str:

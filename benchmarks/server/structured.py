@@ -43,6 +43,17 @@ class StructuredResult:
     requests: int
 
 
+async def warm_up(engine: EngineClient, prompt: list[int], seconds: float) -> None:
+    """Short requests until ``seconds`` have passed, at least one: first-call allocations, and on a GPU the
+    engine's first seconds, which run slower."""
+    started = time.perf_counter()
+    while True:
+        gen = engine.generate(prompt, 16, SamplingParams(temperature=0.0))
+        _ = [out async for out in gen.outputs]
+        if time.perf_counter() - started >= seconds:
+            return
+
+
 def _config(target: Path, draft: Path, method: str, k: int, *, device: str, dtype: str) -> dict[str, Any]:
     model: dict[str, Any] = {"target": str(target), "dtype": dtype}
     if method == "draftTarget":
@@ -105,9 +116,11 @@ def run_on(
     methods: tuple[str, ...] = METHODS,
     device: str = "cpu",
     dtype: str = "float32",
+    warmup_seconds: float = 0.0,
 ) -> list[StructuredResult]:
     """Every method of ``methods`` (the first is the baseline of the "= method none" column), free and under
-    a JSON schema, on the models ``target`` and ``draft``."""
+    a JSON schema, on the models ``target`` and ``draft``; each engine serves short requests for
+    ``warmup_seconds`` (at least one) before it is measured."""
     schemas = testing.json_schemas(requests, seed=6)
     results: list[StructuredResult] = []
     baseline: dict[bool, list[list[int]]] = {}
@@ -115,8 +128,7 @@ def run_on(
     async def measure(config: dict[str, Any], constrained: bool) -> tuple[float, list[list[int]], int, Any]:
         engine = build_engine(ServerConfig.model_validate(config))
         await engine.start()
-        warmup = engine.generate(engine.tokenizer.encode(PROMPT), 4, SamplingParams(temperature=0.0))
-        _ = [out async for out in warmup.outputs]  # first-call allocations (and a GPU's kernel choices)
+        await warm_up(engine, engine.tokenizer.encode(PROMPT), warmup_seconds)
         before = dataclasses.replace(engine.stats)
         seconds, outputs, valid = await _one_config(engine, schemas, max_new, constrained)
         stats = engine.stats

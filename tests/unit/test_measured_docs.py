@@ -67,7 +67,7 @@ def test_every_record_belongs_to_a_block_and_says_where_it_came_from() -> None:
         block = by_record.get(path.stem)
         assert block is not None, f"{path.name} is rendered by no block"
         programs: tuple[str, ...]
-        if block.partial:  # a timing: make measure NAME=<name>, or hack/measure.py <name> run directly
+        if path.stem.startswith("timing-"):  # make measure NAME=<name>, or hack/measure.py <name> directly
             name = path.stem.removeprefix("timing-")
             programs = (f"make measure NAME={name}", f"python3 hack/measure.py {name}")
         else:  # python -m benchmarks.<module> [options]
