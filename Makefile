@@ -16,14 +16,14 @@ PYTEST_ARGS ?=
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: operator/pyproject.toml server/pyproject.toml
+$(VENV)/.installed: operator/pyproject.toml server/pyproject.toml hack/cluster/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e './operator[test]' -e './server[test]'
+	$(PY) -m pip install --quiet -e './operator[test]' -e './server[test]' -e ./hack/cluster
 	@touch $@
 
 .PHONY: venv
-venv: $(VENV)/.installed ## create/refresh the virtualenv in .venv with both packages and their test extras
+venv: $(VENV)/.installed ## create/refresh the virtualenv in .venv: both packages with their test extras, and the local-cluster harness
 
 .PHONY: bins
 bins: ## build (or find cached) kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok, helm, prometheus, prometheus-adapter, cluster-autoscaler
@@ -33,10 +33,7 @@ bins: ## build (or find cached) kube-apiserver, controller-manager, scheduler, k
 lint: venv ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy operator/src server/src tests benchmarks hack/cluster/localcluster.py \
-	  hack/cluster/nodepools.py hack/cluster/controlplane.py hack/cluster/autoscalingstack.py hack/cluster/pki.py \
-	  hack/cluster/processes.py hack/cluster/operatorproc.py hack/cluster/netguard.py hack/cluster/provisioner.py \
-	  hack/cluster/podrunner hack/cluster/metricsstack.py hack/cluster/serviceload.py hack/demo_client.py \
+	$(VENV)/bin/mypy operator/src server/src hack/cluster/src tests benchmarks hack/demo_client.py \
 	  hack/demo_pods.py hack/docgen.py hack/measure.py
 
 .PHONY: fmt
@@ -90,12 +87,13 @@ bench-memory: venv bins ## resident memory of a server on the demo models, of im
 
 .PHONY: cluster-up
 cluster-up: venv bins ## start the local control plane + kwok GPU node pools; kubeconfig in .cluster/kubeconfig
-	$(if $(AUTOSCALING),SPECDEPLOY_AUTOSCALING=$(AUTOSCALING)) $(PY) hack/cluster/localcluster.py up --dir $(CLUSTER_DIR) --nodepools $(NODEPOOLS)
+	$(if $(AUTOSCALING),SPECDEPLOY_AUTOSCALING=$(AUTOSCALING)) $(PY) -m specdeploy_localcluster up --dir $(CLUSTER_DIR) --nodepools $(NODEPOOLS)
 
 .PHONY: cluster-down
+# `down` needs only the standard library: it runs from the harness's sources, with or without the virtualenv.
 cluster-down: ## stop every process of the local cluster and remove its state
-	@if [ -x $(PY) ]; then $(PY) hack/cluster/localcluster.py down --dir $(CLUSTER_DIR); \
-	else $(PYTHON) hack/cluster/localcluster.py down --dir $(CLUSTER_DIR); fi
+	@py=$(PYTHON); if [ -x $(PY) ]; then py=$(abspath $(PY)); fi; \
+	cd hack/cluster/src && $$py -m specdeploy_localcluster down --dir $(abspath $(CLUSTER_DIR))
 
 .PHONY: demo
 demo: cluster-up ## the main job on the local simulated GPU cluster

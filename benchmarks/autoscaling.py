@@ -46,17 +46,13 @@ from typing import Any
 import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "hack" / "cluster"))
-
-from demomodels import make_demo_models  # noqa: E402
-from localcluster import LocalCluster  # noqa: E402
-from nodepools import POOL_LABEL  # noqa: E402
-from operatorproc import OperatorProcess  # noqa: E402
-from serviceload import ServiceEndpoints, StreamingLoad  # noqa: E402
-from specdeploy_operator.api import SpeculativeDeployment  # noqa: E402
-from specdeploy_operator.builders import (  # noqa: E402
+from specdeploy_localcluster.cluster import LocalCluster
+from specdeploy_localcluster.demomodels import make_demo_models
+from specdeploy_localcluster.nodepools import POOL_LABEL
+from specdeploy_localcluster.operatorproc import OperatorProcess
+from specdeploy_localcluster.serviceload import ServiceEndpoints, StreamingLoad
+from specdeploy_operator.api import SpeculativeDeployment
+from specdeploy_operator.builders import (
     OperatorSettings,
     build_configmap,
     build_deployment,
@@ -64,9 +60,11 @@ from specdeploy_operator.builders import (  # noqa: E402
     build_service,
 )
 
-from benchmarks import records  # noqa: E402
-from benchmarks.autoscaling_report import render  # noqa: E402
-from benchmarks.operator.cluster import GROUP_PATH, Bench, start_cluster, wait  # noqa: E402
+from benchmarks import records
+from benchmarks.autoscaling_report import render
+from benchmarks.operator.cluster import GROUP_PATH, Bench, start_cluster, wait
+
+REPO = Path(__file__).resolve().parents[1]
 
 METRIC = "specdeploy_queue_depth"
 TARGET = 2

@@ -25,6 +25,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from specdeploy_localcluster.cluster import LocalCluster
+
 from benchmarks import records
 
 REPO = Path(__file__).resolve().parents[1]
@@ -99,9 +101,6 @@ def server(work: Path) -> dict[str, float]:
 
 
 def cluster(work: Path) -> dict[str, dict[str, float]]:
-    sys.path.insert(0, str(REPO / "hack" / "cluster"))
-    from localcluster import LocalCluster  # noqa: PLC0415
-
     local = LocalCluster(work / "cluster")
     local.up(timeout=180)
     try:

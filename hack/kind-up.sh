@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 name="${KIND_CLUSTER_NAME:-specdeploy}"
 state=.cluster-kind
 py=.venv/bin/python
-[[ -x $py ]] || make venv >/dev/null
+make venv >/dev/null  # also brings an older virtualenv up to date (the harness package)
 bin="$(hack/cluster/build.sh)"
 mkdir -p "$state"
 
@@ -26,9 +26,9 @@ command -v kind >/dev/null || { echo "kind is not installed (https://kind.sigs.k
 kind get clusters | grep -qx "$name" || kind create cluster --name "$name" --wait 120s
 kind get kubeconfig --name "$name" > "$state/kubeconfig"
 export KUBECONFIG="$PWD/$state/kubeconfig"
-$py hack/cluster/localcluster.py manifests --nodepools "${NODEPOOLS:-hack/cluster/nodepools.yaml}" \
+$py -m specdeploy_localcluster manifests --nodepools "${NODEPOOLS:-hack/cluster/nodepools.yaml}" \
   | "$bin/kubectl" apply --server-side -f -
-$py hack/cluster/localcluster.py kwok-config > "$state/kwok-stages.yaml"
+$py -m specdeploy_localcluster kwok-config > "$state/kwok-stages.yaml"
 if [[ ! -f $state/kwok.pid ]] || ! kill -0 "$(cat $state/kwok.pid)" 2>/dev/null; then
   nohup "$bin/kwok" --kubeconfig="$KUBECONFIG" --config="$state/kwok-stages.yaml" \
     --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake --node-lease-duration-seconds=40 \

@@ -24,10 +24,10 @@ from typing import Any, Protocol
 import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
-from localcluster import LocalCluster
-from netguard import NetGuard
-from operatorproc import OperatorProcess
-from podnet import POD_NETWORK
+from specdeploy_localcluster.cluster import LocalCluster
+from specdeploy_localcluster.netguard import NetGuard
+from specdeploy_localcluster.operatorproc import OperatorProcess
+from specdeploy_localcluster.podnet import POD_NETWORK
 
 REPO = Path(__file__).resolve().parents[1]
 CRDS = REPO / "crds"

@@ -8,10 +8,6 @@ state), `figures` (what the record keeps of a run) and `report` (the docs block 
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# The local cluster's modules (localcluster, operatorproc) live beside its scripts, not in a package.
-if str(REPO / "hack" / "cluster") not in sys.path:
-    sys.path.insert(0, str(REPO / "hack" / "cluster"))

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from localcluster import LocalCluster
-from nodepools import NodePool
+from specdeploy_localcluster.cluster import LocalCluster
+from specdeploy_localcluster.nodepools import NodePool
 
 from benchmarks.operator import REPO
 

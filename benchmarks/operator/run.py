@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from localcluster import LocalCluster
-from nodepools import NodePool
-from operatorproc import OperatorProcess
+from specdeploy_localcluster.cluster import LocalCluster
+from specdeploy_localcluster.nodepools import NodePool
+from specdeploy_localcluster.operatorproc import OperatorProcess
 from specdeploy_operator.builders import OperatorSettings, build_default_cache_pvc
 
 from .accounting import (

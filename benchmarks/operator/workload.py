@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from nodepools import NodePool, load_nodepools
+from specdeploy_localcluster.nodepools import DEFAULT_NODEPOOLS, NodePool, load_nodepools
 from specdeploy_operator.api import SpeculativeDeployment
 from specdeploy_operator.builders import (
     OperatorSettings,
@@ -105,7 +105,7 @@ def bench_pools(gpus: Mapping[str, int], builds: int) -> list[NodePool]:
     room for the build pods and a margin of one node."""
     defaults = {
         p.gpu.product: p
-        for p in load_nodepools(REPO / "hack/cluster/nodepools.yaml")
+        for p in load_nodepools(DEFAULT_NODEPOOLS)
         if p.gpu and p.gpu.resource == "nvidia.com/gpu"  # whole GPUs: not the MIG pool of the same product
     }
     pools = []

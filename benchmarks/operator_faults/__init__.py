@@ -16,10 +16,6 @@ The fast cases run in `make test` (tests/integration/test_operator_faults.py) th
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-# The local cluster's modules (localcluster, operatorproc) live beside its scripts, not in a package.
-if str(REPO / "hack" / "cluster") not in sys.path:
-    sys.path.insert(0, str(REPO / "hack" / "cluster"))

@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from localcluster import LocalCluster
+from specdeploy_localcluster.cluster import LocalCluster
 
 from benchmarks import records
 

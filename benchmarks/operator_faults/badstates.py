@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from operatorproc import OperatorProcess
+from specdeploy_localcluster.operatorproc import OperatorProcess
 
 from . import REPO
 from .campaign import (

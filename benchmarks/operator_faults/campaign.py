@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from localcluster import LocalCluster
-from operatorproc import OperatorProcess
+from specdeploy_localcluster.cluster import LocalCluster
+from specdeploy_localcluster.operatorproc import OperatorProcess
 
 from benchmarks.operator.cluster import Bench
 

@@ -85,7 +85,7 @@ def control_plane_restart(c: Campaign, component: str, outage: float = 8.0) -> O
             time.sleep(outage / 2)
             c.cluster.start_component(component)
             if component == "etcd":  # the apiserver reconnects by itself
-                c.wait(c.cluster._apiserver_ready, 60, "the apiserver back")
+                c.wait(c.cluster.apiserver_ready, 60, "the apiserver back")
             outcome.figures["converge_seconds"] = c.wait(lambda: c.ready(ns, name), 240, f"{name} Ready")
             outcome.expect(op.running and op.starts == 1, "the operator process restarted or exited")
             outcome.figures["reconcile_errors"] = reconcile_errors(op) - errors_before

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import pytest
 import yaml
-from localcluster import LocalCluster
+from specdeploy_localcluster.cluster import LocalCluster
 
 __all__ = [
     "CHART",

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from processes import free_port
+from specdeploy_localcluster.processes import free_port
 
 from tests.chart.conftest import CHART, REPO, Helm
 from tests.conftest import Kubectl, wait_for

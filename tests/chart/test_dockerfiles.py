@@ -217,7 +217,7 @@ def test_server_image_runs_as_the_numeric_user_the_operators_pods_name() -> None
     """The serving and build pods say `runAsUser: 10001` and `runAsNonRoot: true`: the image must define
     that user numerically (the kubelet refuses runAsNonRoot for a named USER it cannot check), and its HOME
     must be the pods' writable /tmp emptyDir, since their root filesystem is read-only."""
-    from podrunner.selection import DEFAULT_IMAGES
+    from specdeploy_localcluster.podrunner.selection import DEFAULT_IMAGES
     from specdeploy_operator.builders.podsecurity import IMAGE_USER, TMP_MOUNT
 
     instructions = parse(REPO / "Dockerfile.server")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
-from metricsstack import SCRAPE_INTERVAL, prometheus_config, render_chart_metrics
+from specdeploy_localcluster.metricsstack import SCRAPE_INTERVAL, prometheus_config, render_chart_metrics
 from specdeploy_operator.api import SpeculativeDeployment
 from specdeploy_operator.builders import OperatorSettings, build_deployment
 

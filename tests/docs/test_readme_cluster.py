@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import yaml
-from demomodels import make_demo_models
 from kubernetes import client
-from localcluster import LocalCluster
-from processes import free_port
+from specdeploy_localcluster.cluster import LocalCluster
+from specdeploy_localcluster.demomodels import make_demo_models
+from specdeploy_localcluster.processes import free_port
 
 from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
 from tests.docs.readme_rows import REPO, docker_tags, readme_command

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import yaml
-from processes import free_port
+from specdeploy_localcluster.processes import free_port
 
 from tests.conftest import wait_for
 from tests.docs.readme_rows import REPO, helm_install_sets, readme_command

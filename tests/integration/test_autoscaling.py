@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from kubernetes import client, watch
-from localcluster import LocalCluster
-from nodepools import NODE_GROUP_LABEL
+from specdeploy_localcluster.cluster import LocalCluster
+from specdeploy_localcluster.nodepools import NODE_GROUP_LABEL
 from urllib3.exceptions import ProtocolError
 
 from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for

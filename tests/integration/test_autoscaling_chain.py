@@ -18,11 +18,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from demomodels import make_demo_models
 from kubernetes import client
-from localcluster import LocalCluster
-from nodepools import NODE_GROUP_LABEL, POOL_LABEL
-from serviceload import StreamingLoad
+from specdeploy_localcluster.cluster import LocalCluster
+from specdeploy_localcluster.demomodels import make_demo_models
+from specdeploy_localcluster.nodepools import NODE_GROUP_LABEL, POOL_LABEL
+from specdeploy_localcluster.serviceload import StreamingLoad
 
 from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
 from tests.integration.test_real_pods import GROUP, TRAINING_STEPS, VERSION, Served

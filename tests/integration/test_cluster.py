@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from nodepools import NODE_GROUP_LABEL
+from specdeploy_localcluster.nodepools import NODE_GROUP_LABEL
 
 from tests.conftest import Kubectl, wait_for
 

@@ -16,8 +16,13 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from localcluster import LocalCluster
-from nodepools import CA_NODE_GROUP_ANNOTATION, GPU_TAINT, KWOK_ANNOTATION, NODE_GROUP_LABEL
+from specdeploy_localcluster.cluster import LocalCluster
+from specdeploy_localcluster.nodepools import (
+    CA_NODE_GROUP_ANNOTATION,
+    GPU_TAINT,
+    KWOK_ANNOTATION,
+    NODE_GROUP_LABEL,
+)
 
 from tests.conftest import fresh_namespace, wait_for
 

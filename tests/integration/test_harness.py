@@ -6,8 +6,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from localcluster import LocalCluster
-from processes import pid_alive
+from specdeploy_localcluster.cluster import LocalCluster
+from specdeploy_localcluster.processes import pid_alive
 
 
 def _listening(port: int) -> bool:

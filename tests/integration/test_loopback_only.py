@@ -13,9 +13,9 @@ import json
 
 import pytest
 from kubernetes import client
-from localcluster import LocalCluster
-from netguard import NetGuard
-from podnet import POD_NETWORK
+from specdeploy_localcluster.cluster import LocalCluster
+from specdeploy_localcluster.netguard import NetGuard
+from specdeploy_localcluster.podnet import POD_NETWORK
 
 from tests.conftest import Kubectl, wait_for
 

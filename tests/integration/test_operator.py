@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client
-from localcluster import LocalCluster
-from operatorproc import OperatorProcess
+from specdeploy_localcluster.cluster import LocalCluster
+from specdeploy_localcluster.operatorproc import OperatorProcess
 from specdeploy_operator.api import SpeculativeDeployment
 from specdeploy_operator.builders import OperatorSettings, build_engine_builds, build_job, job_name
 

@@ -9,7 +9,7 @@ kind edited or deleted by hand. The scenarios' operators watch `chaos-*` namespa
 from __future__ import annotations
 
 import pytest
-from localcluster import LocalCluster
+from specdeploy_localcluster.cluster import LocalCluster
 
 from benchmarks.operator_faults.badstates import (
     deleted_mid_build,

@@ -7,7 +7,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from operatorproc import OperatorProcess
+from specdeploy_localcluster.operatorproc import OperatorProcess
 
 from tests.conftest import wait_for
 

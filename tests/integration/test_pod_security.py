@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 import yaml
-from demomodels import make_demo_models
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from specdeploy_localcluster.demomodels import make_demo_models
 from specdeploy_operator.api import SpeculativeDeployment, parse_object
 from specdeploy_operator.builders import OperatorSettings, render_children
 

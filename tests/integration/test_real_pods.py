@@ -22,11 +22,11 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from demomodels import make_demo_models
 from kubernetes import client
 from openai import OpenAI
-from processes import free_port
-from serviceload import ServiceEndpoints, StreamingLoad
+from specdeploy_localcluster.demomodels import make_demo_models
+from specdeploy_localcluster.processes import free_port
+from specdeploy_localcluster.serviceload import ServiceEndpoints, StreamingLoad
 from specdeploy_operator.builders.serverconfig import PRESTOP_SECONDS
 from specdeploy_server.config import ServerConfig, config_digest
 

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from localcluster import autoscaling_from_env
-from nodepools import (
+from specdeploy_localcluster.cluster import autoscaling_from_env
+from specdeploy_localcluster.nodepools import (
     CA_MAX_ANNOTATION,
     CA_MIN_ANNOTATION,
     DEFAULT_NODEPOOLS,
@@ -163,7 +163,7 @@ def test_autoscaling_is_on_unless_the_environment_turns_it_off(
     assert autoscaling_from_env() is on
 
 
-LOCALCLUSTER = Path(__file__).resolve().parents[2] / "hack" / "cluster" / "localcluster.py"
+HARNESS_SOURCES = Path(__file__).resolve().parents[2] / "hack" / "cluster" / "src"
 
 
 @pytest.mark.parametrize(("command", "code"), [("status", 1), ("down", 0)])
@@ -171,7 +171,17 @@ def test_down_and_status_run_with_the_standard_library_only(tmp_path: Path, comm
     """`make cluster-down` falls back to the system Python when the virtualenv is gone: no site-packages
     (`-S`), no PYTHONPATH (`-E`)."""
     proc = subprocess.run(
-        [sys.executable, "-S", "-E", str(LOCALCLUSTER), command, "--dir", str(tmp_path / "cluster")],
+        [
+            sys.executable,
+            "-S",
+            "-E",
+            "-m",
+            "specdeploy_localcluster",
+            command,
+            "--dir",
+            str(tmp_path / "cluster"),
+        ],
+        cwd=HARNESS_SOURCES,  # what `python -m` imports from when nothing else is on its path
         capture_output=True,
         text=True,
         timeout=60,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nodepools import GpuSpec, NodePool
+from specdeploy_localcluster.nodepools import GpuSpec, NodePool
 
 from benchmarks import autoscaling_report, records, timings
 from benchmarks.operator import report as operator_report

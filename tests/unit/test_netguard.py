@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 
-from netguard import NetGuard, descendants, offhost_sockets, parse_socket_table
+from specdeploy_localcluster.netguard import NetGuard, descendants, offhost_sockets, parse_socket_table
 
 # Lines in the kernel's format (/proc/net/tcp): sl, local, remote, state, ..., inode (10th field).
 _HEADER = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"

@@ -14,19 +14,24 @@ from typing import Any
 
 import pytest
 import yaml
-from controlplane import kwok_stages
-from podrunner.container import _mount_script, command_line, expand
-from podrunner.probes import ProbeState
-from podrunner.process import backoff_seconds
-from podrunner.security import (
+from specdeploy_localcluster.controlplane import kwok_stages
+from specdeploy_localcluster.podrunner.container import _mount_script, command_line, expand
+from specdeploy_localcluster.podrunner.probes import ProbeState
+from specdeploy_localcluster.podrunner.process import backoff_seconds
+from specdeploy_localcluster.podrunner.security import (
     ProcessIdentity,
     apply_fs_group,
     hidden_ancestors,
     identity,
     privilege_drop,
 )
-from podrunner.selection import DEFAULT_IMAGES, ImageDefaults, is_runnable, kwok_skip_expression
-from podrunner.volumes import Mount, UnsupportedPod, field_value
+from specdeploy_localcluster.podrunner.selection import (
+    DEFAULT_IMAGES,
+    ImageDefaults,
+    is_runnable,
+    kwok_skip_expression,
+)
+from specdeploy_localcluster.podrunner.volumes import Mount, UnsupportedPod, field_value
 
 SERVER = "ghcr.io/specdeploy/server:0.1.0"
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from nodepools import KWOK_ANNOTATION
-from pki import ClientIdentity, ServingIdentity
-from podnet import NODE_POD_CIDR_MASK
-from podrunner.selection import KWOK_CRDS, kwok_skip_expression
+from specdeploy_localcluster.nodepools import KWOK_ANNOTATION
+from specdeploy_localcluster.paths import HARNESS_DIR
+from specdeploy_localcluster.pki import ClientIdentity, ServingIdentity
+from specdeploy_localcluster.podnet import NODE_POD_CIDR_MASK
+from specdeploy_localcluster.podrunner.selection import KWOK_CRDS, kwok_skip_expression
 
-STAGES = tuple(Path(__file__).resolve().parent / "stages" / f for f in ("nodes.yaml", "pods.yaml"))
+STAGES = tuple(HARNESS_DIR / "stages" / f for f in ("nodes.yaml", "pods.yaml"))
 
 # The address plan (docs/local-cluster.md): nothing of the local cluster is ever reached at an address off
 # this machine. Every simulated node reports NODE_IP as its InternalIP and kwok's kubelet-API server port as

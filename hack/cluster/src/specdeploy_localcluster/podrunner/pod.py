@@ -20,7 +20,9 @@ from typing import Any, Final
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from podnet import create_pod_netns, delete_pod_netns, netns_name
+
+from specdeploy_localcluster.paths import CHECKOUT
+from specdeploy_localcluster.podnet import create_pod_netns, delete_pod_netns, netns_name
 
 from .container import command_line, container_env, launch
 from .kwokobjects import KwokObjects
@@ -38,11 +40,6 @@ TICK: Final = 0.2
 
 def now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-CHECKOUT = Path(__file__).resolve().parents[3]
-"""This checkout: with the virtualenv, the "image" the runner's processes run from (editable installs point
-here)."""
 
 
 def image_directories(venv_bin: Path) -> list[Path]:

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from podnet import netns_exec
+from specdeploy_localcluster.podnet import netns_exec
 
 __all__ = ["ProbeState", "run_handler"]
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from kubernetes import client
-from podnet import netns_exec
+
+from specdeploy_localcluster.podnet import netns_exec
 
 from .selection import ImageDefaults
 from .volumes import Mount, PodNotReady, PodSources, UnsupportedPod, field_value

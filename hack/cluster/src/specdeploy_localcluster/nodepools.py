@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-DEFAULT_NODEPOOLS = Path(__file__).resolve().parent / "nodepools.yaml"
+from specdeploy_localcluster.paths import HARNESS_DIR
+
+DEFAULT_NODEPOOLS = HARNESS_DIR / "nodepools.yaml"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 POOL_LABEL = "specdeploy.dev/node-pool"

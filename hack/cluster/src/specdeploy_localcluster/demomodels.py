@@ -10,7 +10,9 @@ from typing import Protocol
 
 import yaml
 
-MODELS_MANIFEST = Path(__file__).resolve().parents[1] / "demo-models.yaml"
+from specdeploy_localcluster.paths import CHECKOUT
+
+MODELS_MANIFEST = CHECKOUT / "hack" / "demo-models.yaml"
 
 
 class Kubectl(Protocol):

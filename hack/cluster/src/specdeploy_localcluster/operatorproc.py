@@ -11,13 +11,21 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from processes import free_port
+from specdeploy_localcluster.processes import (
+    PortTaken,
+    free_port,
+    output_since,
+    port_taken,
+    retry_on_taken_port,
+)
 
 __all__ = ["OperatorProcess"]
 
 
 class OperatorProcess:
-    """One operator process at a time; `start` waits for its liveness endpoint."""
+    """One operator process at a time; `start` waits for its liveness endpoint. Its health and metrics
+    ports are chosen free; when one is taken before the operator binds it, `start` starts it again on
+    other ports (`health_port` and `metrics_port` say which it has)."""
 
     def __init__(
         self,
@@ -40,8 +48,17 @@ class OperatorProcess:
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError("the operator is already running")
         self.starts += 1
+        retry_on_taken_port(lambda: self._launch(timeout), undo=self._choose_other_ports)
+
+    def _choose_other_ports(self) -> None:
+        self.stop()
+        self.health_port = free_port()
+        self.metrics_port = free_port()
+
+    def _launch(self, timeout: float) -> None:
         with self.log.open("ab") as log:
             log.write(f"--- start {self.starts} ---\n".encode())
+            since = log.tell()
             self.proc = subprocess.Popen(
                 [
                     sys.executable,
@@ -58,7 +75,15 @@ class OperatorProcess:
                 start_new_session=True,
             )
         deadline = time.monotonic() + timeout
-        while not self.healthy():
+        while True:
+            exited = not self.running  # then its output is complete
+            # Whether or not it exited: kopf keeps running when its liveness port was taken.
+            if port_taken(output_since(self.log, since)):
+                raise PortTaken(f"the operator could not bind its ports:\n{self.log_tail()}")
+            if exited:
+                raise RuntimeError(f"the operator exited:\n{self.log_tail()}")
+            if self._answers_healthz():
+                return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the operator's liveness endpoint did not answer:\n{self.log_tail()}")
             time.sleep(0.2)
@@ -71,6 +96,9 @@ class OperatorProcess:
         """Whether /healthz answers 200; raises if the process exited."""
         if not self.running:
             raise RuntimeError(f"the operator exited:\n{self.log_tail()}")
+        return self._answers_healthz()
+
+    def _answers_healthz(self) -> bool:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=2) as r:
                 return bool(r.status == 200)

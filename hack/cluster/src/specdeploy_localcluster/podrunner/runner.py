@@ -3,7 +3,8 @@
 node's podCIDR (kwok hands out the bottom of the same range to the pods it simulates), so every pod binds its
 own loopback address and the Service's EndpointSlices lead to the real processes.
 
-Run: `python -m podrunner --kubeconfig K --dir D --node-ip IP` (LocalCluster starts it as `pod-runner`).
+Run: `python -m specdeploy_localcluster.podrunner --kubeconfig K --dir D --node-ip IP` (LocalCluster starts
+it as `pod-runner`).
 """
 
 from __future__ import annotations

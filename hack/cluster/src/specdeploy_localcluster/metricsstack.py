@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from specdeploy_localcluster.paths import CHECKOUT
+
 __all__ = [
     "PROMETHEUS_USER",
     "RELIST_INTERVAL",
@@ -44,7 +46,7 @@ __all__ = [
 SCRAPE_INTERVAL: Final = "2s"
 RELIST_INTERVAL: Final = "4s"
 PROMETHEUS_USER: Final = "specdeploy-prometheus"
-CHART: Final = Path(__file__).resolve().parents[2] / "charts" / "specdeploy"
+CHART: Final = CHECKOUT / "charts" / "specdeploy"
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from metricsstack import PROMETHEUS_USER, prometheus_rbac
-from nodepools import CA_TEMPLATES_CONFIGMAP, AutoscaledPool, kwok_provider_config, node_templates
-from pki import ClientIdentity, ServingIdentity
+from specdeploy_localcluster.metricsstack import PROMETHEUS_USER, prometheus_rbac
+from specdeploy_localcluster.nodepools import (
+    CA_TEMPLATES_CONFIGMAP,
+    AutoscaledPool,
+    kwok_provider_config,
+    node_templates,
+)
+from specdeploy_localcluster.pki import ClientIdentity, ServingIdentity
 
 # Where the Cluster Autoscaler's ConfigMaps (provider config, node templates, its status) and the custom
 # metrics APIService's Service live.

@@ -9,7 +9,8 @@ class's reclaim policy) that the PV controller then binds, and deletes the direc
 `Delete` volume is released. Every simulated node sees the same directories (they are all this machine), so
 ReadWriteMany works, as it would on a shared file system; capacity is not enforced.
 
-Run: `python provisioner.py --kubeconfig K --dir D` (LocalCluster starts it as the component `provisioner`).
+Run: `python -m specdeploy_localcluster.provisioner --kubeconfig K --dir D` (LocalCluster starts it as the
+component `provisioner`).
 """
 
 from __future__ import annotations

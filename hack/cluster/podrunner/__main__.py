@@ -1,3 +1,0 @@
-from podrunner.runner import main
-
-raise SystemExit(main())

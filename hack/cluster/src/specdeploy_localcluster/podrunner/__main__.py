@@ -1,0 +1,3 @@
+from specdeploy_localcluster.podrunner.runner import main
+
+raise SystemExit(main())

@@ -1,0 +1,273 @@
+"""Starting a local cluster's processes in order, each waited for, and stopping them in reverse: the control
+plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok), the node agents (the provisioner
+and the pod runner, both ours) and the autoscaling chain (Prometheus, prometheus-adapter, the Cluster
+Autoscaler). LocalCluster (cluster.py) prepares the cluster's directory first (PKI, ports, kubeconfigs) and
+applies the node pools once the control plane serves."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import shutil
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from specdeploy_localcluster.adminapi import AdminApi
+from specdeploy_localcluster.autoscalingstack import (
+    AUTOSCALING_NAMESPACE,
+    CUSTOM_METRICS_APISERVICES,
+    autoscaling_objects,
+    cluster_autoscaler_argv,
+    cluster_autoscaler_env,
+    custom_metrics_apiservices,
+)
+from specdeploy_localcluster.components import ComponentProcesses
+from specdeploy_localcluster.controlplane import (
+    AUDIT_POLICY,
+    NODE_IP,
+    apiserver_argv,
+    controller_manager_argv,
+    etcd_argv,
+    kwok_argv,
+    kwok_stages,
+    scheduler_argv,
+)
+from specdeploy_localcluster.metricsstack import (
+    adapter_argv,
+    prometheus_argv,
+    prometheus_config,
+    render_chart_metrics,
+    write_config,
+)
+from specdeploy_localcluster.nodepools import AutoscaledPool
+from specdeploy_localcluster.podrunner.selection import DEFAULT_IMAGES
+from specdeploy_localcluster.processes import free_port, port_open
+
+# Start order; stopped in reverse. The provisioner and the pod runner are ours (provisioner.py, podrunner/).
+COMPONENTS = (
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kwok",
+    "provisioner",
+    "pod-runner",
+)
+# Started after the control plane unless autoscaling is switched off (`SPECDEPLOY_AUTOSCALING=0`).
+AUTOSCALING_COMPONENTS = ("prometheus", "metrics-adapter", "cluster-autoscaler")
+# The autoscaler first, while the API is up (on exit it deletes the nodes it made), then everything that talks
+# to etcd, then etcd: an apiserver that loses etcd mid-shutdown hangs.
+STOP_WAVES = (AUTOSCALING_COMPONENTS, tuple(n for n in COMPONENTS if n != "etcd"), ("etcd",))
+# What the start writes into the cluster's directory besides logs, pids, PKI and kubeconfigs.
+_STARTUP_STATE = ("etcd-data", "apiserver-certs", "prometheus", "kwok-stages.yaml")
+
+
+def choose_ports(autoscaling: bool) -> dict[str, int]:
+    """A free loopback port for each listener of the cluster (taken ones are found at start: `PortTaken`)."""
+    names = ["etcd", "etcd_peer", "apiserver", "kwok"]
+    if autoscaling:
+        names += ["prometheus", "metrics_adapter", "cluster_autoscaler"]
+    return {name: free_port() for name in names}
+
+
+class Startup:
+    """One start of the cluster in `directory` with the binaries in `bins`, everything done by `deadline`
+    (time.monotonic())."""
+
+    def __init__(
+        self,
+        components: ComponentProcesses,
+        *,
+        bins: Path,
+        directory: Path,
+        pki: Path,
+        kubeconfigs: Path,
+        deadline: float,
+    ) -> None:
+        self.components = components
+        self.bins = bins
+        self.dir = directory
+        self.pki = pki
+        self.kubeconfigs = kubeconfigs
+        self.deadline = deadline
+
+    def control_plane(
+        self, api: AdminApi, ports: Mapping[str, int], pod_cidr: str, kwok_fallback_cidr: str, audit_log: Path
+    ) -> None:
+        """etcd, kube-apiserver (until /readyz), controller-manager, scheduler, kwok's CRDs and kwok."""
+        bins, kubeconfigs, wait = self.bins, self.kubeconfigs, self.components.wait
+        kwok_config = self.dir / "kwok-stages.yaml"
+        kwok_config.write_text(kwok_stages(DEFAULT_IMAGES))
+        audit_policy = self.dir / "audit-policy.yaml"
+        audit_policy.write_text(AUDIT_POLICY)
+        self.components.start(
+            "etcd", etcd_argv(bins, self.dir / "etcd-data", ports["etcd"], ports["etcd_peer"])
+        )
+        wait(lambda: port_open(ports["etcd"]), self.deadline, "etcd", "etcd to listen")
+        apiserver = apiserver_argv(
+            bins,
+            etcd_port=ports["etcd"],
+            port=ports["apiserver"],
+            pki=self.pki,
+            cert_dir=self.dir / "apiserver-certs",
+            audit_policy=audit_policy,
+            audit_log=audit_log,
+        )
+        self.components.start("kube-apiserver", apiserver)
+        wait(api.ready, self.deadline, "kube-apiserver", "kube-apiserver /readyz")
+        self.components.start(
+            "kube-controller-manager",
+            controller_manager_argv(
+                bins, kubeconfigs / "kube-controller-manager.kubeconfig", self.pki, pod_cidr
+            ),
+        )
+        self.components.start(
+            "kube-scheduler", scheduler_argv(bins, kubeconfigs / "kube-scheduler.kubeconfig")
+        )
+        self._apply_kwok_crds(api)
+        self.components.start(
+            "kwok",
+            kwok_argv(bins, kubeconfigs / "kwok.kubeconfig", kwok_config, kwok_fallback_cidr, ports["kwok"]),
+        )
+
+    def _apply_kwok_crds(self, api: AdminApi) -> None:
+        """kwok's Logs/Exec/PortForward CRDs (build.sh keeps them beside kwok), before kwok watches them."""
+        import yaml  # noqa: PLC0415 - only `up` needs PyYAML
+
+        for crd in sorted((self.bins / "kwok-crds").glob("*.yaml")):
+            api.apply(yaml.safe_load(crd.read_text()))
+
+    def node_agents(self, api: AdminApi) -> None:
+        """The default StorageClass and its provisioner, and the pod runner (the kubelet of the pods that run
+        for real). Both are this package's modules, run by this Python."""
+        from specdeploy_localcluster.provisioner import storage_class_manifest  # noqa: PLC0415 (kubernetes)
+
+        api.apply(storage_class_manifest())
+        self.components.start(
+            "provisioner",
+            [
+                sys.executable,
+                "-m",
+                "specdeploy_localcluster.provisioner",
+                f"--kubeconfig={self.kubeconfigs / 'provisioner.kubeconfig'}",
+                f"--dir={self.dir / 'volumes'}",
+            ],
+        )
+        self.components.start(
+            "pod-runner",
+            [
+                sys.executable,
+                "-m",
+                "specdeploy_localcluster.podrunner",
+                f"--kubeconfig={self.kubeconfigs / 'pod-runner.kubeconfig'}",
+                f"--dir={self.dir / 'pods'}",
+                f"--node-ip={NODE_IP}",
+            ],
+        )
+
+    def autoscaling(self, api: AdminApi, ports: Mapping[str, int], pools: Iterable[AutoscaledPool]) -> None:
+        """Prometheus (configured from the chart's PodMonitor), prometheus-adapter (from the chart's rules)
+        behind the custom metrics APIServices, and the Cluster Autoscaler, each waited for."""
+        bins, pki, kubeconfigs, wait = self.bins, self.pki, self.kubeconfigs, self.components.wait
+        for obj in autoscaling_objects(pools, ports["metrics_adapter"]):
+            api.apply(obj)
+        chart = render_chart_metrics(bins / "helm")
+        prometheus_dir = self.dir / "prometheus"
+        prometheus_dir.mkdir(exist_ok=True)
+        prometheus_yaml = prometheus_dir / "prometheus.yaml"
+        write_config(
+            prometheus_yaml, prometheus_config(chart.podmonitor, kubeconfigs / "prometheus.kubeconfig")
+        )
+        adapter_rules = self.dir / "prometheus-adapter-rules.yaml"
+        adapter_rules.write_text(chart.adapter_config)
+        self.components.start(
+            "prometheus", prometheus_argv(bins, prometheus_yaml, prometheus_dir / "data", ports["prometheus"])
+        )
+        prometheus_url = f"http://127.0.0.1:{ports['prometheus']}"
+        wait(lambda: prometheus_ready(prometheus_url), self.deadline, "prometheus", "Prometheus to be ready")
+        self.components.start(
+            "metrics-adapter",
+            adapter_argv(
+                bins,
+                kubeconfig=kubeconfigs / "metrics-adapter.kubeconfig",
+                config_file=adapter_rules,
+                prometheus_port=ports["prometheus"],
+                port=ports["metrics_adapter"],
+                cert=pki / "metrics-adapter-serving.crt",
+                key=pki / "metrics-adapter-serving.key",
+            ),
+        )
+        ca_kubeconfig = kubeconfigs / "cluster-autoscaler.kubeconfig"
+        self.components.start(
+            "cluster-autoscaler",
+            cluster_autoscaler_argv(bins, ca_kubeconfig, ports["cluster_autoscaler"]),
+            env=cluster_autoscaler_env(ca_kubeconfig),
+        )
+        wait(
+            lambda: port_open(ports["metrics_adapter"]),
+            self.deadline,
+            "metrics-adapter",
+            "the adapter to listen",
+        )
+        ca_bundle = base64.b64encode((pki / "ca.crt").read_bytes()).decode()
+        for obj in custom_metrics_apiservices(ports["metrics_adapter"], ca_bundle):
+            api.apply(obj)
+        for name in CUSTOM_METRICS_APISERVICES:
+            wait(
+                functools.partial(apiservice_available, api, name),
+                self.deadline,
+                "metrics-adapter",
+                f"APIService {name} to be Available",
+            )
+        # The autoscaler's status ConfigMap says Running once its first loop is through (it is written as
+        # Initializing at start): the kwok provider has loaded its node groups and it watches the cluster.
+        wait(
+            functools.partial(autoscaler_running, api),
+            self.deadline,
+            "cluster-autoscaler",
+            "the Cluster Autoscaler's first loop",
+        )
+
+
+def prometheus_ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/-/ready", timeout=3) as resp:
+            return bool(resp.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def apiservice_available(api: AdminApi, name: str) -> bool:
+    try:
+        obj = api.request("GET", f"/apis/apiregistration.k8s.io/v1/apiservices/{name}")
+    except urllib.error.HTTPError:
+        return False
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Available" and c["status"] == "True" for c in conditions)
+
+
+def autoscaler_running(api: AdminApi) -> bool:
+    path = f"/api/v1/namespaces/{AUTOSCALING_NAMESPACE}/configmaps/cluster-autoscaler-status"
+    try:
+        status = str((api.request("GET", path).get("data") or {}).get("status", ""))
+    except urllib.error.HTTPError:
+        return False
+    return "autoscalerStatus: Running" in status
+
+
+def stop(components: ComponentProcesses, timeout: float) -> list[str]:
+    """Stop every process of the cluster (STOP_WAVES) and remove what the start wrote besides logs, pids, PKI
+    and kubeconfigs; returns the components that were running."""
+    stopped = components.stop_waves(STOP_WAVES, timeout)
+    for name in _STARTUP_STATE:
+        path = components.dir / name
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+    return stopped
