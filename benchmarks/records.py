@@ -11,35 +11,75 @@ Two kinds of block, each between a pair of HTML comments:
   replace it; the command replaces a PENDING block by its MEASURED block (and drops the rows of a pending
   table that name it, see `drop_pending_rows`).
 
-Record layout: {"name", "command", "started" (UTC, ISO 8601), "seconds", "git": {"commit", "dirty"},
-"machine": {... at the start, "load_end"}, "parameters": {...}, "figures": {...}}.
+What a record holds and how a command writes one is recording.py's; this module re-exports those names
+(`records.new_record`, `records.save` ...) for the measuring commands.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import importlib
-import json
-import os
-import platform
 import re
-import shlex
-import subprocess
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+from benchmarks import timings
+from benchmarks.recording import (
+    REPO,
+    RESULTS,
+    Record,
+    command_line,
+    finish,
+    git_facts,
+    load,
+    machine_facts,
+    new_record,
+    now,
+    provenance,
+    save,
+)
+
+__all__ = [
+    "BLOCK_RE",
+    "CLUSTER_DOC",
+    "DOCS",
+    "GPU_SECTIONS",
+    "MEASURED_REGIONS",
+    "OPERATOR_DOC",
+    "RELIABILITY_DOC",
+    "REPO",
+    "RESULTS",
+    "SERVER_DOC",
+    "SERVER_SECTIONS",
+    "Block",
+    "Record",
+    "begin_measured",
+    "begin_pending",
+    "blocks",
+    "command_line",
+    "drop_pending_rows",
+    "end_measured",
+    "end_pending",
+    "find_blocks",
+    "finish",
+    "git_facts",
+    "load",
+    "machine_facts",
+    "main",
+    "new_record",
+    "now",
+    "pending_note",
+    "provenance",
+    "render",
+    "replace_block",
+    "save",
+    "stale_blocks",
+    "update_docs",
+]
+
 DOCS = REPO / "docs"
-
-Record = dict[str, Any]
-#: names the commit a copy of the tree without .git was taken at (see git_facts)
-COMMIT_ENV = "SPECDEPLOY_COMMIT"
-EXCLUDED_FROM_DIRTY = (":(exclude)docs", ":(exclude)benchmarks/results")
 Renderer = Callable[[Sequence[Record]], str]
 
 
@@ -93,12 +133,6 @@ def _server_block(number: int, section: str) -> Block:
         f"benchmarks.server.render:{section.replace('-', '_')}",
         f"python -m benchmarks.server --only {number}",
     )
-
-
-def _timing_names() -> tuple[str, ...]:
-    from benchmarks import timings  # noqa: PLC0415
-
-    return tuple(timings.record_name(m.name) for m in timings.MEASUREMENTS)
 
 
 def blocks() -> list[Block]:
@@ -158,7 +192,7 @@ def blocks() -> list[Block]:
         Block(
             "local-cluster-times",
             CLUSTER_DOC,
-            _timing_names(),
+            tuple(timings.record_name(m.name) for m in timings.MEASUREMENTS),
             "benchmarks.timings:render",
             "make measure NAME=<measurement>",
             partial=True,
@@ -243,140 +277,7 @@ def drop_pending_rows(text: str, name: str, token: str) -> str:
     return text[: span[0]] + "\n".join(kept) + text[span[1] :]
 
 
-# ------------------------------------------------------------------------------------------ records
-
-
-def record_path(name: str, results: Path = RESULTS) -> Path:
-    return results / f"{name}.json"
-
-
-def load(name: str, results: Path = RESULTS) -> Record | None:
-    path = record_path(name, results)
-    if not path.exists():
-        return None
-    record: Record = json.loads(path.read_text())
-    return record
-
-
-def save(record: Record, results: Path = RESULTS) -> Path:
-    results.mkdir(parents=True, exist_ok=True)
-    path = record_path(str(record["name"]), results)
-    path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    return path
-
-
-def command_line(argv: Sequence[str]) -> str:
-    return shlex.join(argv)
-
-
-def git_facts(repo: Path = REPO) -> dict[str, Any]:
-    """The commit, and whether the code differs from it: changes under docs/ and benchmarks/results/ (which
-    the measuring commands write themselves) and untracked files do not count."""
-
-    def git(*args: str) -> str:
-        return subprocess.run(
-            ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True
-        ).stdout.strip()
-
-    try:
-        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", *EXCLUDED_FROM_DIRTY)
-        return {"commit": git("rev-parse", "HEAD"), "dirty": bool(changed)}
-    except (OSError, subprocess.CalledProcessError):
-        # a copy of the tree without its history (a machine lent for a measurement): the commit it was copied
-        # at, as the copier says; whether the copy differs from it is then unknown
-        return {"commit": os.environ.get(COMMIT_ENV) or None, "dirty": None}
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
-def _memory_gib() -> float | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return round(int(line.split()[1]) / 1024**2, 1)
-    except OSError:
-        pass
-    return None
-
-
-def load_average() -> float:
-    return round(os.getloadavg()[0], 2)
-
-
-def machine_facts(**extra: str) -> dict[str, Any]:
-    """What the figures depend on: the machine and, through `extra`, the versions that matter (torch, Go ...).
-    `load_start` is the 1-minute load average now; `finish` adds `load_end`."""
-    return {
-        "cpu_model": _cpu_model(),
-        "cpu_cores": os.cpu_count(),
-        "memory_gib": _memory_gib(),
-        "system": f"{platform.system()} {platform.release()}",
-        "python": platform.python_version(),
-        "load_start": load_average(),
-        **extra,
-    }
-
-
-def now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
-def new_record(
-    name: str, command: str, started: dt.datetime, machine: Mapping[str, Any], parameters: Mapping[str, Any]
-) -> Record:
-    """A record whose figures are still to be filled in (`finish`)."""
-    return {
-        "name": name,
-        "command": command,
-        "started": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "seconds": None,
-        "git": git_facts(),
-        "machine": dict(machine),
-        "parameters": dict(parameters),
-        "figures": None,
-    }
-
-
-def finish(record: Record, started: dt.datetime, figures: Any) -> Record:
-    record["seconds"] = round((now() - started).total_seconds(), 1)
-    record["machine"]["load_end"] = load_average()
-    record["figures"] = figures
-    return record
-
-
 # --------------------------------------------------------------------------------------- rendering
-
-
-def provenance(record: Record) -> str:
-    """Where a record's figures come from, as one sentence for the docs."""
-    m, git = record["machine"], record["git"]
-    when = record["started"].replace("T", " ")[:16] + " UTC"
-    commit = f"`{git['commit'][:10]}`" if git.get("commit") else "an unknown commit"
-    if git.get("dirty"):
-        commit += " with uncommitted changes"
-    versions = ", ".join(f"{k} {v}" for k, v in sorted(m.items()) if k not in _MACHINE_KEYS and v is not None)
-    memory = f", {m['memory_gib']:g} GiB memory" if m.get("memory_gib") else ""
-    cpu = f" ({m['cpu_model']})" if m.get("cpu_model") else ""
-    return (
-        f"Measured {when} by `{record['command']}` at {commit} (record "
-        f"[`benchmarks/results/{record['name']}.json`](../benchmarks/results/{record['name']}.json), "
-        f"{record['seconds']:.0f} s in all). Machine: {m['cpu_cores']} CPU cores{cpu}{memory}, "
-        f"{m['system']}, Python {m['python']}{', ' + versions if versions else ''}; 1-minute load average "
-        f"{m['load_start']:.1f} at the start and {m.get('load_end', float('nan')):.1f} at the end "
-        "(the machine is shared: other people's builds and tests may have run during the measurement; the "
-        "load at the end includes the measurement's own processes)."
-    )
-
-
-_MACHINE_KEYS = {"cpu_model", "cpu_cores", "memory_gib", "system", "python", "load_start", "load_end"}
 
 
 def render(block: Block, results: Path = RESULTS) -> str | None:

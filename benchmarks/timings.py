@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.records import Record, provenance
+from benchmarks.recording import Record, provenance
 
 # Empty Go caches and binary cache under the scratch directory: a cold build.
 COLD_CACHES = {
