@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from specdeploy_localcluster.cluster import LocalCluster
+from specdeploy_localcluster.processes import PortTaken, free_port, port_taken, retry_on_taken_port
 
 from benchmarks import records
 
@@ -54,12 +54,6 @@ def torch_import() -> dict[str, float]:
     return {"VmRSS": round(kib / 1024, 1)}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _post(url: str, body: Mapping[str, Any]) -> None:
     request = urllib.request.Request(
         url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
@@ -72,23 +66,34 @@ def server(work: Path) -> dict[str, float]:
     from specdeploy_server.demo_models import TrainSettings, build  # noqa: PLC0415
 
     models = build(work / "models", TrainSettings(steps=20))
-    port = _free_port()
-    argv = [PYTHON, "-m", "specdeploy_server", str(models.target), str(models.draft), "--device", "cpu"]
-    argv += ["--host", "127.0.0.1", "--port", str(port)]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
+    log = work / "server.log"
+
+    def start() -> tuple[subprocess.Popen[bytes], str]:
+        """The server on a free port, ready (on another port if that one was taken before it bound it)."""
+        port = free_port()
+        argv = [PYTHON, "-m", "specdeploy_server", str(models.target), str(models.draft), "--device", "cpu"]
+        argv += ["--host", "127.0.0.1", "--port", str(port)]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
         while True:
             try:
                 with urllib.request.urlopen(f"{base}/health/ready", timeout=2) as response:
                     if response.status == 200:
-                        break
+                        return proc, base
             except OSError:
                 pass
+            if proc.poll() is not None and port_taken(log.read_text(errors="replace")):
+                raise PortTaken(f"port {port} was taken")
             if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                proc.wait()
                 raise RuntimeError("the server did not become ready")
             time.sleep(0.5)
+
+    proc, base = retry_on_taken_port(start)
+    try:
         for i in range(REQUESTS):
             _post(
                 f"{base}/v1/completions",

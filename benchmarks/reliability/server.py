@@ -5,7 +5,6 @@ on the spot (target + a smaller draft, speculative decoding on), on 127.0.0.1.""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from specdeploy_localcluster.processes import PortTaken, free_port, port_taken, retry_on_taken_port
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
@@ -55,38 +55,47 @@ def make_models(root: Path) -> tuple[Path, Path]:
     return target, draft
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 @contextmanager
 def served(work: Path, settings: ServerSettings) -> Iterator[Served]:
     target, draft = make_models(work / "models")
-    port = _free_port()
     log = work / "server.log"
-    command = [
-        sys.executable, "-m", "specdeploy_server", str(target), str(draft), "--host", "127.0.0.1",
-        "--port", str(port), "--served-model-name", MODEL, "--device", "cpu", "--cpu-threads", "1",
-        "--draft-len", "3", *settings.flags(),
-    ]  # fmt: skip
     path = f"{REPO / 'server' / 'src'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     env = {**os.environ, "PYTHONPATH": path}
-    with log.open("w") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
-    base_url = f"http://127.0.0.1:{port}"
+
+    def start() -> tuple[subprocess.Popen[bytes], str]:
+        """The server on a free port, ready (on another port if that one was taken before it bound it)."""
+        port = free_port()
+        command = [
+            sys.executable, "-m", "specdeploy_server", str(target), str(draft), "--host", "127.0.0.1",
+            "--port", str(port), "--served-model-name", MODEL, "--device", "cpu", "--cpu-threads", "1",
+            "--draft-len", "3", *settings.flags(),
+        ]  # fmt: skip
+        with log.open("w") as out:
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            _wait_ready(base_url, process, timeout=120)
+        except RuntimeError:
+            _stop(process)
+            if port_taken(log.read_text(errors="replace")):
+                raise PortTaken(f"port {port} was taken") from None
+            raise
+        return process, base_url
+
+    process, base_url = retry_on_taken_port(start)
     try:
-        _wait_ready(base_url, process, timeout=120)
         yield Served(base_url, process.pid, MODEL, log)
     finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
 
 
 def _wait_ready(base_url: str, process: subprocess.Popen[bytes], timeout: float) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
-from specdeploy_localcluster.processes import free_port
+from specdeploy_localcluster.processes import PortTaken, free_port, port_taken, retry_on_taken_port
 
 from tests.chart.conftest import CHART, REPO, Helm
 from tests.conftest import Kubectl, wait_for
@@ -221,23 +221,33 @@ def test_operator_reconciles_with_only_the_charts_rbac(  # noqa: PLR0917 (pytest
         container = operator_container(manifest(helm, release, namespace, kubeconfig))
         env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG" and not k.startswith("SPECDEPLOY_")}
         env.update({e["name"]: e["value"] for e in container["env"]})
-        health, metrics = free_port(), free_port()
         args = [a for a in container["args"] if not a.startswith(("--health-port", "--metrics-port"))]
-        argv = [sys.executable, "-m", "specdeploy_operator", "--kubeconfig", str(as_operator)]
-        argv += [f"--health-port={health}", f"--metrics-port={metrics}", *args]
-        with log_path.open("wb") as log:
-            operator = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
 
-        def healthy() -> bool:
-            assert operator is not None
-            assert operator.poll() is None, "operator exited:\n" + log_path.read_text()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=2) as resp:
-                    return bool(resp.status == 200)
-            except OSError:
-                return False
+        def start_operator() -> tuple[subprocess.Popen[bytes], int]:
+            """The operator on free ports, healthy (on other ports if one was taken before it bound it)."""
+            health, metrics = free_port(), free_port()
+            argv = [sys.executable, "-m", "specdeploy_operator", "--kubeconfig", str(as_operator)]
+            argv += [f"--health-port={health}", f"--metrics-port={metrics}", *args]
+            with log_path.open("wb") as log:
+                started = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
 
-        wait_for(healthy, timeout=60, what="the operator's /healthz")
+            def healthy() -> bool:
+                exited = started.poll() is not None
+                if port_taken(log_path.read_text()):
+                    started.kill()
+                    started.wait()
+                    raise PortTaken(f"port {health} or {metrics} was taken")
+                assert not exited, "operator exited:\n" + log_path.read_text()
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{health}/healthz", timeout=2) as resp:
+                        return bool(resp.status == 200)
+                except OSError:
+                    return False
+
+            wait_for(healthy, timeout=60, what="the operator's /healthz")
+            return started, metrics
+
+        operator, metrics = retry_on_taken_port(start_operator)
 
         kubectl("apply", "--server-side", "-n", workloads, "-f", str(EXAMPLE))
 

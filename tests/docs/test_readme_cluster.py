@@ -16,7 +16,6 @@ import yaml
 from kubernetes import client
 from specdeploy_localcluster.cluster import LocalCluster
 from specdeploy_localcluster.demomodels import make_demo_models
-from specdeploy_localcluster.processes import free_port
 
 from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
 from tests.docs.readme_rows import REPO, docker_tags, readme_command
@@ -320,12 +319,11 @@ def test_calling_the_cpu_deployment_commands(
             return text == "Ready"
 
         wait_for(ready, timeout=240, interval=1, what="tiny-cpu Ready")
-        port = str(free_port())
         log = tmp_path / "port-forward.log"
-        forward = sh.start(
-            "kubectl port-forward svc/tiny-cpu 8000:8000 &", log, {"8000:8000": f"{port}:8000"}
-        )
-        wait_for_text(log, rf"^Forwarding from 127\.0\.0\.1:{port}", forward, timeout=30)
+        # kubectl binds a local port of its own choosing and says which.
+        forward = sh.start("kubectl port-forward svc/tiny-cpu 8000:8000 &", log, {"8000:8000": ":8000"})
+        forwarding = wait_for_text(log, r"^Forwarding from 127\.0\.0\.1:\d+", forward, timeout=30)
+        port = re.findall(r"^Forwarding from 127\.0\.0\.1:(\d+)", forwarding, re.MULTILINE)[0]
         completion = sh.run(
             "curl -s localhost:8000/v1/completions -H 'Content-Type: application/json'"
             """ -d '{"model": "target", "prompt": "Speculative decoding", "max_tokens": 24,"""

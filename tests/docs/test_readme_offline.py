@@ -8,11 +8,12 @@ import json
 import os
 import re
 import shlex
+import subprocess
 import urllib.request
 from pathlib import Path
 
 import yaml
-from specdeploy_localcluster.processes import free_port
+from specdeploy_localcluster.processes import PortTaken, free_port, port_taken, retry_on_taken_port
 
 from tests.conftest import wait_for
 from tests.docs.readme_rows import REPO, helm_install_sets, readme_command
@@ -62,23 +63,32 @@ def test_server_commands(shell: Shell, tmp_path: Path) -> None:
     testing.save_tiny_llama(
         models / "draft", tokenizer, seed=1, shape=testing.TinyLlama(hidden_size=32, layers=1)
     )
-    port = str(free_port())
     log = tmp_path / "server.log"
-    server = shell.start(
-        ".venv/bin/specdeploy-server /models/target /models/draft --port 8000 --debug &",
-        log,
-        {"/models/": f"{models}/", "8000": port},
-    )
 
-    def ready() -> bool:
-        assert server.poll() is None, f"the server exited:\n{log.read_text()[-3000:]}"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/ready", timeout=2) as resp:
-                return bool(resp.status == 200)
-        except OSError:
-            return False
+    def start_server() -> tuple[str, subprocess.Popen[bytes]]:
+        """The server on a free port, ready (on another port if that one was taken before it bound it)."""
+        port = str(free_port())
+        server = shell.start(
+            ".venv/bin/specdeploy-server /models/target /models/draft --port 8000 --debug &",
+            log,
+            {"/models/": f"{models}/", "8000": port},
+        )
 
-    wait_for(ready, timeout=120, interval=0.3, what="the server's /health/ready")
+        def ready() -> bool:
+            exited = server.poll() is not None
+            if exited and port_taken(log.read_text()):
+                raise PortTaken(f"port {port} was taken")
+            assert not exited, f"the server exited:\n{log.read_text()[-3000:]}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/ready", timeout=2) as resp:
+                    return bool(resp.status == 200)
+            except OSError:
+                return False
+
+        wait_for(ready, timeout=120, interval=0.3, what="the server's /health/ready")
+        return port, server
+
+    port, server = retry_on_taken_port(start_server)
     completion = shell.run(
         "curl -s localhost:8000/v1/completions -H 'Content-Type: application/json'"
         """ -d '{"model": "target", "prompt": "Speculative decoding is", "max_tokens": 16}'""",

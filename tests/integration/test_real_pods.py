@@ -25,7 +25,6 @@ import yaml
 from kubernetes import client
 from openai import OpenAI
 from specdeploy_localcluster.demomodels import make_demo_models
-from specdeploy_localcluster.processes import free_port
 from specdeploy_localcluster.serviceload import ServiceEndpoints, StreamingLoad
 from specdeploy_operator.builders.serverconfig import PRESTOP_SECONDS
 from specdeploy_server.config import ServerConfig, config_digest
@@ -134,7 +133,6 @@ def test_kubectl_port_forward_reaches_the_server(
     served: tuple[Served, Path], kubectl_bin: str, kubeconfig: Path
 ) -> None:
     s, models = served
-    port = free_port()
     forward = subprocess.Popen(
         [
             kubectl_bin,
@@ -143,7 +141,7 @@ def test_kubectl_port_forward_reaches_the_server(
             "-n",
             s.namespace,
             f"svc/{s.name}",
-            f"{port}:8000",
+            ":8000",  # a local port kubectl binds itself
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -153,6 +151,7 @@ def test_kubectl_port_forward_reaches_the_server(
         assert forward.stdout is not None
         line = forward.stdout.readline()
         assert "Forwarding from 127.0.0.1" in line, line
+        port = int(line.split("127.0.0.1:", 1)[1].split()[0])
         api = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
         model = api.models.list().data[0].id
         got = api.completions.create(model=model, prompt=PROMPTS[0], max_tokens=16, temperature=0)
