@@ -203,7 +203,15 @@ class LocalCluster:
         log.info("cluster up: kubeconfig %s", self.kubeconfig)
 
     def _start(self, bins: Path, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        try:
+            self._start_once(bins, time.monotonic() + timeout)
+        except ClusterError:
+            # A component that failed because another could not bind its port (the apiserver, when etcd's
+            # port was taken by something that listens): start again all the same.
+            self.processes.raise_if_port_taken()
+            raise
+
+    def _start_once(self, bins: Path, deadline: float) -> None:
         for sub in (self.logs, self.pids, self.kubeconfigs):
             sub.mkdir(parents=True, exist_ok=True)
         write_pki(self.pki, servers=(APISERVER_SERVING, METRICS_ADAPTER_SERVING), clients=IDENTITIES)

@@ -108,14 +108,19 @@ class ComponentProcesses:
         except OSError:
             return "(no log)"
 
+    def raise_if_port_taken(self) -> None:
+        """Raise `PortTaken` if a component this object started said, since, that its port was taken (a
+        component that failed for want of another's port fails differently: it is the cause)."""
+        for name, offset in self._log_starts.items():
+            if port_taken(output_since(self.logs / f"{name}.log", offset)):
+                raise PortTaken(f"{name} could not bind its port\nlast log lines:\n{self.log_tail(name)}")
+
     def expect_alive(self, name: str) -> None:
-        """Raise if `name` exited: `PortTaken` when it could not bind its port, else `ClusterError`."""
+        """Raise if `name` exited: `PortTaken` when a port was taken, else `ClusterError`."""
         if name in self.running([name]):
             return
-        tail = self.log_tail(name)
-        if port_taken(output_since(self.logs / f"{name}.log", self._log_starts.get(name, 0))):
-            raise PortTaken(f"{name} could not bind its port; last log lines:\n{tail}")
-        raise ClusterError(f"{name} exited during start-up; last log lines:\n{tail}")
+        self.raise_if_port_taken()
+        raise ClusterError(f"{name} exited during start-up; last log lines:\n{self.log_tail(name)}")
 
     def wait(self, check: Callable[[], bool], deadline: float, component: str, what: str) -> None:
         """Poll `check` until it holds, while `component` runs, until `deadline` (time.monotonic())."""

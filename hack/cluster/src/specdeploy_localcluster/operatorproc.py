@@ -79,7 +79,7 @@ class OperatorProcess:
             exited = not self.running  # then its output is complete
             # Whether or not it exited: kopf keeps running when its liveness port was taken.
             if port_taken(output_since(self.log, since)):
-                raise PortTaken(f"the operator could not bind its ports:\n{self.log_tail()}")
+                raise PortTaken(f"the operator could not bind its ports\n{self.log_tail()}")
             if exited:
                 raise RuntimeError(f"the operator exited:\n{self.log_tail()}")
             if self._answers_healthz():

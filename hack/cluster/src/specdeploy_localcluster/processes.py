@@ -66,7 +66,7 @@ def retry_on_taken_port(
             undo()
             if attempt == attempts:
                 raise
-            log.warning("%s: starting again on other ports", taken)
+            log.warning("%s: starting again on other ports", str(taken).splitlines()[0])
     raise ValueError(f"attempts={attempts}: a start needs at least one")
 
 
