@@ -1,5 +1,6 @@
-"""The harness's command line, `python3 hack/cluster/localcluster.py up|down|status|manifests|kwok-config`
-(what `make cluster-up` and `make cluster-down` run). `down` and `status` need only the standard library."""
+"""The harness's command line, `python -m specdeploy_localcluster up|down|status|manifests|kwok-config` (what
+`make cluster-up` and `make cluster-down` run). `down` and `status` need only the standard library: from
+hack/cluster/src, any Python runs them, without the virtualenv."""
 
 from __future__ import annotations
 

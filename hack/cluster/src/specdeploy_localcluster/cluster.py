@@ -6,8 +6,8 @@ modules. Node pools (GPU capacity, GPU labels, the GPU taint) come from a YAML f
 of every node with the Stages in ``stages/``.
 
 `LocalCluster` is one cluster and its directory: what the tests' fixture (tests/conftest.py) and the
-benchmarks use, and what ``localcluster.py up|down|status`` (cli.py) drives. startup.py starts and stops its
-processes; this module prepares its directory, reaches its API and shapes its nodes.
+benchmarks use, and what ``python -m specdeploy_localcluster up|down|status`` (cli.py) drives. startup.py
+starts and stops its processes; this module prepares its directory, reaches its API and shapes its nodes.
 
 Only the standard library is needed for ``down`` and ``status``; ``up`` also needs ``cryptography`` and
 ``PyYAML`` (both in the project's virtualenv).

@@ -1,6 +1,6 @@
 """The processes of one local cluster, by component name: each started in its own session with its log under
 `logs/` and its pid (with its start time, so that a recycled pid is never taken for it) and command line
-under `pids/`; found running again from those files by any later process (`localcluster.py down`). The
+under `pids/`; found running again from those files by any later process (`down`). The
 standard library only."""
 
 from __future__ import annotations

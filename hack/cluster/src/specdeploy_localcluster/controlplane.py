@@ -1,6 +1,6 @@
 """The local cluster's control plane (pure): the command lines of etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler and kwok, the identities they use, the address plan and the
-apiserver's audit policy. localcluster.py starts them in this order and waits for each."""
+apiserver's audit policy. startup.py starts them in this order and waits for each."""
 
 from __future__ import annotations
 

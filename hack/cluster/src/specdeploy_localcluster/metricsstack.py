@@ -59,7 +59,7 @@ class ChartMetrics:
 
 def render_chart_metrics(helm: Path, chart: Path = CHART, interval: str = SCRAPE_INTERVAL) -> ChartMetrics:
     """`helm template` of the chart with its PodMonitor and adapter rules switched on."""
-    import yaml  # noqa: PLC0415 - `localcluster.py down` and `status` run without PyYAML
+    import yaml  # noqa: PLC0415 - `down` and `status` run without PyYAML
 
     argv = [
         str(helm),
@@ -222,6 +222,6 @@ def prometheus_targets(port: int) -> list[dict[str, Any]]:
 
 
 def write_config(path: Path, config: Mapping[str, Any]) -> None:
-    import yaml  # noqa: PLC0415 - `localcluster.py down` and `status` run without PyYAML
+    import yaml  # noqa: PLC0415 - `down` and `status` run without PyYAML
 
     path.write_text(yaml.safe_dump(dict(config), sort_keys=False))

@@ -1,7 +1,7 @@
 """The local cluster's PKI: a cluster CA, serving certificates, one client certificate per identity, the
 service-account signing key and the front-proxy CA that API aggregation needs — what kubeadm would write to
 /etc/kubernetes/pki, written with `cryptography` (ECDSA P-256, valid a year) — and the kubeconfigs that use
-them. Which identities exist is the cluster's business (localcluster.py); this module only issues them."""
+them. Which identities exist is the cluster's business (cluster.py); this module only issues them."""
 
 from __future__ import annotations
 

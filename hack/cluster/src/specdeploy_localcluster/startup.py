@@ -80,7 +80,7 @@ class Startup:
 
     def __init__(
         self,
-        components: ComponentProcesses,
+        processes: ComponentProcesses,
         *,
         bins: Path,
         directory: Path,
@@ -88,7 +88,7 @@ class Startup:
         kubeconfigs: Path,
         deadline: float,
     ) -> None:
-        self.components = components
+        self.processes = processes
         self.bins = bins
         self.dir = directory
         self.pki = pki
@@ -99,12 +99,12 @@ class Startup:
         self, api: AdminApi, ports: Mapping[str, int], pod_cidr: str, kwok_fallback_cidr: str, audit_log: Path
     ) -> None:
         """etcd, kube-apiserver (until /readyz), controller-manager, scheduler, kwok's CRDs and kwok."""
-        bins, kubeconfigs, wait = self.bins, self.kubeconfigs, self.components.wait
+        bins, kubeconfigs, wait = self.bins, self.kubeconfigs, self.processes.wait
         kwok_config = self.dir / "kwok-stages.yaml"
         kwok_config.write_text(kwok_stages(DEFAULT_IMAGES))
         audit_policy = self.dir / "audit-policy.yaml"
         audit_policy.write_text(AUDIT_POLICY)
-        self.components.start(
+        self.processes.start(
             "etcd", etcd_argv(bins, self.dir / "etcd-data", ports["etcd"], ports["etcd_peer"])
         )
         wait(lambda: port_open(ports["etcd"]), self.deadline, "etcd", "etcd to listen")
@@ -117,19 +117,19 @@ class Startup:
             audit_policy=audit_policy,
             audit_log=audit_log,
         )
-        self.components.start("kube-apiserver", apiserver)
+        self.processes.start("kube-apiserver", apiserver)
         wait(api.ready, self.deadline, "kube-apiserver", "kube-apiserver /readyz")
-        self.components.start(
+        self.processes.start(
             "kube-controller-manager",
             controller_manager_argv(
                 bins, kubeconfigs / "kube-controller-manager.kubeconfig", self.pki, pod_cidr
             ),
         )
-        self.components.start(
+        self.processes.start(
             "kube-scheduler", scheduler_argv(bins, kubeconfigs / "kube-scheduler.kubeconfig")
         )
         self._apply_kwok_crds(api)
-        self.components.start(
+        self.processes.start(
             "kwok",
             kwok_argv(bins, kubeconfigs / "kwok.kubeconfig", kwok_config, kwok_fallback_cidr, ports["kwok"]),
         )
@@ -147,7 +147,7 @@ class Startup:
         from specdeploy_localcluster.provisioner import storage_class_manifest  # noqa: PLC0415 (kubernetes)
 
         api.apply(storage_class_manifest())
-        self.components.start(
+        self.processes.start(
             "provisioner",
             [
                 sys.executable,
@@ -157,7 +157,7 @@ class Startup:
                 f"--dir={self.dir / 'volumes'}",
             ],
         )
-        self.components.start(
+        self.processes.start(
             "pod-runner",
             [
                 sys.executable,
@@ -172,7 +172,7 @@ class Startup:
     def autoscaling(self, api: AdminApi, ports: Mapping[str, int], pools: Iterable[AutoscaledPool]) -> None:
         """Prometheus (configured from the chart's PodMonitor), prometheus-adapter (from the chart's rules)
         behind the custom metrics APIServices, and the Cluster Autoscaler, each waited for."""
-        bins, pki, kubeconfigs, wait = self.bins, self.pki, self.kubeconfigs, self.components.wait
+        bins, pki, kubeconfigs, wait = self.bins, self.pki, self.kubeconfigs, self.processes.wait
         for obj in autoscaling_objects(pools, ports["metrics_adapter"]):
             api.apply(obj)
         chart = render_chart_metrics(bins / "helm")
@@ -184,12 +184,12 @@ class Startup:
         )
         adapter_rules = self.dir / "prometheus-adapter-rules.yaml"
         adapter_rules.write_text(chart.adapter_config)
-        self.components.start(
+        self.processes.start(
             "prometheus", prometheus_argv(bins, prometheus_yaml, prometheus_dir / "data", ports["prometheus"])
         )
         prometheus_url = f"http://127.0.0.1:{ports['prometheus']}"
         wait(lambda: prometheus_ready(prometheus_url), self.deadline, "prometheus", "Prometheus to be ready")
-        self.components.start(
+        self.processes.start(
             "metrics-adapter",
             adapter_argv(
                 bins,
@@ -202,7 +202,7 @@ class Startup:
             ),
         )
         ca_kubeconfig = kubeconfigs / "cluster-autoscaler.kubeconfig"
-        self.components.start(
+        self.processes.start(
             "cluster-autoscaler",
             cluster_autoscaler_argv(bins, ca_kubeconfig, ports["cluster_autoscaler"]),
             env=cluster_autoscaler_env(ca_kubeconfig),
@@ -259,12 +259,12 @@ def autoscaler_running(api: AdminApi) -> bool:
     return "autoscalerStatus: Running" in status
 
 
-def stop(components: ComponentProcesses, timeout: float) -> list[str]:
+def stop(processes: ComponentProcesses, timeout: float) -> list[str]:
     """Stop every process of the cluster (STOP_WAVES) and remove what the start wrote besides logs, pids, PKI
     and kubeconfigs; returns the components that were running."""
-    stopped = components.stop_waves(STOP_WAVES, timeout)
+    stopped = processes.stop_waves(STOP_WAVES, timeout)
     for name in _STARTUP_STATE:
-        path = components.dir / name
+        path = processes.dir / name
         if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
         else:
