@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+# Run as `python3 hack/measure.py`, by any Python: the repository's root, where `benchmarks` (its measurements
+# and records, the standard library only) lives. Nothing here needs the local-cluster harness.
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
