@@ -46,8 +46,7 @@ from specdeploy_server.core.executors import (
 )
 from specdeploy_server.core.scheduler import SchedulerObserver, SchedulerSettings, SpeculativeScheduler
 from specdeploy_server.core.types import Proposal, SequenceState
-from specdeploy_server.engine import Engine, model_info
-from specdeploy_server.metrics import ExecutorSample
+from specdeploy_server.engine import Engine, ExecutorSample, model_info
 from specdeploy_server.tokenizer import HFTokenizer
 
 log = logging.getLogger(__name__)

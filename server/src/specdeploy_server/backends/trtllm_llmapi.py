@@ -55,17 +55,22 @@ from specdeploy_server.backends.llmapi_args import (
 from specdeploy_server.config import Acceptance, Method, ServerConfig
 from specdeploy_server.core.executors import ExecutorError
 from specdeploy_server.core.load import ThroughputMeter
-from specdeploy_server.core.logits import TokenConstraint
 from specdeploy_server.core.scheduler import (
     EngineStoppedError,
     GlobalStats,
     QueueFullError,
     SchedulerObserver,
 )
-from specdeploy_server.core.types import FinishReason, SamplingParams, SeqStats, StepOutput
-from specdeploy_server.engine import Feature, Generation, ModelInfo, check_features, model_info
+from specdeploy_server.core.types import FinishReason, SamplingParams, SeqStats, StepOutput, TokenConstraint
+from specdeploy_server.engine import (
+    ExecutorSample,
+    Feature,
+    Generation,
+    ModelInfo,
+    check_features,
+    model_info,
+)
 from specdeploy_server.grammar import Guide
-from specdeploy_server.metrics import ExecutorSample
 from specdeploy_server.tokenizer import HFTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
