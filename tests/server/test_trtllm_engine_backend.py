@@ -17,8 +17,8 @@ from specdeploy_server.api.app import create_app
 from specdeploy_server.backends.engine_config import EngineConfigError
 from specdeploy_server.backends.errors import BackendUnavailableError
 from specdeploy_server.backends.factory import build_engine
-from specdeploy_server.backends.trtllm_engine import RequestFactory, TrtTargetExecutor
 from specdeploy_server.backends.trtllm_executor_client import Outcome
+from specdeploy_server.backends.trtllm_executors import RequestFactory, TrtTargetExecutor
 from specdeploy_server.config import ServerConfig
 from specdeploy_server.core.executors import VerifyRequest
 from specdeploy_server.core.scheduler import GlobalStats
