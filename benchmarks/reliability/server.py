@@ -44,14 +44,14 @@ class Served:
 
 
 def make_models(root: Path) -> tuple[Path, Path]:
-    from specdeploy_server import testing  # noqa: PLC0415 (torch)
+    from specdeploy_testkit import checkpoints  # noqa: PLC0415 (torch)
 
     tokenizer = root / "tokenizer"
     tokenizer.mkdir(parents=True, exist_ok=True)
-    testing.train_tokenizer(tokenizer)
-    target = testing.save_tiny_llama(root / "target", tokenizer, seed=0)
-    small = testing.TinyLlama(hidden_size=32, layers=1, heads=2, kv_heads=1)
-    draft = testing.save_tiny_llama(root / "draft", tokenizer, seed=1, shape=small)
+    checkpoints.train_tokenizer(tokenizer)
+    target = checkpoints.save_tiny_llama(root / "target", tokenizer, seed=0)
+    small = checkpoints.TinyLlama(hidden_size=32, layers=1, heads=2, kv_heads=1)
+    draft = checkpoints.save_tiny_llama(root / "draft", tokenizer, seed=1, shape=small)
     return target, draft
 
 

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from specdeploy_server import testing
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.config import ServerConfig
 from specdeploy_server.core.types import SamplingParams
-from specdeploy_server.testing import TinyLlama
+from specdeploy_testkit import checkpoints, sample_text
+from specdeploy_testkit.checkpoints import TinyLlama
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 LATER_LAYER_SCALE = 0.05
@@ -55,24 +55,24 @@ def build_models(
     first are scaled down, and a draft made of its first ``draft_layers`` layers, embedding, norm and head
     (both saved in ``dtype``). Built on ``device`` (a model of billions of parameters initialises in seconds
     on a GPU, in minutes on a CPU). ``vocab_size``: the tokenizer is padded to that many tokens
-    (``testing.train_tokenizer``); else it has the 384 it is trained to."""
+    (``checkpoints.train_tokenizer``); else it has the 384 it is trained to."""
     tok_dir = root / "tokenizer"
     tok_dir.mkdir()
-    testing.train_tokenizer(tok_dir, padded_to=vocab_size)
-    model: Any = testing.tiny_llama(tok_dir, seed=0, shape=shape, device=device)
+    checkpoints.train_tokenizer(tok_dir, padded_to=vocab_size)
+    model: Any = checkpoints.tiny_llama(tok_dir, seed=0, shape=shape, device=device)
     with torch.no_grad():
         for layer in model.model.layers[1:]:
             layer.self_attn.o_proj.weight.mul_(LATER_LAYER_SCALE)
             layer.mlp.down_proj.weight.mul_(LATER_LAYER_SCALE)
     model.to(getattr(torch, dtype))
-    target = testing.save_with_tokenizer(model, root / "target", tok_dir)
+    target = checkpoints.save_with_tokenizer(model, root / "target", tok_dir)
     config = model.config.__class__.from_dict(model.config.to_dict())
     config.num_hidden_layers = draft_layers
     with torch.device(device):
         draft: Any = LlamaForCausalLM(config)
     draft.load_state_dict(model.state_dict(), strict=False)
     del model
-    draft_dir = testing.save_with_tokenizer(draft.to(getattr(torch, dtype)), root / "draft", tok_dir)
+    draft_dir = checkpoints.save_with_tokenizer(draft.to(getattr(torch, dtype)), root / "draft", tok_dir)
     return target, draft_dir
 
 
@@ -210,7 +210,7 @@ def compare(
 
 def run(prompts: int = 8, max_new: int = 64, k: int = 4) -> list[AssistedResult]:
     torch.set_num_threads(1)
-    texts = testing.prompts(prompts, seed=11)
+    texts = sample_text.prompts(prompts, seed=11)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         target, draft = build_models(Path(tmp))

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from specdeploy_server import testing
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.config import ServerConfig
 from specdeploy_server.core.types import SamplingParams
+from specdeploy_testkit import sample_text
 
 from benchmarks.server import assisted
 
@@ -71,7 +71,7 @@ def run(
 ) -> list[ConcurrencyResult]:
     levels = tuple(c for c in levels if c <= requests) or (1,)
     torch.set_num_threads(1)
-    texts = testing.prompts(requests, seed=11)
+    texts = sample_text.prompts(requests, seed=11)
     with tempfile.TemporaryDirectory() as tmp:
         target, draft = assisted.build_models(Path(tmp))
         config = {

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from specdeploy_server import testing
+from specdeploy_testkit import sample_text
 
 from benchmarks import records
 from benchmarks.server import assisted, gpu_http, gpu_reference, structured
@@ -211,7 +211,7 @@ def sections(settings: Settings, small: Models, large: Models, device_name: str)
 
     def peer() -> Sequence[Any]:
         target, draft = small.paths()
-        texts = testing.prompts(settings.assisted_prompts, seed=11)
+        texts = sample_text.prompts(settings.assisted_prompts, seed=11)
         hf = assisted.Transformers(target, draft, DRAFT_LEN, device=settings.device, dtype=settings.dtype)
         try:
             return [

@@ -35,13 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from specdeploy_server import testing
 from specdeploy_server.api.app import create_app
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.cli import freeze_startup_heap
 from specdeploy_server.config import ServerConfig
 from specdeploy_server.core.types import SamplingParams
 from specdeploy_server.engine import EngineClient
+from specdeploy_testkit import sample_text
 
 from benchmarks.server.http_stream import _Client
 
@@ -163,7 +163,7 @@ async def _serve_and_measure(
             raise RuntimeError("the server stopped before it started")
         await asyncio.sleep(0.05)
     url = f"http://127.0.0.1:{port}"
-    texts = testing.prompts(16, seed=11)
+    texts = sample_text.prompts(16, seed=11)
     prompts = [engine.tokenizer.encode(t) for t in texts]
     bodies = [
         json.dumps(

@@ -5,8 +5,8 @@ on the CPU with a tiny shape, the same code path). Models are random weights (sp
 built as benchmark 2 builds its CPU models: a target whose layers after the first are scaled down, so a
 layer-skip draft (its first ``draft_layers`` layers, embedding, norm and head) agrees with it often enough to
 be worth drafting. The vocabulary is Llama 3's size, 128 256 tokens (``--vocab``; the project's trained
-tokenizer padded, ``testing.train_tokenizer``): the embedding, the LM head and the logits each step copies to
-the host cost what a real model's do, a large part of a small model's step and of a draft's.
+tokenizer padded, ``checkpoints.train_tokenizer``): the embedding, the LM head and the logits each step copies
+to the host cost what a real model's do, a large part of a small model's step and of a draft's.
 
 One engine per policy (k = 0: plain decoding; k = 4; auto) is built and started once; at each concurrency the
 policies take turns for ``rounds`` windows each, the first after a warm-up (as benchmark 7 measures the
@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from specdeploy_server import testing
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.config import ServerConfig
-from specdeploy_server.testing import TinyLlama
+from specdeploy_testkit import sample_text
+from specdeploy_testkit.checkpoints import TinyLlama
 
 from benchmarks.server import assisted
 from benchmarks.server.load_sweep import take_turns
@@ -98,7 +98,7 @@ async def _measure(target: Path, draft: Path, args: argparse.Namespace, device_n
         for k in POLICIES
     }
     print(f"{len(engines)} engines built in {time.perf_counter() - started:.1f} s", flush=True)
-    prompts = [engines[0].tokenizer.encode(t) for t in testing.prompts(16, seed=11)]
+    prompts = [engines[0].tokenizer.encode(t) for t in sample_text.prompts(16, seed=11)]
     for engine in engines.values():
         await engine.start()
     points: list[GpuPoint] = []

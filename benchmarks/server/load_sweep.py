@@ -282,14 +282,14 @@ async def take_turns(
 
 def _reference_points(quick: bool) -> list[SweepPoint]:
     import torch  # noqa: PLC0415
-    from specdeploy_server import testing  # noqa: PLC0415
     from specdeploy_server.backends.factory import build_engine  # noqa: PLC0415
     from specdeploy_server.config import ServerConfig  # noqa: PLC0415
+    from specdeploy_testkit import sample_text  # noqa: PLC0415
 
     from benchmarks.server import assisted  # noqa: PLC0415
 
     torch.set_num_threads(1)
-    texts = testing.prompts(16, seed=11)
+    texts = sample_text.prompts(16, seed=11)
     out: list[SweepPoint] = []
     with tempfile.TemporaryDirectory() as tmp:
         target, draft = assisted.build_models(Path(tmp))

@@ -216,18 +216,18 @@ async def _huge_prompt(base_url: str, text: str, tokens: int, label: str) -> Lag
 
 
 def _huge_text(tokenizer_dir: Path, tokens: int) -> tuple[str, int]:
-    from specdeploy_server import testing  # noqa: PLC0415
     from specdeploy_server.tokenizer import HFTokenizer  # noqa: PLC0415
+    from specdeploy_testkit import sample_text  # noqa: PLC0415
 
     tokenizer = HFTokenizer(tokenizer_dir)
-    unit = " ".join(testing.corpus(400, seed=3))
+    unit = " ".join(sample_text.corpus(400, seed=3))
     per_unit = len(tokenizer.encode(unit))
     text = " ".join([unit] * (tokens // per_unit + 1))
     return text, len(tokenizer.encode(text))
 
 
 def run(requests: int = 1000, seconds: float = 5.0, prompt_tokens: int = 200_000) -> list[LagResult]:
-    from specdeploy_server import testing  # noqa: PLC0415
+    from specdeploy_testkit import checkpoints  # noqa: PLC0415
 
     _raise_fd_limit()
     results = []
@@ -235,7 +235,7 @@ def run(requests: int = 1000, seconds: float = 5.0, prompt_tokens: int = 200_000
         results.append(asyncio.run(_waiting(server.base_url, requests, seconds)))
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer_dir = Path(tmp)
-        testing.train_tokenizer(tokenizer_dir)
+        checkpoints.train_tokenizer(tokenizer_dir)
         text, tokens = _huge_text(tokenizer_dir, prompt_tokens)
         for max_len, label in ((4096, "max_model_len 4096 (refused)"), (262_144, "max_model_len 262144")):
             with _Server(tokenizer_dir, max_len) as server:

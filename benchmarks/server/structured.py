@@ -2,7 +2,7 @@
 
 The models of benchmark 2 (a random Llama whose later layers refine the first, and a "layer-skip" draft made
 of its first layer), greedy, one request at a time. Each request asks for one of the generated schemas of the
-tests (``specdeploy_server.testing.json_schemas``); the same requests run unconstrained for comparison.
+tests (``specdeploy_testkit.json_schemas``); the same requests run unconstrained for comparison.
 Speculation under a grammar: draft tokens the grammar forbids are cut before verification (counted as drafted
 and rejected), and tokens the grammar forces are emitted without a model step (``forced``).
 """
@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from specdeploy_server import testing
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.config import ServerConfig
 from specdeploy_server.core.types import SamplingParams
 from specdeploy_server.engine import EngineClient
 from specdeploy_server.grammar import GrammarCompiler
 from specdeploy_server.tokenizer import HFTokenizer
+from specdeploy_testkit.json_schemas import json_schemas
 
 from benchmarks.server.assisted import build_models
 
@@ -121,7 +121,7 @@ def run_on(
     """Every method of ``methods`` (the first is the baseline of the "= method none" column), free and under
     a JSON schema, on the models ``target`` and ``draft``; each engine serves short requests for
     ``warmup_seconds`` (at least one) before it is measured."""
-    schemas = testing.json_schemas(requests, seed=6)
+    schemas = json_schemas(requests, seed=6)
     results: list[StructuredResult] = []
     baseline: dict[bool, list[list[int]]] = {}
 

@@ -31,7 +31,7 @@ What runs differs from what the README shows only by these substitutions, each a
   engine-cache claim is provisioned dynamically, as in `make demo`).
 - `specdeploy-system` -> a fresh namespace for the Helm release.
 - `NAME`, `ENGINE`, `FILE` -> the deployment, one of its EngineBuilds, a manifest with mistakes.
-- `/models/target`, `/models/draft`, port 8000 -> tiny checkpoints (specdeploy_server.testing), a free port.
+- `/models/target`, `/models/draft`, port 8000 -> tiny checkpoints (specdeploy_testkit), a free port.
 - `make X` -> `make -o .venv/.installed X` (a test never reinstalls the virtualenv), with `CLUSTER_DIR=<tmp>`
   for the local-cluster targets, `my-pools.yaml` -> a pools file, and `PYTEST_ARGS='--collect-only -q ...'`
   (tests/server left out: its imports alone take most of a collection) added to the bare `make test-unit`.

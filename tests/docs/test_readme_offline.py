@@ -48,7 +48,7 @@ def test_validate_and_render_commands(shell: Shell, tmp_path: Path) -> None:
 
 
 def test_server_commands(shell: Shell, tmp_path: Path) -> None:
-    from specdeploy_server import testing
+    from specdeploy_testkit import checkpoints
 
     usage = shell.run(".venv/bin/specdeploy-server --help").stdout
     assert usage.startswith("usage: specdeploy-server"), usage
@@ -58,10 +58,10 @@ def test_server_commands(shell: Shell, tmp_path: Path) -> None:
     models = tmp_path / "models"
     tokenizer = models / "tokenizer"
     tokenizer.mkdir(parents=True)
-    testing.train_tokenizer(tokenizer)
-    testing.save_tiny_llama(models / "target", tokenizer, seed=0)
-    testing.save_tiny_llama(
-        models / "draft", tokenizer, seed=1, shape=testing.TinyLlama(hidden_size=32, layers=1)
+    checkpoints.train_tokenizer(tokenizer)
+    checkpoints.save_tiny_llama(models / "target", tokenizer, seed=0)
+    checkpoints.save_tiny_llama(
+        models / "draft", tokenizer, seed=1, shape=checkpoints.TinyLlama(hidden_size=32, layers=1)
     )
     log = tmp_path / "server.log"
 

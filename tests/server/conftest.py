@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import torch
-from specdeploy_server import testing
-from specdeploy_server.livethread import LiveServer, run_live
-from specdeploy_server.testing import TinyLlama
+from specdeploy_testkit import checkpoints
+from specdeploy_testkit.checkpoints import TinyLlama
 
 from tests.server.constrained_cases import chat_prompt_ids, plain_constrained_outputs
+from tests.server.livethread import LiveServer, run_live
 from tests.server.plain_decoding import PlainDecoder
 
 __all__ = ["LiveServer", "TinyModels", "run_live"]
@@ -36,11 +36,11 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> TinyModels:
     root = tmp_path_factory.mktemp("models")
     tokenizer = root / "tokenizer"
     tokenizer.mkdir()
-    testing.train_tokenizer(tokenizer)
-    target = testing.save_tiny_llama(root / "target", tokenizer, seed=0)
+    checkpoints.train_tokenizer(tokenizer)
+    target = checkpoints.save_tiny_llama(root / "target", tokenizer, seed=0)
     same = root / "draft-same"
     shutil.copytree(target, same)
-    unrelated = testing.save_tiny_llama(
+    unrelated = checkpoints.save_tiny_llama(
         root / "draft-unrelated",
         tokenizer,
         seed=1,

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from specdeploy_server.grammar import GrammarCompiler
-from specdeploy_server.testing import json_schemas
 from specdeploy_server.tokenizer import HFTokenizer
+from specdeploy_testkit.json_schemas import json_schemas
 
 from tests.server.plain_decoding import PlainDecoder
 

@@ -34,7 +34,6 @@ import openai
 import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
-from specdeploy_server import testing
 from specdeploy_server.api.app import app_state, create_app
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.cli import HTTP_BACKSTOP_SECONDS
@@ -45,7 +44,8 @@ from specdeploy_server.core.load import ThroughputMeter
 from specdeploy_server.core.scheduler import GlobalStats, SpeculativeScheduler
 from specdeploy_server.core.types import Proposal, SamplingParams, SequenceState
 from specdeploy_server.engine import Engine
-from specdeploy_server.testing import TinyLlama
+from specdeploy_testkit import checkpoints
+from specdeploy_testkit.checkpoints import TinyLlama
 
 from tests.server.conftest import TinyModels
 
@@ -239,7 +239,7 @@ class ServerProcess:
 @pytest.fixture(scope="module")
 def long_model(tiny_models: TinyModels, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny target with a 32k context: room for a request that outlasts the shutdown timeout."""
-    return testing.save_tiny_llama(
+    return checkpoints.save_tiny_llama(
         tmp_path_factory.mktemp("long") / "long",
         tiny_models.tokenizer,
         seed=0,

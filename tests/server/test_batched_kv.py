@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 import torch
-from specdeploy_server import testing
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.backends.kvbatch import CachedModel, PaddedBatch
 from specdeploy_server.config import ServerConfig
 from specdeploy_server.core.types import SamplingParams
 from specdeploy_server.engine import Engine
+from specdeploy_testkit import sample_text
 
 from tests.server.conftest import TinyModels, hf_greedy_outputs
 
@@ -139,7 +139,7 @@ def test_batched_passes_record_no_autograd_history_whatever_the_callers_grad_mod
 def test_requests_in_flight_share_each_forward_pass_and_keep_greedy_output(
     tiny_models: TinyModels, method: str
 ) -> None:
-    prompts = testing.prompts(12, seed=3)
+    prompts = sample_text.prompts(12, seed=3)
     reference = hf_greedy_outputs(tiny_models.target, prompts, 20)
     model: dict[str, Any] = {"target": str(tiny_models.target)}
     if method == "draftTarget":

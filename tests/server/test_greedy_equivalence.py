@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from specdeploy_server import testing
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.backends.reference import ReferenceDraftExecutor, ReferenceTargetExecutor
 from specdeploy_server.config import ServerConfig
@@ -15,11 +14,12 @@ from specdeploy_server.core.drafters import DraftModelDrafter
 from specdeploy_server.core.scheduler import GlobalStats
 from specdeploy_server.core.types import SamplingParams
 from specdeploy_server.engine import Engine
+from specdeploy_testkit import sample_text
 
 from tests.server.conftest import TinyModels, hf_greedy_outputs
 
 MAX_TOKENS = 24
-PROMPTS = testing.prompts(50, seed=7)
+PROMPTS = sample_text.prompts(50, seed=7)
 
 
 @pytest.fixture(scope="module")

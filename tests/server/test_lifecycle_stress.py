@@ -24,7 +24,6 @@ from typing import Any, cast
 
 import httpx
 import pytest
-from specdeploy_server import testing
 from specdeploy_server.api.app import create_app
 from specdeploy_server.api.serving import OpenAIServing, Prepared, ServingSettings
 from specdeploy_server.backends.factory import build_engine
@@ -35,6 +34,7 @@ from specdeploy_server.core.scheduler import SchedulerSettings, SpeculativeSched
 from specdeploy_server.core.types import SamplingParams
 from specdeploy_server.engine import Engine, EngineClient
 from specdeploy_server.metrics import ServerMetrics
+from specdeploy_testkit import sample_text
 
 from tests.server.conftest import TinyModels, run_live
 from tests.server.trtllm_double import DoubleState, trtllm_double, write_engine
@@ -42,7 +42,7 @@ from tests.server.trtllm_double import DoubleState, trtllm_double, write_engine
 __all__ = ["trtllm_double"]
 
 MODEL = "stress"
-PROMPTS = testing.prompts(8, seed=5)
+PROMPTS = sample_text.prompts(8, seed=5)
 STOPS = ["e", " t"]  # frequent in the tiny models' text, so stop strings end requests early
 
 

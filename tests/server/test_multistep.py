@@ -8,12 +8,12 @@ import asyncio
 from typing import Any
 
 import pytest
-from specdeploy_server import testing
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.config import ServerConfig
 from specdeploy_server.core.multistep import PlainMultiStep
 from specdeploy_server.core.types import SamplingParams, SequenceState
 from specdeploy_server.engine import Engine
+from specdeploy_testkit import sample_text
 
 from tests.server.conftest import TinyModels, hf_greedy_outputs
 
@@ -66,7 +66,7 @@ def test_no_extra_tokens_where_they_would_cost_latency_or_each_token_matters(
 def test_a_lone_plain_request_gets_several_tokens_per_call_the_same_output_and_honest_step_counts(
     tiny_models: TinyModels,
 ) -> None:
-    prompts = testing.prompts(3, seed=5)
+    prompts = sample_text.prompts(3, seed=5)
     reference = hf_greedy_outputs(tiny_models.target, prompts, 40)
     config = {"model": {"target": str(tiny_models.target)}, "placement": {"device": "cpu"}}
 

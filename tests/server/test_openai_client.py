@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import openai
 import pytest
-from specdeploy_server import testing
 from specdeploy_server.api.app import create_app
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.config import ServerConfig
+from specdeploy_testkit import sample_text
 
 from tests.server.conftest import LiveServer, TinyModels, run_live
 
@@ -52,7 +52,7 @@ def test_completion_returns_text_usage_and_finish_reason(client: openai.OpenAI) 
 
 
 def test_streamed_completion_concatenates_to_the_non_streamed_text(client: openai.OpenAI) -> None:
-    prompt = testing.prompts(1, seed=3)[0]
+    prompt = sample_text.prompts(1, seed=3)[0]
     whole = client.completions.create(model="tiny", prompt=prompt, max_tokens=20, temperature=0)
     chunks = list(
         client.completions.create(model="tiny", prompt=prompt, max_tokens=20, temperature=0, stream=True)

@@ -13,16 +13,16 @@ import jsonschema
 import numpy as np
 import openai
 import pytest
-from specdeploy_server import testing
 from specdeploy_server.api.app import create_app
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.config import ServerConfig
 from specdeploy_server.tokenizer import HFTokenizer
+from specdeploy_testkit import sample_text
 
 from tests.server.conftest import LiveServer, TinyModels, run_live
 from tests.server.plain_decoding import Penalties, PlainDecoder
 
-PROMPTS = testing.prompts(4, seed=5)
+PROMPTS = sample_text.prompts(4, seed=5)
 MAX_TOKENS = 24
 
 

@@ -1,5 +1,5 @@
-"""A tokenizer padded to a real model's vocabulary size (``testing.train_tokenizer(padded_to=...)``): as many
-ids as asked, text encodes as before, every padding token stands for three bytes of its own."""
+"""A tokenizer padded to a real model's vocabulary size (``checkpoints.train_tokenizer(padded_to=...)``): as
+many ids as asked, text encodes as before, every padding token stands for three bytes of its own."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from specdeploy_server import testing
+from specdeploy_testkit import checkpoints, sample_text
 from transformers import AutoTokenizer
 
 
@@ -17,13 +17,13 @@ def test_a_padded_tokenizer_has_the_size_asked_for_and_encodes_text_as_the_unpad
     plain, padded = tmp_path / "plain", tmp_path / "padded"
     plain.mkdir()
     padded.mkdir()
-    testing.train_tokenizer(plain)
-    testing.train_tokenizer(padded, padded_to=4096)
+    checkpoints.train_tokenizer(plain)
+    checkpoints.train_tokenizer(padded, padded_to=4096)
     small = AutoTokenizer.from_pretrained(str(plain), local_files_only=True)
     large = AutoTokenizer.from_pretrained(str(padded), local_files_only=True)
     assert len(small) == 384
     assert len(large) == 4096
-    for text in testing.prompts(8):
+    for text in sample_text.prompts(8):
         assert large.encode(text) == small.encode(text)  # no merge makes a padding token
     added = large.convert_ids_to_tokens(list(range(384, 4096)))
     assert len(set(added)) == len(added)  # three bytes each, no two alike
@@ -34,10 +34,10 @@ def test_a_padded_tokenizer_has_the_size_asked_for_and_encodes_text_as_the_unpad
 
 def test_padding_to_fewer_tokens_than_the_tokenizer_has_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="padded_to=100: the tokenizer already has 384 tokens"):
-        testing.train_tokenizer(tmp_path, padded_to=100)
+        checkpoints.train_tokenizer(tmp_path, padded_to=100)
 
 
 def test_padding_keeps_ids_dense(tmp_path: Path) -> None:
-    testing.train_tokenizer(tmp_path, padded_to=1000)
+    checkpoints.train_tokenizer(tmp_path, padded_to=1000)
     vocab = json.loads((tmp_path / "tokenizer.json").read_text())["model"]["vocab"]
     assert sorted(vocab.values()) == list(range(1000))

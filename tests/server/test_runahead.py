@@ -8,18 +8,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from specdeploy_server import testing
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.backends.runahead import MAX_FIRST_MATCH, RunAhead
 from specdeploy_server.config import ServerConfig
 from specdeploy_server.core.executors import AcceptanceRule, VerifyRequest
 from specdeploy_server.core.types import Proposal, SamplingParams, SequenceState
 from specdeploy_server.engine import Engine
+from specdeploy_testkit import sample_text
 
 from tests.server.conftest import TinyModels, hf_greedy_outputs
 
 MAX_TOKENS = 24
-PROMPTS = testing.prompts(10, seed=5)
+PROMPTS = sample_text.prompts(10, seed=5)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,9 @@ import httpx
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 from specdeploy_server.api.app import create_app
+from specdeploy_server.api.contract import ChatCompletionChunk, CompletionChunk, body
 from specdeploy_server.api.runs import LatencyTally
+from specdeploy_server.api.streams import chat_text_choice, completion_text_choice, text_parts
 from specdeploy_server.backends.standin import InstantEngine
 from specdeploy_server.core.types import FinishReason, SeqStats, StepOutput
 
@@ -58,6 +60,40 @@ def test_each_step_is_one_event_serialised_as_json_dumps_would(per_step: int) ->
     assert "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in chat) == TEXT
     finishes = [json.loads(e)["choices"][0]["finish_reason"] for e in completion]
     assert finishes == [None] * (steps - 1) + ["length"]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"max_tokens": 64},
+        {"max_tokens": 5, "n": 3},
+        {"max_tokens": 64, "stream_options": {"include_usage": True}},
+        {"max_tokens": 7, "n": 2, "stream_options": {"include_usage": True}},
+        {"max_tokens": 3, "echo": True},
+    ],
+)
+def test_every_event_is_the_serialisation_of_its_contract_chunk(fields: dict[str, Any]) -> None:
+    app = create_app(_TextEngine(tokens_per_step=2), served_model_name="instant")
+    with run_live(app) as live:
+        completion = _events(live.base_url, "/v1/completions", {"prompt": "hi", **fields})
+        chat_fields = {k: v for k, v in fields.items() if k != "echo"}
+        messages = [{"role": "user", "content": "hi"}]
+        chat = _events(live.base_url, "/v1/chat/completions", {"messages": messages, **chat_fields})
+    assert completion
+    assert chat
+    for events, chunk in ((completion, CompletionChunk), (chat, ChatCompletionChunk)):
+        for event in events:
+            model = chunk.model_validate_json(event)
+            assert event == json.dumps(body(model), separators=(",", ":"))
+
+
+@pytest.mark.parametrize("index", [0, 1, 15])
+def test_text_only_choices_formatted_from_parts_equal_their_models_serialisation(index: int) -> None:
+    for choice in (completion_text_choice, chat_text_choice):
+        before, after = text_parts(choice, index)
+        for text in (TEXT, "", "\x00text\x00", '"choices":[]', "\u2028\ud800"):
+            whole = json.dumps(body(choice(index, text)), separators=(",", ":"))
+            assert f"{before}{json.dumps(text)}{after}" == whole
 
 
 def test_a_steps_latencies_are_counted_as_that_many_observations_once_flushed() -> None:

@@ -14,7 +14,8 @@ import torch
 from transformers import AutoTokenizer
 
 from tests.server.conftest import TinyModels
-from tests.server.trtllm_double import DoubleState, padded_vocab, trtllm_double, write_engine
+from tests.server.trtllm_double import DoubleState, trtllm_double, write_engine
+from tests.server.trtllm_double_executor import padded_vocab
 
 __all__ = ["trtllm_double"]
 

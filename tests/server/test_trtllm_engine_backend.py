@@ -13,18 +13,18 @@ from typing import Any
 
 import httpx
 import pytest
-from specdeploy_server import testing
 from specdeploy_server.api.app import create_app
 from specdeploy_server.backends.engine_config import EngineConfigError
 from specdeploy_server.backends.errors import BackendUnavailableError
 from specdeploy_server.backends.factory import build_engine
-from specdeploy_server.backends.trtllm_engine import RequestFactory, TrtTargetExecutor
 from specdeploy_server.backends.trtllm_executor_client import Outcome
+from specdeploy_server.backends.trtllm_executors import RequestFactory, TrtTargetExecutor
 from specdeploy_server.config import ServerConfig
 from specdeploy_server.core.executors import VerifyRequest
 from specdeploy_server.core.scheduler import GlobalStats
 from specdeploy_server.core.types import Proposal, SamplingParams, SequenceState
 from specdeploy_server.engine import Engine
+from specdeploy_testkit import sample_text
 
 from tests.server.conftest import TinyModels, hf_greedy_outputs, run_live
 from tests.server.trtllm_double import DoubleState, trtllm_double, write_engine
@@ -32,7 +32,7 @@ from tests.server.trtllm_double import DoubleState, trtllm_double, write_engine
 __all__ = ["trtllm_double"]
 
 MAX_TOKENS = 16
-PROMPTS = testing.prompts(12, seed=11)
+PROMPTS = sample_text.prompts(12, seed=11)
 
 
 @pytest.fixture(scope="module")

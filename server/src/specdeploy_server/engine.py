@@ -9,11 +9,28 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from specdeploy_server.core.logits import TokenConstraint
 from specdeploy_server.core.scheduler import GlobalStats, SchedulerObserver, SpeculativeScheduler
-from specdeploy_server.core.types import SamplingParams, SeqStats, SequenceState, StepOutput, TokenLogprob
-from specdeploy_server.metrics import ExecutorSample
+from specdeploy_server.core.types import (
+    SamplingParams,
+    SeqStats,
+    SequenceState,
+    StepOutput,
+    TokenConstraint,
+    TokenLogprob,
+)
 from specdeploy_server.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class ExecutorSample:
+    """The latest iteration statistics of one model executor (TensorRT-LLM ``IterationStats``)."""
+
+    executor: str  # "target" or "draft"
+    active_requests: int
+    queued_requests: int
+    iteration_seconds: float | None
+    kv_blocks_used: int | None
+    kv_blocks_free: int | None
 
 
 class Feature:

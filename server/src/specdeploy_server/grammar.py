@@ -1,5 +1,5 @@
 """Structured output with llguidance: grammars compiled against the served tokenizer, and the per-sequence
-:class:`~specdeploy_server.core.logits.TokenConstraint` the speculative core calls.
+:class:`~specdeploy_server.core.types.TokenConstraint` the speculative core calls.
 
 llguidance (PyPI ``llguidance``, the engine llgtrt uses) compiles JSON schemas, Lark grammars and regular
 expressions into a matcher that computes, for the current state, the bitmask of allowed tokens in

@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 
 from specdeploy_server.config import config_digest
 from specdeploy_server.core.scheduler_types import StepSpeculation
+from specdeploy_server.engine import ExecutorSample
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
@@ -28,18 +29,6 @@ class RequestMetrics:
     prompt_tokens: Any
     generation_tokens: Any
     e2e: Any
-
-
-@dataclass(frozen=True)
-class ExecutorSample:
-    """The latest iteration statistics of one model executor (TensorRT-LLM ``IterationStats``)."""
-
-    executor: str  # "target" or "draft"
-    active_requests: int
-    queued_requests: int
-    iteration_seconds: float | None
-    kv_blocks_used: int | None
-    kv_blocks_free: int | None
 
 
 class _ExecutorCollector(Collector):

@@ -12,10 +12,11 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from specdeploy_server.api import contract
+from specdeploy_server.api import contract, openapi
 from specdeploy_server.api.admission import AdmissionGate, authorized
 from specdeploy_server.api.errors import (
     APIError,
@@ -115,7 +116,7 @@ def create_app(
 
     app = FastAPI(title="specdeploy-server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.specdeploy = state
-    app.openapi = lambda: contract.openapi_document(app)  # type: ignore[method-assign]
+    app.openapi = lambda: openapi.openapi_document(app)  # type: ignore[method-assign]
     _install_error_handlers(app, state)
     _install_routes(app, state)
     app.add_middleware(
@@ -207,20 +208,20 @@ def _install_routes(app: FastAPI, state: AppState) -> None:
         if error is not None:
             raise error
 
-    @app.get("/v1/models", response_model=None, responses=contract.MODELS_RESPONSES)
-    async def models(request: Request) -> dict[str, Any]:
+    @app.get("/v1/models", response_model=None, responses=openapi.MODELS_RESPONSES)
+    async def models(request: Request) -> Response:
         authorize(request)
-        return serving.list_models()
+        return _answer(serving.list_models())
 
-    @app.get("/v1/models/{model:path}", response_model=None, responses=contract.MODEL_RESPONSES)
-    async def model(model: str, request: Request) -> dict[str, Any]:
+    @app.get("/v1/models/{model:path}", response_model=None, responses=openapi.MODEL_RESPONSES)
+    async def model(model: str, request: Request) -> Response:
         authorize(request)
-        return serving.retrieve_model(model)
+        return _answer(serving.retrieve_model(model))
 
     @app.post(
         "/v1/completions",
         response_model=None,
-        responses=contract.generation_responses(contract.Completion, contract.CompletionChunk),
+        responses=openapi.generation_responses(contract.Completion, contract.CompletionChunk),
     )
     async def completions(body: CompletionRequest, request: Request) -> Response:
         admit(request)
@@ -232,7 +233,7 @@ def _install_routes(app: FastAPI, state: AppState) -> None:
     @app.post(
         "/v1/chat/completions",
         response_model=None,
-        responses=contract.generation_responses(contract.ChatCompletion, contract.ChatCompletionChunk),
+        responses=openapi.generation_responses(contract.ChatCompletion, contract.ChatCompletionChunk),
     )
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
         admit(request)
@@ -241,18 +242,18 @@ def _install_routes(app: FastAPI, state: AppState) -> None:
             return _sse_response(serving.stream_chat(run), run)
         return _answer(await _unless_disconnected(request, serving.chat(body)))
 
-    @app.get("/health/live", response_model=None, responses=contract.HEALTH_RESPONSES)
+    @app.get("/health/live", response_model=None, responses=openapi.HEALTH_RESPONSES)
     async def live() -> Response:
         ok = state.engine.ready or state.draining
-        return JSONResponse({"status": "ok" if ok else "engine stopped"}, status_code=200 if ok else 503)
+        return _answer(contract.Health(status="ok" if ok else "engine stopped"), 200 if ok else 503)
 
-    @app.get("/health/ready", response_model=None, responses=contract.HEALTH_RESPONSES)
+    @app.get("/health/ready", response_model=None, responses=openapi.HEALTH_RESPONSES)
     async def ready() -> Response:
         ok = state.engine.ready and not state.draining
         status = "ready" if ok else ("draining" if state.draining else "not ready")
-        return JSONResponse({"status": status}, status_code=200 if ok else 503)
+        return _answer(contract.Health(status=status), 200 if ok else 503)
 
-    @app.get("/metrics", responses=contract.METRICS_RESPONSES)
+    @app.get("/metrics", responses=openapi.METRICS_RESPONSES)
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
@@ -333,10 +334,10 @@ CLIENT_CLOSED_REQUEST = 499
 response itself goes nowhere)."""
 
 
-def _answer(body: dict[str, Any] | None) -> Response:
+def _answer(body: BaseModel | None, status: int = 200) -> Response:
     if body is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return JSONResponse(body)
+    return JSONResponse(contract.body(body), status_code=status)
 
 
 async def _unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:

@@ -1,21 +1,25 @@
-"""The OpenAPI document tells the truth: every status a route answers with, each error in the OpenAI error
-shape, ``text/event-stream`` for streams and Prometheus text for ``/metrics``.
+"""The response shapes of the HTTP API, defined once: the handlers build every body from these models, and
+the OpenAPI document (``api/openapi.py``) describes responses with them; a schema-driven fuzzer
+(tests/server/test_api_contract.py, benchmarks/reliability) checks every response against the document.
 
-The models here only describe responses (the handlers build plain dicts); a schema-driven fuzzer
-(tests/server/test_api_contract.py, benchmarks/reliability) checks every response against them.
+A field with a default is left out of a body unless it was set (:func:`body`): ``usage`` in a stream's chunks
+before the last, ``tool_calls`` in a message without calls, a chunk's ``delta`` fields.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict, Field
 
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
+
+
+def body(model: BaseModel) -> dict[str, Any]:
+    """``model`` as the JSON object the server sends: the fields it was given, in their declared order."""
+    return model.model_dump(exclude_unset=True)
 
 
 class ErrorDetail(BaseModel):
@@ -26,12 +30,12 @@ class ErrorDetail(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    """OpenAI's error shape, for every status other than 200."""
+    """OpenAI's error shape, for every status other than 200, and in-band at the end of a failed stream."""
 
     error: ErrorDetail
 
 
-FinishReason = Literal["stop", "length", "abort", "tool_calls"] | None
+FinishReasonName = Literal["stop", "length", "abort", "tool_calls"]
 
 
 class Usage(BaseModel):
@@ -47,11 +51,43 @@ class SpeculativeUsage(BaseModel):
     forced_tokens: int = Field(ge=0)
 
 
+# ------------------------------------------------------------------------------------------ logprobs
+class CompletionLogprobs(BaseModel):
+    """``choices[i].logprobs`` of a completion: per token its text, its logprob (None for a token nobody
+    predicted: the first prompt token when echoing), its alternatives by text, and where its text starts."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class ChatTokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """``choices[i].logprobs`` of a chat completion (or of one chunk)."""
+
+    content: list[ChatTokenLogprob]
+    refusal: str | None
+
+
+# ------------------------------------------------------------------------------------------ completions
 class CompletionChoice(_Open):
     index: int = Field(ge=0)
     text: str
-    logprobs: dict[str, Any] | None
-    finish_reason: FinishReason
+    logprobs: CompletionLogprobs | None
+    finish_reason: FinishReasonName | None
 
 
 class Completion(_Open):
@@ -60,29 +96,6 @@ class Completion(_Open):
     created: int
     model: str
     choices: list[CompletionChoice]
-    usage: Usage
-    speculative: SpeculativeUsage
-
-
-class AssistantMessage(_Open):
-    role: Literal["assistant"]
-    content: str | None
-    tool_calls: list[dict[str, Any]] | None = None
-
-
-class ChatChoice(_Open):
-    index: int = Field(ge=0)
-    message: AssistantMessage
-    logprobs: dict[str, Any] | None
-    finish_reason: FinishReason
-
-
-class ChatCompletion(_Open):
-    id: str
-    object: Literal["chat.completion"]
-    created: int
-    model: str
-    choices: list[ChatChoice]
     usage: Usage
     speculative: SpeculativeUsage
 
@@ -98,11 +111,64 @@ class CompletionChunk(_Open):
     usage: Usage | None = None
 
 
+# ------------------------------------------------------------------------------------------ chat
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as in OpenAI's API
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class AssistantMessage(_Open):
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatChoice(_Open):
+    index: int = Field(ge=0)
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReasonName | None
+
+
+class ChatCompletion(_Open):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    speculative: SpeculativeUsage
+
+
+class ToolCallDelta(BaseModel):
+    """A tool call in a stream: sent whole, once the choice's text is complete, with its position."""
+
+    index: int = Field(ge=0)
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class ChunkDelta(_Open):
+    """What a chunk adds to its choice's message: ``role`` in the first, then ``content`` and ``tool_calls``
+    (each only when there is some)."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
 class ChunkChoice(_Open):
     index: int = Field(ge=0)
-    delta: dict[str, Any]
-    logprobs: dict[str, Any] | None
-    finish_reason: FinishReason
+    delta: ChunkDelta
+    logprobs: ChatLogprobs | None
+    finish_reason: FinishReasonName | None
 
 
 class ChatCompletionChunk(_Open):
@@ -114,6 +180,7 @@ class ChatCompletionChunk(_Open):
     usage: Usage | None = None
 
 
+# ------------------------------------------------------------------------------------------ models, health
 class ModelCard(_Open):
     id: str
     object: Literal["model"]
@@ -129,115 +196,3 @@ class ModelList(BaseModel):
 
 class Health(BaseModel):
     status: str
-
-
-def _event_stream(chunk: type[BaseModel]) -> dict[str, Any]:
-    """One server-sent event (OpenAPI 3.1: the schema of ``text/event-stream`` describes each event): ``data``
-    is a chunk, an in-band error (a failure after the headers were sent), or the final ``[DONE]``."""
-    payload = {"anyOf": [{"$ref": f"#/components/schemas/{chunk.__name__}"}, _ERROR_REF]}
-    data = {
-        "anyOf": [
-            {"type": "string", "const": "[DONE]"},
-            {"type": "string", "contentMediaType": "application/json", "contentSchema": payload},
-        ]
-    }
-    return {"schema": {"type": "object", "required": ["data"], "properties": {"data": data}}}
-
-
-_ERROR_REF = {"$ref": "#/components/schemas/ErrorResponse"}
-
-
-def _error(description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
-    response: dict[str, Any] = {"model": ErrorResponse, "description": description}
-    if headers:
-        response["headers"] = headers
-    return response
-
-
-RETRY_AFTER = {
-    "Retry-After": {"description": "Seconds to wait before retrying.", "schema": {"type": "integer"}}
-}
-_UNAUTHORIZED: dict[int | str, dict[str, Any]] = {
-    401: _error("Missing or wrong API key (`Authorization: Bearer <key>`).")
-}
-_INTERNAL: dict[int | str, dict[str, Any]] = {
-    500: _error("An unexpected error, or the model executor failed the request (`executor_error`).")
-}
-
-MODELS_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"model": ModelList, "description": "The served model."},
-    **_UNAUTHORIZED,
-    **_INTERNAL,
-}
-MODEL_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"model": ModelCard, "description": "The served model."},
-    **_UNAUTHORIZED,
-    404: _error("No such model (`model_not_found`)."),
-    **_INTERNAL,
-}
-
-
-def generation_responses(success: type[BaseModel], chunk: type[BaseModel]) -> dict[int | str, dict[str, Any]]:
-    """The statuses of /v1/completions and /v1/chat/completions; 200 is JSON, or an SSE stream with
-    ``stream: true`` (an executor failure after the headers ends the stream with an in-band error event)."""
-    return {
-        200: {
-            "model": success,
-            "description": "The completion, or with `stream: true` its chunks as server-sent events "
-            "(`data: {json}` lines, then `data: [DONE]`).",
-            "content": {"text/event-stream": _event_stream(chunk)},
-        },
-        400: _error("Invalid request: malformed JSON, a wrong field, too many tokens, unsupported option."),
-        **_UNAUTHORIZED,
-        404: _error("No such model (`model_not_found`)."),
-        413: _error("The request body exceeds `serving.maxRequestBodyBytes` (`request_too_large`)."),
-        **_INTERNAL,
-        503: _error(
-            "The request queue is full (`queue_full`) or the server is shutting down (`shutting_down`).",
-            headers=RETRY_AFTER,
-        ),
-    }
-
-
-HEALTH_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {"model": Health, "description": "Live (or ready)."},
-    503: {"model": Health, "description": "Not ready: the engine is starting, stopped, or draining."},
-}
-
-METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: {
-        "description": "Prometheus text exposition format 0.0.4.",
-        "content": {"text/plain": {"schema": {"type": "string"}}},
-    }
-}
-
-
-STREAM_CHUNKS = (CompletionChunk, ChatCompletionChunk)
-
-
-def _definitions(model: type[BaseModel]) -> dict[str, Any]:
-    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-    nested = schema.pop("$defs", {})
-    return {**nested, model.__name__: schema}
-
-
-def openapi_document(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's document without what this server never answers: 422 (validation errors are 400 here)
-    and the JSON body FastAPI assumes for a route that returns a plain ``Response`` (``/metrics``)."""
-    if app.openapi_schema is not None:
-        return app.openapi_schema
-    document = get_openapi(title=app.title, version=app.version, routes=app.routes)
-    for operations in document.get("paths", {}).values():
-        for operation in operations.values():
-            responses = operation.get("responses", {})
-            responses.pop("422", None)
-            ok = responses.get("200", {}).get("content", {})
-            if "text/plain" in ok:
-                ok.pop("application/json", None)
-    schemas = document.setdefault("components", {}).setdefault("schemas", {})
-    for model in STREAM_CHUNKS:  # referenced only from inside the event schemas
-        schemas.update(_definitions(model))
-    for unused in ("HTTPValidationError", "ValidationError"):
-        schemas.pop(unused, None)
-    app.openapi_schema = document
-    return document

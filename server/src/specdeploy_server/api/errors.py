@@ -6,6 +6,8 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from specdeploy_server.api import contract
+
 #: what a 503 (queue full, shutting down) asks the client to wait, in seconds (its ``Retry-After``)
 RETRY_AFTER_SECONDS = 1
 
@@ -23,7 +25,8 @@ class APIError(Exception):
             self.code = code
 
     def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.type, self.param, self.code)
+        detail = contract.ErrorDetail(message=self.message, type=self.type, param=self.param, code=self.code)
+        return contract.body(contract.ErrorResponse(error=detail))
 
     def headers(self) -> dict[str, str]:
         """Headers every response with this error carries."""
@@ -97,10 +100,6 @@ class ExecutorFailedError(InternalServerError):
     """The model executor failed this request (its message is passed on: it names the executor)."""
 
     code = "executor_error"
-
-
-def error_body(message: str, type_: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 def error_response(exc: APIError, headers: dict[str, str] | None = None) -> JSONResponse:

@@ -9,16 +9,18 @@ decoded text (a byte-level token that splits a character decodes to U+FFFD).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from specdeploy_server.api.contract import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
 from specdeploy_server.core.types import TokenLogprob
 from specdeploy_server.tokenizer import Tokenizer
 
 
 class LogprobFormatter:
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    """``texts``: the text of single token ids, memoised here (a server shares one such memo)."""
+
+    def __init__(self, tokenizer: Tokenizer, texts: dict[int, str] | None = None) -> None:
         self._tok = tokenizer
-        self._text: dict[int, str] = {}
+        self._text = {} if texts is None else texts
 
     def text(self, token: int) -> str:
         cached = self._text.get(token)
@@ -26,22 +28,26 @@ class LogprobFormatter:
             cached = self._text[token] = self._tok.decode([token])
         return cached
 
-    def chat(self, items: Sequence[TokenLogprob]) -> dict[str, Any]:
+    def chat(self, items: Sequence[TokenLogprob]) -> ChatLogprobs:
         """``choices[i].logprobs`` of a chat completion (or of one chunk)."""
-        return {"content": [self._chat_item(item) for item in items], "refusal": None}
+        return ChatLogprobs(content=[self._chat_item(item) for item in items], refusal=None)
 
-    def _entry(self, token: int, logprob: float) -> dict[str, Any]:
+    def _top(self, token: int, logprob: float) -> TopLogprob:
         text = self.text(token)
-        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+        return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode("utf-8")))
 
-    def _chat_item(self, item: TokenLogprob) -> dict[str, Any]:
-        entry = self._entry(item.token, item.logprob)
-        entry["top_logprobs"] = [self._entry(t, lp) for t, lp in item.top]
-        return entry
+    def _chat_item(self, item: TokenLogprob) -> ChatTokenLogprob:
+        text = self.text(item.token)
+        return ChatTokenLogprob(
+            token=text,
+            logprob=item.logprob,
+            bytes=list(text.encode("utf-8")),
+            top_logprobs=[self._top(t, lp) for t, lp in item.top],
+        )
 
     def completion(
         self, items: Sequence[TokenLogprob | None], tokens: Sequence[int], offset: int
-    ) -> dict[str, Any]:
+    ) -> CompletionLogprobs:
         """``choices[i].logprobs`` of a completion: ``items[j]`` is None for a token nobody predicted (the
         first prompt token when echoing); ``offset`` is where the first token's text starts in the choice's
         text."""
@@ -50,11 +56,11 @@ class LogprobFormatter:
         for text in texts:
             offsets.append(offset)
             offset += len(text)
-        return {
-            "tokens": texts,
-            "token_logprobs": [None if item is None else item.logprob for item in items],
-            "top_logprobs": [
+        return CompletionLogprobs(
+            tokens=texts,
+            token_logprobs=[None if item is None else item.logprob for item in items],
+            top_logprobs=[
                 None if item is None else {self.text(t): lp for t, lp in item.top} for item in items
             ],
-            "text_offset": offsets,
-        }
+            text_offset=offsets,
+        )

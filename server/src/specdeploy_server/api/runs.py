@@ -8,17 +8,20 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from specdeploy_server.api.textstream import IncrementalDecoder, StopMatcher
+from specdeploy_server.api.context import ResponseContext
+from specdeploy_server.api.contract import FinishReasonName, SpeculativeUsage, Usage
+from specdeploy_server.api.textstream import StopMatcher
 from specdeploy_server.core.types import FinishReason, SamplingParams, StepOutput, TokenLogprob
 from specdeploy_server.engine import Generation
 from specdeploy_server.grammar import GrammarConstraint
 
-if TYPE_CHECKING:
-    from specdeploy_server.api.serving import OpenAIServing
-
-_FINISH = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort"}
+_FINISH: dict[FinishReason, FinishReasonName] = {
+    FinishReason.STOP: "stop",
+    FinishReason.LENGTH: "length",
+    FinishReason.ABORT: "abort",
+}
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,7 @@ class Prepared:
 @dataclass
 class Delta:
     text: str
-    finish_reason: str | None
+    finish_reason: FinishReasonName | None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
 
@@ -60,7 +63,7 @@ class ChoiceRun:
         self.completion_tokens = 0
         self._itl: LatencyTally | None = None
 
-    def stepper(self) -> Callable[[StepOutput], tuple[str, str | None, int]]:
+    def stepper(self) -> Callable[[StepOutput], tuple[str, FinishReasonName | None, int]]:
         """``step(output) -> (text, finish_reason, kept)``: the text an engine output adds (stop strings cut,
         incomplete characters held back), the choice's finish reason once it is over (None before), and how
         many of the output's tokens count: all of them, except when a stop string ends inside a step of
@@ -68,11 +71,10 @@ class ChoiceRun:
         and logprobs are those of decoding one token at a time, whatever was accepted in a step. The TTFT/ITL
         metrics are kept. Everything it needs is bound here, once per choice: the streaming loop calls it once
         per event."""
-        serving = self._run.serving
         metrics = self._run.metrics
         ttft = metrics.ttft
         itl = self._itl = LatencyTally(metrics.itl)
-        decoder = IncrementalDecoder(serving.engine.tokenizer, serving.single_token_text)
+        decoder = self._run.context.decoder()
         feed, decoder_flush = decoder.feed, decoder.flush
         stopper = StopMatcher(self._run.prepared.stops)
         stop_feed = stopper.feed
@@ -85,7 +87,7 @@ class ChoiceRun:
         last = started
         clock = time.perf_counter
 
-        def step(out: StepOutput) -> tuple[str, str | None, int]:
+        def step(out: StepOutput) -> tuple[str, FinishReasonName | None, int]:
             nonlocal last
             ids = out.token_ids
             n = len(ids)
@@ -208,10 +210,10 @@ class LatencyTally:
 class Run:
     """One admitted request: ``n`` choices generating side by side."""
 
-    def __init__(self, prepared: Prepared, generations: list[Generation], serving: OpenAIServing) -> None:
+    def __init__(self, prepared: Prepared, generations: list[Generation], context: ResponseContext) -> None:
         self.prepared = prepared
-        self.serving = serving
-        self.metrics = serving.metrics.for_requests(serving.settings.served_model_name)
+        self.context = context
+        self.metrics = context.request_metrics()
         self.started = time.perf_counter()
         self.choices = [ChoiceRun(i, g, self) for i, g in enumerate(generations)]
 
@@ -229,21 +231,21 @@ class Run:
         for choice in self.choices:
             await choice.generation.close()
 
-    def usage(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        }
+    def usage(self) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            total_tokens=self.prompt_tokens + self.completion_tokens,
+        )
 
-    def speculative(self) -> dict[str, int]:
+    def speculative(self) -> SpeculativeUsage:
         stats = [c.generation.stats for c in self.choices]
-        return {
-            "steps": sum(s.steps for s in stats),
-            "draft_tokens": sum(s.drafted for s in stats),
-            "accepted_draft_tokens": sum(s.accepted for s in stats),
-            "forced_tokens": sum(s.forced for s in stats),
-        }
+        return SpeculativeUsage(
+            steps=sum(s.steps for s in stats),
+            draft_tokens=sum(s.drafted for s in stats),
+            accepted_draft_tokens=sum(s.accepted for s in stats),
+            forced_tokens=sum(s.forced for s in stats),
+        )
 
     def begin(self) -> None:
         self.metrics.in_flight.inc()

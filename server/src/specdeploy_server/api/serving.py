@@ -9,9 +9,10 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from specdeploy_server.api import responses
+from specdeploy_server.api import responses, streams
+from specdeploy_server.api.context import ResponseContext
+from specdeploy_server.api.contract import ChatCompletion, Completion, ModelCard, ModelList
 from specdeploy_server.api.errors import BadRequestError, ModelNotFoundError, OverloadedError
-from specdeploy_server.api.logprobs import LogprobFormatter
 from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest
 from specdeploy_server.api.runs import Delta, Prepared, Run
 from specdeploy_server.api.sampling import choice_seed, required_features, sampling_params
@@ -41,12 +42,9 @@ class OpenAIServing:
     def __init__(self, engine: EngineClient, settings: ServingSettings, metrics: ServerMetrics) -> None:
         self.engine = engine
         self.settings = settings
-        self.metrics = metrics
+        self.context = ResponseContext(settings.served_model_name, engine.tokenizer, metrics)
         self._tokenizer_pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._compiler: GrammarCompiler | None = None
-        self.logprobs = LogprobFormatter(engine.tokenizer)
-        #: the text of single token ids, memoised for the streams' incremental decoders
-        self.single_token_text: dict[int, str] = {}
 
     async def _off_loop(self, size: int, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)`` on the tokenizer threads when ``size`` (characters) makes it worth it, so a long
@@ -74,10 +72,10 @@ class OpenAIServing:
             code="context_length_exceeded",
         )
 
-    def list_models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [self._model_card()]}
+    def list_models(self) -> ModelList:
+        return ModelList(object="list", data=[self._model_card()])
 
-    def retrieve_model(self, model: str) -> dict[str, Any]:
+    def retrieve_model(self, model: str) -> ModelCard:
         """``GET /v1/models/{model}``: the served model's card, or 404 ``model_not_found``."""
         if model != self.settings.served_model_name:
             raise ModelNotFoundError(
@@ -86,15 +84,15 @@ class OpenAIServing:
             )
         return self._model_card()
 
-    def _model_card(self) -> dict[str, Any]:
+    def _model_card(self) -> ModelCard:
         info = self.engine.info
-        return {
-            "id": self.settings.served_model_name,
-            "object": "model",
-            "created": info.created,
-            "owned_by": "specdeploy",
-            "max_model_len": info.max_model_len,
-        }
+        return ModelCard(
+            id=self.settings.served_model_name,
+            object="model",
+            created=info.created,
+            owned_by="specdeploy",
+            max_model_len=info.max_model_len,
+        )
 
     # ----------------------------------------------------------------- validation
     def _check_common(self, req: CompletionRequest | ChatCompletionRequest, grammar: bool) -> None:
@@ -279,7 +277,7 @@ class OpenAIServing:
         """Queue the request's ``n`` generations (each its own sequence, speculative state and grammar
         state; choice i > 0 samples with a seed derived from the request's)."""
         if prepared.max_tokens == 0:  # echo only: nothing to generate, nothing queued
-            return Run(prepared, [_nothing_generated() for _ in range(prepared.n)], self)
+            return Run(prepared, [_nothing_generated() for _ in range(prepared.n)], self.context)
         generations: list[Generation] = []
         try:
             for i in range(prepared.n):
@@ -299,20 +297,20 @@ class OpenAIServing:
             if isinstance(exc, QueueFullError):
                 raise OverloadedError(str(exc)) from exc
             raise OverloadedError(str(exc), code="shutting_down") from exc
-        return Run(prepared, generations, self)
+        return Run(prepared, generations, self.context)
 
     # ----------------------------------------------------------------- responses
-    async def completion(self, req: CompletionRequest) -> dict[str, Any]:
-        return await responses.completion(self, self.start(await self.prepare_completion(req)))
+    async def completion(self, req: CompletionRequest) -> Completion:
+        return await responses.completion(self.context, self.start(await self.prepare_completion(req)))
 
-    async def chat(self, req: ChatCompletionRequest) -> dict[str, Any]:
-        return await responses.chat(self, self.start(await self.prepare_chat(req)))
+    async def chat(self, req: ChatCompletionRequest) -> ChatCompletion:
+        return await responses.chat(self.context, self.start(await self.prepare_chat(req)))
 
     def stream_completion(self, run: Run) -> AsyncIterator[str]:
-        return responses.stream_completion(self, run)
+        return streams.stream_completion(self.context, run)
 
     def stream_chat(self, run: Run) -> AsyncIterator[str]:
-        return responses.stream_chat(self, run)
+        return streams.stream_chat(self.context, run)
 
 
 def _nothing_generated() -> Generation:

@@ -33,7 +33,6 @@ from typing import Any
 from specdeploy_server.backends.step_costs import AcceptanceModel, SpeculationPreset, StepTimeModel
 from specdeploy_server.core.drafters import Drafter, DraftModelDrafter, NoDrafter
 from specdeploy_server.core.executors import DraftRequest, VerifyRequest
-from specdeploy_server.core.logits import TokenConstraint
 from specdeploy_server.core.scheduler import GlobalStats, SchedulerSettings, SpeculativeScheduler
 from specdeploy_server.core.types import (
     FinishReason,
@@ -42,6 +41,7 @@ from specdeploy_server.core.types import (
     SeqStats,
     SequenceState,
     StepOutput,
+    TokenConstraint,
 )
 from specdeploy_server.engine import Engine, Generation, ModelInfo, model_info
 from specdeploy_server.tokenizer import Tokenizer

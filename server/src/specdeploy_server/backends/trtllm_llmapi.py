@@ -12,14 +12,8 @@ end-of-sequence id of our tokenizer (``eos_token_ids``: tokenizer and ``generati
 sent as ``stop_token_ids``, with ``include_stop_str_in_output`` so the stop token is emitted as the other
 backends emit it.
 
-Acceptance: every request sets ``return_perf_metrics``. Its final output's
-``request_perf_metrics.speculative_decoding`` (drafted, accepted) is used where it is real; TensorRT-LLM 1.2.x
-returns it zeroed in the PyTorch flow with the default sampler (fixed upstream after 1.2.1). Otherwise the
-counts come from the stream itself: each streamed output is one executor response, i.e. one iteration, and
-the tokens it adds beyond 1 are accepted draft tokens; drafted is ``k`` per generation iteration (exact for
-methods that always draft ``k``, an upper bound for promptLookup, which drafts only on an n-gram match).
-``specdeploy_llmapi_acceptance_source_total{source}`` in /metrics counts requests by where their figures
-came from.
+Acceptance: every request sets ``return_perf_metrics``; the draft/accepted counts come from TensorRT-LLM's
+request perf metrics where they are real, else from the stream (``llmapi_acceptance``).
 
 Request fields: penalties, ``top_k`` and ``min_p`` go into ``SamplingParams``; structured output into
 ``guided_decoding`` (``GuidedDecodingParams``), with the LLM's ``guided_decoding_backend`` llguidance.
@@ -36,14 +30,18 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable, Iterator
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import AsyncGenerator, Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import CounterMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 from specdeploy_server.backends.errors import BackendUnavailableError, import_tensorrt_llm
+from specdeploy_server.backends.llmapi_acceptance import (
+    AcceptanceSources,
+    RequestObserver,
+    StreamCounts,
+    request_acceptance,
+)
 from specdeploy_server.backends.llmapi_args import (
     BACKEND,
     checkpoint_field,
@@ -55,58 +53,32 @@ from specdeploy_server.backends.llmapi_args import (
 from specdeploy_server.config import Acceptance, Method, ServerConfig
 from specdeploy_server.core.executors import ExecutorError
 from specdeploy_server.core.load import ThroughputMeter
-from specdeploy_server.core.logits import TokenConstraint
 from specdeploy_server.core.scheduler import (
     EngineStoppedError,
     GlobalStats,
     QueueFullError,
     SchedulerObserver,
 )
-from specdeploy_server.core.types import FinishReason, SamplingParams, SeqStats, StepOutput
-from specdeploy_server.engine import Feature, Generation, ModelInfo, check_features, model_info
+from specdeploy_server.core.types import FinishReason, SamplingParams, SeqStats, StepOutput, TokenConstraint
+from specdeploy_server.engine import (
+    ExecutorSample,
+    Feature,
+    Generation,
+    ModelInfo,
+    check_features,
+    model_info,
+)
 from specdeploy_server.grammar import Guide
-from specdeploy_server.metrics import ExecutorSample
 from specdeploy_server.tokenizer import HFTokenizer, Tokenizer
 
 log = logging.getLogger(__name__)
 
 # 'cancelled' (abort()) and 'timeout' end a stream early: abort.
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
-#: where a request's draft/accepted counts came from
-SOURCE_PERF_METRICS = "perf_metrics"  # TensorRT-LLM's request_perf_metrics.speculative_decoding
-SOURCE_TOKEN_COUNTS = "token_counts"  # tokens per streamed response beyond 1; k drafted per generation step
 _ABORT_WAIT_SECONDS = 1.0  # how long aborted streams get to end before the LLM shuts down
 #: what this backend passes to TensorRT-LLM (SamplingParams' penalties, top_k, min_p; guided_decoding for
 #: json_object, json_schema, Lark and tools); logit_bias, logprobs and raw llguidance grammars are refused
 FEATURES = frozenset({Feature.PENALTIES, Feature.FILTERS, Feature.GRAMMAR})
-
-
-@runtime_checkable
-class RequestObserver(Protocol):
-    """Receives per-request speculation totals (the LLM API reports them per request, not per step)."""
-
-    def on_request_speculation(self, drafted: int, accepted: int) -> None: ...
-
-
-class AcceptanceSources(Collector):
-    """``specdeploy_llmapi_acceptance_source_total{source}``: finished requests by where their acceptance
-    figures came from, so a dashboard knows what ``specdeploy_accepted_draft_tokens_total`` is made of."""
-
-    def __init__(self, model: str) -> None:
-        self.model = model
-        self.counts = {SOURCE_PERF_METRICS: 0, SOURCE_TOKEN_COUNTS: 0}
-
-    def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(
-            "specdeploy_llmapi_acceptance_source",
-            "trtllm-llmapi requests whose draft/accepted counts came from TensorRT-LLM's request perf "
-            "metrics (perf_metrics) or from the stream: tokens per response beyond 1 accepted, draft length "
-            "per generation step drafted (token_counts)",
-            labels=["model", "source"],
-        )
-        for source, count in self.counts.items():
-            family.add_metric([self.model, source], count)
-        yield family
 
 
 class LlmApiEngine:
@@ -266,7 +238,7 @@ class LlmApiEngine:
             output = self._llm.generate_async(list(prompt_ids), sampling_params=sampling(), streaming=True)
             self._outputs[request_id] = output
             sent = 0
-            counts = _StreamCounts()
+            counts = StreamCounts()
             async for out in output:
                 completion = out.outputs[0]
                 token_ids = list(completion.token_ids)
@@ -312,22 +284,12 @@ class LlmApiEngine:
             self._throughput.observe(n, now - self._busy_since)
         self._busy_since = now
 
-    def _speculation(self, completion: Any, counts: _StreamCounts, stats: SeqStats) -> None:
+    def _speculation(self, completion: Any, counts: StreamCounts, stats: SeqStats) -> None:
         """Per-request draft/accept totals: TensorRT-LLM's ``request_perf_metrics`` where they are real, else
         what the stream showed."""
         if self._draft_len <= 0:
             return
-        metrics = getattr(completion, "request_perf_metrics", None)
-        spec = getattr(metrics, "speculative_decoding", None)
-        reported = (0, 0)
-        if spec is not None:
-            reported = (int(spec.total_draft_tokens), int(spec.total_accepted_draft_tokens))
-        # Zeroed counters (1.2.x, PyTorch flow, default sampler) are not real: the stream shows acceptance.
-        if reported[0] > 0 and (reported[1] > 0 or counts.accepted == 0):
-            source, (drafted, accepted) = SOURCE_PERF_METRICS, reported
-        else:
-            drafted = counts.steps * self._draft_len
-            source, accepted = SOURCE_TOKEN_COUNTS, min(counts.accepted, drafted)
+        source, drafted, accepted = request_acceptance(completion, counts, self._draft_len)
         self.acceptance_sources.counts[source] += 1
         if drafted <= 0:
             return
@@ -336,22 +298,6 @@ class LlmApiEngine:
         self._stats.accepted += accepted
         if self._observer is not None:
             self._observer.on_request_speculation(drafted, accepted)
-
-
-class _StreamCounts:
-    """What one request's stream shows: each output is one executor response (one iteration); the first is
-    the context step, each later one a generation step whose tokens beyond 1 are accepted draft tokens."""
-
-    def __init__(self) -> None:
-        self.responses = 0
-        self.steps = 0  # generation steps (responses with tokens after the first)
-        self.accepted = 0
-
-    def observe(self, new_tokens: int) -> None:
-        self.responses += 1
-        if self.responses > 1 and new_tokens > 0:
-            self.steps += 1
-            self.accepted += new_tokens - 1
 
 
 def settings_problems(config: ServerConfig) -> list[str]:

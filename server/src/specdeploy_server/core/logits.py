@@ -12,56 +12,23 @@ Two stages, in this order (as vLLM does):
 Speculation verifies ``k`` draft tokens at once, so both stages work on ``k + 1`` rows: row ``i`` follows
 the sequence plus the first ``i`` draft tokens, and every penalty and the grammar state are taken at that
 point (as if the draft tokens before it had been emitted). The grammar itself is behind
-:class:`TokenConstraint`; the serving layer implements it with llguidance, the core knows only this protocol.
+:class:`~specdeploy_server.core.types.TokenConstraint`; the serving layer implements it with llguidance, the
+core knows only this protocol.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
 
 import numpy as np
 
 from specdeploy_server.core.types import (
-    BoolArray,
     FloatArray,
     Proposal,
     SamplingParams,
     SequenceState,
     TokenLogprob,
 )
-
-
-class TokenConstraint(Protocol):
-    """A grammar over one sequence's generated tokens, with a current state.
-
-    The scheduler moves the state on (``take_forced``, ``advance``); the other methods look ahead along a
-    draft and leave the state as it was.
-    """
-
-    def allowed_prefix(self, tokens: Sequence[int]) -> int:
-        """How many of ``tokens``, from the current state, the grammar allows one after another (an
-        end-of-sequence token it allows counts, and ends the look-ahead)."""
-        ...
-
-    def masks(self, draft: Sequence[int], vocab_size: int) -> BoolArray:
-        """``(len(draft) + 1, vocab_size)``: the tokens allowed after each prefix of ``draft`` (which the
-        grammar allows). Every row allows at least one token."""
-        ...
-
-    def take_forced(self, limit: int) -> list[int]:
-        """Consume and return up to ``limit`` tokens that are the only token the grammar allows at their
-        position (never an end-of-sequence token)."""
-        ...
-
-    def advance(self, tokens: Sequence[int]) -> None:
-        """Consume tokens the sequence emitted (an end-of-sequence token ends the grammar)."""
-        ...
-
-    def forced_after(self, prefix: Sequence[int], limit: int) -> list[int] | None:
-        """The tokens (up to ``limit``) the grammar forces after ``prefix`` (from the current state, which
-        is left as it was); None when it does not allow ``prefix``."""
-        ...
 
 
 def target_logits(seq: SequenceState, draft: Sequence[int], logits: FloatArray) -> FloatArray:

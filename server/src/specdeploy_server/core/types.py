@@ -5,15 +5,12 @@ from __future__ import annotations
 import asyncio
 import enum
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
-
-if TYPE_CHECKING:
-    from specdeploy_server.core.logits import TokenConstraint
 
 FloatArray = NDArray[np.float64]
 BoolArray = NDArray[np.bool_]
@@ -42,6 +39,38 @@ class RequestState(enum.Enum):
     @property
     def live(self) -> bool:
         return self is RequestState.WAITING or self is RequestState.RUNNING
+
+
+class TokenConstraint(Protocol):
+    """A grammar over one sequence's generated tokens, with a current state.
+
+    The scheduler moves the state on (``take_forced``, ``advance``); the other methods look ahead along a
+    draft and leave the state as it was.
+    """
+
+    def allowed_prefix(self, tokens: Sequence[int]) -> int:
+        """How many of ``tokens``, from the current state, the grammar allows one after another (an
+        end-of-sequence token it allows counts, and ends the look-ahead)."""
+        ...
+
+    def masks(self, draft: Sequence[int], vocab_size: int) -> BoolArray:
+        """``(len(draft) + 1, vocab_size)``: the tokens allowed after each prefix of ``draft`` (which the
+        grammar allows). Every row allows at least one token."""
+        ...
+
+    def take_forced(self, limit: int) -> list[int]:
+        """Consume and return up to ``limit`` tokens that are the only token the grammar allows at their
+        position (never an end-of-sequence token)."""
+        ...
+
+    def advance(self, tokens: Sequence[int]) -> None:
+        """Consume tokens the sequence emitted (an end-of-sequence token ends the grammar)."""
+        ...
+
+    def forced_after(self, prefix: Sequence[int], limit: int) -> list[int] | None:
+        """The tokens (up to ``limit``) the grammar forces after ``prefix`` (from the current state, which
+        is left as it was); None when it does not allow ``prefix``."""
+        ...
 
 
 @dataclass(frozen=True)

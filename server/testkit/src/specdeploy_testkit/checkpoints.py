@@ -1,4 +1,5 @@
-"""Tiny Llama-architecture checkpoints for tests and benchmarks (random weights, locally trained tokenizer).
+"""Tiny Llama-architecture checkpoints for tests and benchmarks (random weights, a tokenizer trained here on
+:mod:`specdeploy_testkit.sample_text`).
 
 They are written with ``save_pretrained`` and loaded back through the same path a real checkpoint takes, so
 nothing is ever downloaded. Needs the ``torch`` extra.
@@ -8,47 +9,22 @@ from __future__ import annotations
 
 import itertools
 import json
-import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from specdeploy_server.demo_models import bpe_tokenizer
 from tokenizers import pre_tokenizers
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from specdeploy_server.demo_models import bpe_tokenizer
+from specdeploy_testkit.sample_text import corpus
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>{% endif %}"
 )
-
-_WORDS = (  # noqa: SIM905
-    "the a an speculative decoding draft target model token accept reject sample verify cache kernel batch "
-    "queue server request stream latency throughput gpu memory engine tensor prompt lookup ngram chat user "
-    "assistant system hello world python rust kubernetes operator pod node replica scale fast slow red green "
-    "blue one two three four five six seven eight nine ten and or not if then else for while return def class"
-).split()
-
-
-def corpus(lines: int = 600, seed: int = 0) -> list[str]:
-    """Deterministic pseudo-text with repetition (so n-grams recur, as in real prompts)."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(lines):
-        words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 14))]
-        if i % 5 == 0:
-            words += words[: rng.randint(2, 5)]
-        out.append(" ".join(words) + (f" {i % 97}." if i % 3 == 0 else "."))
-    return out
-
-
-def prompts(count: int, seed: int = 1) -> list[str]:
-    rng = random.Random(seed)
-    text = corpus(200, seed)
-    return [" ".join(rng.sample(text, rng.randint(1, 3))) for _ in range(count)]
 
 
 def train_tokenizer(directory: Path, vocab_size: int = 384, *, padded_to: int | None = None) -> None:
@@ -138,49 +114,3 @@ def save_tiny_llama(
 ) -> Path:
     """A random-weight Llama checkpoint with ``tokenizer_dir``'s tokenizer copied beside it."""
     return save_with_tokenizer(tiny_llama(tokenizer_dir, seed, shape, dtype), directory, tokenizer_dir)
-
-
-# ------------------------------------------------------------------ JSON schemas for structured output
-# Small enough that a random-weight model completes any instance within about 150 tokens: bounded strings,
-# integers and arrays, no free-form numbers, every object closed (additionalProperties false).
-_NAMES = ["id", "name", "city", "count", "tags", "ok", "kind", "size", "items", "meta", "score", "note"]
-
-
-def _scalar(rng: random.Random) -> dict[str, Any]:
-    kind = rng.choice(["string", "integer", "boolean", "enum", "null", "pattern"])
-    if kind == "string":
-        return {"type": "string", "minLength": rng.randint(0, 2), "maxLength": rng.randint(2, 6)}
-    if kind == "integer":
-        low = rng.randint(-50, 50)
-        return {"type": "integer", "minimum": low, "maximum": low + rng.randint(0, 500)}
-    if kind == "enum":
-        return {"enum": rng.sample(["red", "green", "blue", "alpha", "beta", 1, 2, True], rng.randint(1, 4))}
-    if kind == "pattern":
-        return {
-            "type": "string",
-            "pattern": rng.choice(["^[a-z]{2,4}$", "^[0-9]{3}-[0-9]{2}$", "^(yes|no)$"]),
-        }
-    return {"type": kind}
-
-
-def _value(rng: random.Random, depth: int) -> dict[str, Any]:
-    roll = rng.random()
-    if depth < 2 and roll < 0.2:
-        return random_object(rng, depth + 1, max_properties=2)
-    if roll < 0.35:
-        return {"type": "array", "items": _scalar(rng), "minItems": 0, "maxItems": rng.randint(1, 3)}
-    if roll < 0.42:
-        return {"anyOf": [_scalar(rng), _scalar(rng)]}
-    return _scalar(rng)
-
-
-def random_object(rng: random.Random, depth: int = 0, max_properties: int = 4) -> dict[str, Any]:
-    names = rng.sample(_NAMES, rng.randint(1, max_properties))
-    properties = {name: _value(rng, depth) for name in names}
-    required = [n for n in names if rng.random() < 0.7]
-    return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
-
-
-def json_schemas(count: int, seed: int = 0) -> list[dict[str, Any]]:
-    rng = random.Random(seed)
-    return [random_object(rng) for _ in range(count)]

@@ -1,4 +1,4 @@
-"""Serve an ASGI app with uvicorn on 127.0.0.1 in a background thread (tests and benchmarks)."""
+"""Serve an ASGI app with uvicorn on 127.0.0.1 in a background thread."""
 
 from __future__ import annotations
 
