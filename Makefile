@@ -16,14 +16,14 @@ PYTEST_ARGS ?=
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: operator/pyproject.toml server/pyproject.toml hack/cluster/pyproject.toml
+$(VENV)/.installed: operator/pyproject.toml server/pyproject.toml server/testkit/pyproject.toml hack/cluster/pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e './operator[test]' -e './server[test]' -e ./hack/cluster
+	$(PY) -m pip install --quiet -e './operator[test]' -e './server[test]' -e ./server/testkit -e ./hack/cluster
 	@touch $@
 
 .PHONY: venv
-venv: $(VENV)/.installed ## create/refresh the virtualenv in .venv: both packages with their test extras, and the local-cluster harness
+venv: $(VENV)/.installed ## create/refresh the virtualenv in .venv: both packages with their test extras, the test kit and the local-cluster harness
 
 .PHONY: bins
 bins: ## build (or find cached) kube-apiserver, controller-manager, scheduler, kubectl, etcd, kwok, helm, prometheus, prometheus-adapter, cluster-autoscaler
@@ -33,7 +33,7 @@ bins: ## build (or find cached) kube-apiserver, controller-manager, scheduler, k
 lint: venv ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy operator/src server/src hack/cluster/src tests benchmarks hack/demo_client.py \
+	$(VENV)/bin/mypy operator/src server/src server/testkit/src hack/cluster/src tests benchmarks hack/demo_client.py \
 	  hack/demo_pods.py hack/docgen.py hack/measure.py
 
 .PHONY: fmt

@@ -350,10 +350,9 @@ def default_helm() -> str:
         return os.environ["HELM"]
     if os.environ.get("SPECDEPLOY_BIN_DIR"):
         return str(Path(os.environ["SPECDEPLOY_BIN_DIR"]) / "helm")
-    sys.path.insert(0, str(REPO / "hack" / "cluster"))
     import tempfile  # noqa: PLC0415
 
-    from localcluster import LocalCluster  # noqa: PLC0415
+    from specdeploy_localcluster.cluster import LocalCluster  # noqa: PLC0415
 
     return str(LocalCluster(Path(tempfile.gettempdir()) / "specdeploy-unused").bin_dir / "helm")
 

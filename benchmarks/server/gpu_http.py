@@ -25,7 +25,6 @@ import asyncio
 import dataclasses
 import json
 import multiprocessing
-import socket
 import statistics
 import time
 from collections.abc import Sequence
@@ -44,6 +43,7 @@ from specdeploy_server.engine import EngineClient
 from specdeploy_testkit import sample_text
 
 from benchmarks.server.http_stream import _Client
+from benchmarks.server.listen import listening_socket, url_of
 
 MODEL_NAME = "bench"
 MODES = ("direct", "http")
@@ -149,20 +149,15 @@ async def _serve_and_measure(
     engine = build_engine(ServerConfig.model_validate(config))
     app = create_app(engine, served_model_name=MODEL_NAME)
     freeze_startup_heap()
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", backlog=1024, lifespan="on")
-    )
-    serving = asyncio.create_task(server.serve())  # its lifespan starts the engine
+    sock = listening_socket()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error", lifespan="on"))
+    serving = asyncio.create_task(server.serve(sockets=[sock]))  # its lifespan starts the engine
     while not server.started:
         if serving.done():
             serving.result()  # raises what stopped it
             raise RuntimeError("the server stopped before it started")
         await asyncio.sleep(0.05)
-    url = f"http://127.0.0.1:{port}"
+    url = url_of(sock)
     texts = sample_text.prompts(16, seed=11)
     prompts = [engine.tokenizer.encode(t) for t in texts]
     bodies = [
@@ -218,6 +213,7 @@ async def _serve_and_measure(
     finally:
         server.should_exit = True
         await serving
+        sock.close()
     return points
 
 

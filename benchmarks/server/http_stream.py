@@ -34,6 +34,8 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
+from benchmarks.server.listen import listening_socket, url_of
+
 #: tokens per step in per-step mode (a speculative step's accepted tokens plus the target's own)
 TOKENS_PER_STEP = 4
 
@@ -188,37 +190,26 @@ async def _measure(client: _Client, url: str, streams: int, tokens: int) -> tupl
     return sum(c[0] for c in counts) / elapsed, received / elapsed
 
 
-def _serve(port: int, tokens_per_step: int, bare: bool) -> None:
-    """The child process: one app on ``port`` until terminated."""
+def _serve(sock: socket.socket, tokens_per_step: int, bare: bool) -> None:
+    """The child process: one app on the listening socket ``sock`` until terminated."""
     app = bare_app() if bare else create_app(InstantEngine(tokens_per_step), served_model_name="instant")
     freeze_startup_heap()  # the garbage collector as the server's command sets it, for both apps alike
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", backlog=1024)
+    uvicorn.Server(uvicorn.Config(app, log_level="error")).run(sockets=[sock])
 
 
 @contextlib.contextmanager
 def _served(tokens_per_step: int, bare: bool) -> Iterator[str]:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()
+    sock = listening_socket()
     process = multiprocessing.get_context("spawn").Process(
-        target=_serve, args=(port, tokens_per_step, bare), daemon=True
+        target=_serve, args=(sock, tokens_per_step, bare), daemon=True
     )
     process.start()
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or not process.is_alive():
-                    raise RuntimeError("the benchmark server did not start") from None
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
+        yield url_of(sock)  # connections queue in the socket's backlog until the child serves them
     finally:
         process.terminate()
         process.join(timeout=10)
+        sock.close()
 
 
 def run(

@@ -31,6 +31,8 @@ from typing import Any
 
 import httpx
 
+from benchmarks.server.listen import listening_socket, url_of
+
 VERIFY_SECONDS = 0.005
 PROBE_SECONDS = 0.001
 HUGE_REQUESTS = 3
@@ -58,7 +60,7 @@ class LagResult:
 
 
 # ------------------------------------------------------------------------------------- the server (child)
-def _serve(port: int, tokenizer_dir: str | None, max_model_len: int, max_batch_size: int) -> None:
+def _serve(sock: socket.socket, tokenizer_dir: str | None, max_model_len: int, max_batch_size: int) -> None:
     import uvicorn  # noqa: PLC0415
     from fastapi import FastAPI  # noqa: PLC0415
     from specdeploy_server.api.app import create_app  # noqa: PLC0415
@@ -103,7 +105,7 @@ def _serve(port: int, tokenizer_dir: str | None, max_model_len: int, max_batch_s
 
     app.add_api_route("/bench/lag/start", start, methods=["POST"])
     app.add_api_route("/bench/lag/stop", stop, methods=["POST"])
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="error", backlog=4096)
+    uvicorn.Server(uvicorn.Config(app, log_level="error")).run(sockets=[sock])
 
 
 def _raise_fd_limit() -> None:
@@ -113,17 +115,14 @@ def _raise_fd_limit() -> None:
 
 class _Server:
     def __init__(self, tokenizer_dir: Path | None, max_model_len: int, max_batch_size: int = 8) -> None:
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.port = sock.getsockname()[1]
-        sock.close()
+        self.sock = listening_socket()  # handed to the child: no other process can take the port meanwhile
         context = multiprocessing.get_context("spawn")
         self.process = context.Process(
             target=_serve,
-            args=(self.port, str(tokenizer_dir) if tokenizer_dir else None, max_model_len, max_batch_size),
+            args=(self.sock, str(tokenizer_dir) if tokenizer_dir else None, max_model_len, max_batch_size),
             daemon=True,
         )
-        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.base_url = url_of(self.sock)
 
     def __enter__(self) -> _Server:
         self.process.start()
@@ -140,6 +139,7 @@ class _Server:
     def __exit__(self, *exc: object) -> None:
         self.process.terminate()
         self.process.join(timeout=10)
+        self.sock.close()
 
 
 def _summary(scenario: str, stopped: dict[str, Any], **details: Any) -> LagResult:
