@@ -44,14 +44,28 @@ echo "== operator: python -m specdeploy_operator (log: $dir/logs/operator.log)"
 if [ -f "$dir/pids/operator" ] && kill -0 "$(cat "$dir/pids/operator")" 2>/dev/null; then
   kill "$(cat "$dir/pids/operator")"; sleep 1
 fi
-health_port="$($py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-metrics_port="$($py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-# status.speculation from 5 s windows (the default is 30 s), so the demo shows it within seconds.
-SPECDEPLOY_SPECULATION_INTERVAL_SECONDS=5 setsid $py -m specdeploy_operator --kubeconfig "$dir/kubeconfigs/operator.kubeconfig" \
-  --health-port "$health_port" --metrics-port "$metrics_port" >>"$dir/logs/operator.log" 2>&1 &
-echo $! >"$dir/pids/operator"
-for _ in $(seq 1 100); do
-  curl -sf "http://127.0.0.1:$health_port/healthz" >/dev/null 2>&1 && break; sleep 0.2
+free_port() { $py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# The ports are free when picked, but another process may take one before the operator binds it: then the
+# operator says "address already in use" (and never turns healthy), and it is started again on new ports.
+touch "$dir/logs/operator.log"
+for attempt in 1 2 3; do
+  health_port="$(free_port)"
+  metrics_port="$(free_port)"
+  log_start=$(($(wc -c <"$dir/logs/operator.log") + 1))
+  # status.speculation from 5 s windows (the default is 30 s), so the demo shows it within seconds.
+  SPECDEPLOY_SPECULATION_INTERVAL_SECONDS=5 setsid $py -m specdeploy_operator --kubeconfig "$dir/kubeconfigs/operator.kubeconfig" \
+    --health-port "$health_port" --metrics-port "$metrics_port" >>"$dir/logs/operator.log" 2>&1 &
+  echo $! >"$dir/pids/operator"
+  for _ in $(seq 1 100); do
+    curl -sf "http://127.0.0.1:$health_port/healthz" >/dev/null 2>&1 && break
+    tail -c "+$log_start" "$dir/logs/operator.log" | grep -q 'address already in use' && break
+    sleep 0.2
+  done
+  curl -sf "http://127.0.0.1:$health_port/healthz" >/dev/null 2>&1 && break
+  kill "$(cat "$dir/pids/operator")" 2>/dev/null || true
+  tail -c "+$log_start" "$dir/logs/operator.log" | grep -q 'address already in use' || break
+  echo "   a port was taken before the operator bound it (attempt $attempt); starting it again on new ports"
+  sleep 1
 done
 curl -sf "http://127.0.0.1:$health_port/healthz" >/dev/null || { tail -20 "$dir/logs/operator.log"; exit 1; }
 echo "   running (pid $(cat "$dir/pids/operator"), metrics http://127.0.0.1:$metrics_port/metrics)"
@@ -98,11 +112,18 @@ follow "$cpu" 300 '{.status.phase} {.status.readyText}'
 echo
 pods_table
 echo
-port="$($py -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-echo "== kubectl port-forward -n $namespace svc/$cpu $port:8000, then the official openai client"
-k port-forward -n "$namespace" "svc/$cpu" "$port:8000" >"$dir/logs/demo-port-forward.log" 2>&1 &
+echo "== kubectl port-forward -n $namespace svc/$cpu :8000 (it picks a free local port), then the official openai client"
+k port-forward -n "$namespace" "svc/$cpu" ":8000" >"$dir/logs/demo-port-forward.log" 2>&1 &
 forward=$!
 trap 'kill $forward 2>/dev/null || true' EXIT
+port=""
+for _ in $(seq 1 100); do
+  port="$(sed -n 's/^Forwarding from 127\.0\.0\.1:\([0-9]*\) -> 8000$/\1/p' "$dir/logs/demo-port-forward.log" | head -n 1)"
+  [ -n "$port" ] && break
+  sleep 0.2
+done
+[ -n "$port" ] || { cat "$dir/logs/demo-port-forward.log"; exit 1; }
+echo "   forwarding 127.0.0.1:$port -> 8000"
 for _ in $(seq 1 100); do
   curl -sf "http://127.0.0.1:$port/health/ready" >/dev/null 2>&1 && break
   sleep 0.2

@@ -1,9 +1,9 @@
 """The local cluster's address plan: nodes and the apiserver's node connections stay on loopback, pods in the
-pod network this machine keeps to itself (hack/cluster/podnet.py).
+pod network this machine keeps to itself (specdeploy_localcluster.podnet).
 
 Regression for the apiserver connecting to `10.250.0.1:10250` (a simulated node's old InternalIP and default
 kubelet port) on `kubectl logs`: such a request must land on kwok's kubelet-API server on 127.0.0.1, and the
-session's loopback-only guard (tests/conftest.py, hack/cluster/netguard.py) must have seen nothing else.
+session's loopback-only guard (tests/conftest.py, specdeploy_localcluster.netguard) must have seen nothing else.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The CPU example (examples/09) is applied in a fresh namespace the session's operator watches; its models are
 made inside the cluster by the same Job `make demo` runs (hack/demo-models.yaml, a short training run here).
-Clients reach the Service as kube-proxy would (hack/cluster/serviceload.py) or through `kubectl
+Clients reach the Service as kube-proxy would (specdeploy_localcluster.serviceload) or through `kubectl
 port-forward`; nothing retries.
 """
 
