@@ -12,6 +12,18 @@ from .autoscaling import (
 )
 from .base import API_VERSION, GROUP, RULE_ERROR_TYPE, VERSION, ApiModel, PrinterColumn, ResourceInfo, Rule
 from .checkpoint import MODEL_URI_PATTERN, ModelSource, QuantizationSpec
+from .conditions import (
+    CONDITION_REASONS,
+    CREATION_REASONS,
+    BuildPhase,
+    ConditionStatus,
+    ConditionType,
+    DeploymentPhase,
+    EventType,
+    KubeCondition,
+    KubeReason,
+    Reason,
+)
 from .enginebuild import (
     ENGINE_BUILD,
     EngineBuild,
@@ -38,7 +50,6 @@ from .speculative import (
     AutoscalerRef,
     Backend,
     BuildSpec,
-    ConditionType,
     Device,
     EagleSpec,
     EngineCacheSpec,
@@ -62,6 +73,8 @@ from .speculative import (
 
 __all__ = [
     "API_VERSION",
+    "CONDITION_REASONS",
+    "CREATION_REASONS",
     "DEFAULT_TARGETS",
     "DRAFT_TOKEN_METHODS",
     "ENGINE_BUILD",
@@ -79,9 +92,12 @@ __all__ = [
     "AutoscalingMetric",
     "AutoscalingSpec",
     "Backend",
+    "BuildPhase",
     "BuildSpec",
     "Condition",
+    "ConditionStatus",
     "ConditionType",
+    "DeploymentPhase",
     "Device",
     "EagleSpec",
     "EngineBuild",
@@ -93,10 +109,13 @@ __all__ = [
     "EngineRef",
     "EngineRefs",
     "EngineRole",
+    "EventType",
     "FieldError",
     "ImagesSpec",
     "InvalidObjectError",
     "KedaSpec",
+    "KubeCondition",
+    "KubeReason",
     "ModelSource",
     "ModelSpec",
     "ObjectMeta",
@@ -107,6 +126,7 @@ __all__ = [
     "PrinterColumn",
     "PromptLookupSpec",
     "QuantizationSpec",
+    "Reason",
     "ResourceInfo",
     "RolloutSpec",
     "Rule",
