@@ -15,7 +15,7 @@ from specdeploy_operator.api import (
     SpeculativeDeployment,
 )
 
-from .common import deployment_owner, labels, metadata
+from .common import deployment_name, deployment_owner, labels, metadata
 from .settings import OperatorSettings
 
 __all__ = [
@@ -55,14 +55,8 @@ def autoscaler_kind(spec: AutoscalingSpec) -> str:
     return "ScaledObject" if spec.engine == "keda" else "HorizontalPodAutoscaler"
 
 
-def _name(sdep: SpeculativeDeployment) -> str:
-    if not sdep.metadata.name:
-        raise ValueError("metadata.name is required")
-    return sdep.metadata.name
-
-
 def _scale_target(sdep: SpeculativeDeployment) -> dict[str, str]:
-    return {"apiVersion": sdep.api_version, "kind": sdep.kind, "name": _name(sdep)}
+    return {"apiVersion": sdep.api_version, "kind": sdep.kind, "name": deployment_name(sdep)}
 
 
 def _rules(rules: ScaleUpSpec | ScaleDownSpec) -> dict[str, Any]:
@@ -94,7 +88,7 @@ def build_hpa(sdep: SpeculativeDeployment) -> dict[str, Any]:
     """The HorizontalPodAutoscaler of `spec.autoscaling` (`engine: hpa`): one `Pods` metric with an
     `AverageValue` target, read from the custom metrics API."""
     auto = _spec_of(sdep)
-    name = _name(sdep)
+    name = deployment_name(sdep)
     return {
         "apiVersion": HPA_API_VERSION,
         "kind": "HorizontalPodAutoscaler",
@@ -143,7 +137,7 @@ def keda_query(sdep: SpeculativeDeployment) -> str:
     if auto.keda is not None and auto.keda.query:
         return auto.keda.query
     namespace = sdep.metadata.namespace or "default"
-    pods = serving_pod_pattern(_name(sdep))
+    pods = serving_pod_pattern(deployment_name(sdep))
     return f'sum({METRIC_NAMES[auto.metric]}{{namespace="{namespace}",pod=~"{pods}"}})'
 
 
@@ -156,7 +150,7 @@ def build_scaled_object(
     settings = settings or OperatorSettings()
     auto = _spec_of(sdep)
     keda = auto.keda or KedaSpec()
-    name = _name(sdep)
+    name = deployment_name(sdep)
     server = keda.server_address or settings.prometheus_url
     trigger_meta = {
         "serverAddress": server,
