@@ -22,6 +22,7 @@ from .conditions import (
     EventType,
     KubeCondition,
     KubeReason,
+    PodPhase,
     Reason,
 )
 from .enginebuild import (
@@ -122,6 +123,7 @@ __all__ = [
     "Parallelism",
     "Phase",
     "PlacementSpec",
+    "PodPhase",
     "PodSecuritySpec",
     "PrinterColumn",
     "PromptLookupSpec",

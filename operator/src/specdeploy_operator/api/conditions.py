@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Final
+from typing import Final, Literal
 
 __all__ = [
     "CONDITION_REASONS",
@@ -20,15 +20,24 @@ __all__ = [
     "ConditionStatus",
     "ConditionType",
     "DeploymentPhase",
+    "EngineBuildPhase",
     "EventType",
     "KubeCondition",
     "KubeReason",
+    "Phase",
+    "PodPhase",
     "Reason",
 ]
 
 
+Phase = Literal["Pending", "Building", "Deploying", "Ready", "Degraded", "Failed"]
+"""`SpeculativeDeployment.status.phase` in the schema; `DeploymentPhase` names each value."""
+EngineBuildPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+"""`EngineBuild.status.phase` in the schema; `BuildPhase` names each value."""
+
+
 class DeploymentPhase(StrEnum):
-    """`SpeculativeDeployment.status.phase` (the API's `Phase`)."""
+    """`SpeculativeDeployment.status.phase` (`Phase`)."""
 
     PENDING = "Pending"
     BUILDING = "Building"
@@ -39,7 +48,7 @@ class DeploymentPhase(StrEnum):
 
 
 class BuildPhase(StrEnum):
-    """`EngineBuild.status.phase` (the API's `EngineBuildPhase`)."""
+    """`EngineBuild.status.phase` (`EngineBuildPhase`)."""
 
     PENDING = "Pending"
     RUNNING = "Running"
@@ -179,6 +188,15 @@ class KubeCondition(StrEnum):
     DEPLOYMENT_REPLICA_FAILURE = "ReplicaFailure"
     HPA_ABLE_TO_SCALE = "AbleToScale"
     HPA_SCALING_ACTIVE = "ScalingActive"
+
+
+class PodPhase(StrEnum):
+    """`status.phase` of a Kubernetes pod."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
 
 
 class KubeReason(StrEnum):

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 from pydantic import Field, StringConstraints
 
 from .base import ApiModel
-from .enginebuild import EngineBuildPhase
+from .conditions import EngineBuildPhase, Phase
 from .meta import CONDITIONS_LIST_EXTRAS, Condition, DnsSubdomain
 
 __all__ = [
@@ -19,8 +19,6 @@ __all__ = [
     "SpeculationFigures",
     "SpeculativeDeploymentStatus",
 ]
-
-Phase = Literal["Pending", "Building", "Deploying", "Ready", "Degraded", "Failed"]
 
 
 class EngineRef(ApiModel):
