@@ -4,13 +4,14 @@ Names and ordering are deterministic, so a retry or a restart renders byte-ident
 from .autoscaling import (
     METRIC_NAMES,
     autoscaler_kind,
+    autoscaler_report,
     build_autoscaler,
     build_hpa,
     build_scaled_object,
     keda_query,
     quantity,
 )
-from .claims import build_cache_pvc, build_default_cache_pvc, cache_pvc_name
+from .claims import CacheClaim, build_cache_pvc, build_default_cache_pvc, cache_claim, cache_pvc_name
 from .common import (
     FIELD_MANAGER,
     endpoint,
@@ -33,10 +34,12 @@ __all__ = [
     "FIELD_MANAGER",
     "METRIC_NAMES",
     "BuildCommands",
+    "CacheClaim",
     "OperatorSettings",
     "ServingChildren",
     "ServingPod",
     "autoscaler_kind",
+    "autoscaler_report",
     "build_autoscaler",
     "build_cache_pvc",
     "build_commands",
@@ -50,6 +53,7 @@ __all__ = [
     "build_scaled_object",
     "build_server_config",
     "build_service",
+    "cache_claim",
     "cache_pvc_name",
     "cpu_threads",
     "device_placement",

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from specdeploy_operator.api import SpeculativeDeployment
@@ -12,16 +13,14 @@ from .common import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     NAME_LABEL,
-    deployment_name,
-    deployment_owner,
+    child_metadata,
     derived_name,
-    labels,
     metadata,
     short_hash,
 )
 from .settings import OperatorSettings
 
-__all__ = ["build_cache_pvc", "build_default_cache_pvc", "cache_pvc_name"]
+__all__ = ["CacheClaim", "build_cache_pvc", "build_default_cache_pvc", "cache_claim", "cache_pvc_name"]
 
 
 def cache_pvc_name(sdep: SpeculativeDeployment, settings: OperatorSettings) -> str:
@@ -49,7 +48,6 @@ def build_cache_pvc(
     cache = sdep.spec.engine_cache
     if cache is None or not cache.size:
         return None
-    name = deployment_name(sdep)
     claim: dict[str, Any] = {
         "accessModes": ["ReadWriteMany"],
         "resources": {"requests": {"storage": str(cache.size)}},
@@ -60,12 +58,7 @@ def build_cache_pvc(
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": metadata(
-            cache_pvc_name(sdep, settings),
-            sdep.metadata.namespace,
-            labels(name, "engine-cache"),
-            [deployment_owner(sdep)],
-        ),
+        "metadata": child_metadata(sdep, "engine-cache", cache_pvc_name(sdep, settings)),
         "spec": claim,
     }
 
@@ -92,3 +85,22 @@ def build_default_cache_pvc(namespace: str, settings: OperatorSettings | None = 
         ),
         "spec": claim,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class CacheClaim:
+    """A claim the operator creates for a deployment: its own (`shared` False: kept as rendered), or the
+    operator's default claim (`shared` True: created when missing, never changed: it may be a user's)."""
+
+    claim: dict[str, Any]
+    shared: bool
+
+
+def cache_claim(sdep: SpeculativeDeployment, settings: OperatorSettings) -> CacheClaim | None:
+    """The claim the operator creates for `sdep`; None when it uses a claim of its own (`pvcName`)."""
+    own = build_cache_pvc(sdep, settings)
+    if own is not None:
+        return CacheClaim(own, shared=False)
+    if cache_pvc_name(sdep, settings) == settings.cache_pvc_name:
+        return CacheClaim(build_default_cache_pvc(sdep.metadata.namespace or "", settings), shared=True)
+    return None

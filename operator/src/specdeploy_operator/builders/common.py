@@ -16,6 +16,7 @@ __all__ = [
     "FIELD_MANAGER",
     "MANAGED_BY",
     "SERVER_COMPONENT",
+    "child_metadata",
     "configmap_name",
     "deployment_name",
     "derived_name",
@@ -141,6 +142,14 @@ def endpoint(sdep: SpeculativeDeployment) -> str:
     """The OpenAI-compatible base URL written to `status.endpoint`."""
     namespace = sdep.metadata.namespace or "default"
     return f"http://{deployment_name(sdep)}.{namespace}.svc:{sdep.spec.serving.port}/v1"
+
+
+def child_metadata(sdep: SpeculativeDeployment, component: str, name: str | None = None) -> dict[str, Any]:
+    """Metadata of a child of `sdep` (named like the deployment unless `name` says otherwise): its namespace,
+    the standard labels of `component`, and the deployment as owner."""
+    owner = deployment_name(sdep)
+    owners = [deployment_owner(sdep)]
+    return metadata(name or owner, sdep.metadata.namespace, labels(owner, component), owners)
 
 
 def metadata(

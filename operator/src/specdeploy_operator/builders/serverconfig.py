@@ -11,7 +11,7 @@ from typing import Any, Final
 
 from specdeploy_operator.api import EngineBuild, SpeculativeDeployment
 
-from .common import SERVER_COMPONENT, configmap_name, deployment_name, deployment_owner, labels, metadata
+from .common import SERVER_COMPONENT, child_metadata, configmap_name
 from .engines import engine_builds_of
 from .layout import MODELS_MOUNT
 from .pod import (
@@ -180,12 +180,7 @@ def configmap_for(sdep: SpeculativeDeployment, config: Mapping[str, Any]) -> dic
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": metadata(
-            configmap_name(sdep),
-            sdep.metadata.namespace,
-            labels(deployment_name(sdep), SERVER_COMPONENT),
-            [deployment_owner(sdep)],
-        ),
+        "metadata": child_metadata(sdep, SERVER_COMPONENT, configmap_name(sdep)),
         "data": data,
     }
 

@@ -14,12 +14,11 @@ from .claims import build_cache_pvc, build_default_cache_pvc
 from .common import (
     ENGINE_HASHES_ANNOTATION,
     SERVER_COMPONENT,
+    child_metadata,
     configmap_name,
     deployment_name,
-    deployment_owner,
     endpoint,
     labels,
-    metadata,
     pod_selector,
     status_selector,
 )
@@ -102,9 +101,7 @@ def deployment_for(
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": metadata(
-            name, sdep.metadata.namespace, labels(name, SERVER_COMPONENT), [deployment_owner(sdep)]
-        ),
+        "metadata": child_metadata(sdep, SERVER_COMPONENT),
         "spec": {
             "replicas": spec.replicas,
             "progressDeadlineSeconds": settings.startup_timeout_seconds + 300,
@@ -141,14 +138,11 @@ def build_deployment(
 
 def build_service(sdep: SpeculativeDeployment) -> dict[str, Any]:
     """ClusterIP Service named like the deployment (the endpoint's host)."""
-    name = deployment_name(sdep)
     port = sdep.spec.serving.port
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": metadata(
-            name, sdep.metadata.namespace, labels(name, SERVER_COMPONENT), [deployment_owner(sdep)]
-        ),
+        "metadata": child_metadata(sdep, SERVER_COMPONENT),
         "spec": {
             "type": "ClusterIP",
             "selector": pod_selector(sdep),
@@ -162,13 +156,10 @@ def build_pdb(sdep: SpeculativeDeployment) -> dict[str, Any]:
     least `replicas - 1` serving pods, so they take at most one at a time. A single replica is not protected:
     `minAvailable: 1` would block every drain of its node forever. It follows `spec.replicas`, so it stays
     right while an autoscaler changes the count."""
-    name = deployment_name(sdep)
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": metadata(
-            name, sdep.metadata.namespace, labels(name, SERVER_COMPONENT), [deployment_owner(sdep)]
-        ),
+        "metadata": child_metadata(sdep, SERVER_COMPONENT),
         "spec": {
             "minAvailable": max(sdep.spec.replicas - 1, 0),
             "selector": {"matchLabels": pod_selector(sdep)},

@@ -34,15 +34,13 @@ from specdeploy_operator.api import (
     SpeculativeDeployment,
 )
 from specdeploy_operator.builders import (
-    METRIC_NAMES,
+    CacheClaim,
     OperatorSettings,
     ServingChildren,
+    autoscaler_report,
     build_autoscaler,
-    build_cache_pvc,
-    build_default_cache_pvc,
-    cache_pvc_name,
+    cache_claim,
     endpoint,
-    quantity,
     serving_children,
     status_selector,
 )
@@ -56,7 +54,6 @@ from .status import EngineObservation, ServingObservation, deployment_status
 
 __all__ = [
     "AutoscalerPlan",
-    "CachePlan",
     "DeploymentPlan",
     "Observed",
     "Outcome",
@@ -88,15 +85,6 @@ class Observed:
             )
             for e in engines
         ]
-
-
-@dataclass(frozen=True, slots=True)
-class CachePlan:
-    """The engine-cache claim to apply: the deployment's own (kept as rendered), or the operator's `shared`
-    default claim (created when missing, never changed)."""
-
-    claim: dict[str, Any]
-    shared: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +121,7 @@ class DeploymentPlan:
     autoscaler."""
 
     engines: tuple[EngineBuild, ...]
-    cache: CachePlan | None
+    cache: CacheClaim | None
     serving: ServingPlan
     autoscaler: AutoscalerPlan
 
@@ -164,24 +152,15 @@ def _serving(
 def _autoscaler(
     sdep: SpeculativeDeployment, body: Obj, observed: Observed, settings: OperatorSettings
 ) -> AutoscalerPlan:
-    namespace, name = sdep.metadata.namespace or "", sdep.metadata.name or ""
     desired = build_autoscaler(sdep, settings)
     kind = desired["kind"] if desired is not None else None
     hpa = observed.hpa if observed.hpa is not None and kind != "HorizontalPodAutoscaler" else None
     previous = (body.get("status") or {}).get("autoscaler") or {}
     scaled_object = None
     if previous.get("kind") == "ScaledObject" and kind != "ScaledObject":
+        namespace = sdep.metadata.namespace or ""
         scaled_object = ObjectRef(KEDA_API_VERSION, "ScaledObject", namespace, str(previous["name"]))
-    auto = sdep.spec.autoscaling
-    if desired is None or auto is None:
-        return AutoscalerPlan(None, hpa, scaled_object, None)
-    report = {
-        "kind": kind,
-        "name": name,
-        "metric": METRIC_NAMES[auto.metric],
-        "target": quantity(auto.target_value),
-    }
-    return AutoscalerPlan(desired, hpa, scaled_object, report)
+    return AutoscalerPlan(desired, hpa, scaled_object, autoscaler_report(sdep))
 
 
 def plan_deployment(
@@ -193,15 +172,9 @@ def plan_deployment(
 ) -> DeploymentPlan:
     """Every child `sdep` needs, given its desired `engines` (`builders.engine_builds`) and what is
     observed."""
-    cache: CachePlan | None = None
-    own_claim = build_cache_pvc(sdep, settings)
-    if own_claim is not None:
-        cache = CachePlan(own_claim, shared=False)
-    elif cache_pvc_name(sdep, settings) == settings.cache_pvc_name:
-        cache = CachePlan(build_default_cache_pvc(sdep.metadata.namespace or "", settings), shared=True)
     return DeploymentPlan(
         engines=tuple(engines),
-        cache=cache,
+        cache=cache_claim(sdep, settings),
         serving=_serving(sdep, engines, observed, settings),
         autoscaler=_autoscaler(sdep, body, observed, settings),
     )
