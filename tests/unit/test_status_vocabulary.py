@@ -20,6 +20,8 @@ from specdeploy_operator.api import (
 )
 from specdeploy_operator.api.conditions import EngineBuildPhase, Phase
 
+from hack import docgen
+
 SOURCE = Path(__file__).resolve().parents[2] / "operator" / "src" / "specdeploy_operator"
 VOCABULARY = SOURCE / "api" / "conditions.py"
 
@@ -77,3 +79,10 @@ def test_no_module_but_the_vocabulary_spells_a_condition_type() -> None:
         if value in types
     ]
     assert found == []
+
+
+def test_the_docs_table_has_a_row_for_every_condition() -> None:
+    table = docgen.conditions_table()
+    for type_, reasons in CONDITION_REASONS.items():
+        row = next(line for line in table.splitlines() if line.startswith(f"| `{type_}` |"))
+        assert all(f"`{reason}`" in row for reason in reasons)
