@@ -7,6 +7,8 @@ Each table sits between two markers in its Markdown file and is rewritten from i
   the chart value read from the chart's Deployment template;
 - docs/operator.md `rendered-objects`: what `specdeploy render` (`render_children`) produces for every
   example and for the variations in `RENDER_VARIATIONS`;
+- docs/operator.md `conditions`: the condition types of each kind and the reasons each may take, from the
+  status vocabulary (`specdeploy_operator.api.conditions`);
 - docs/install.md `chart-objects`: what `helm template` renders with the default values and with each option
   of `CHART_OPTIONS`;
 - docs/install.md `rbac`: the rules of the chart's ClusterRole (`helm template`), with the ones only some
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from specdeploy_operator.api import SpeculativeDeployment, parse_object
+from specdeploy_operator.api import CONDITION_REASONS, ConditionType, SpeculativeDeployment, parse_object
 from specdeploy_operator.builders import OperatorSettings, render_children
 from specdeploy_operator.builders.settings import ENV_PREFIX
 
@@ -105,6 +107,18 @@ def settings_table() -> str:
         meaning = re.sub(rf"\s*\(`{env}`\)|`{env}`, ", "", field.description or "")
         rows.append((f"`{env}`", value, _default(getattr(defaults, name)), meaning))
     return table(("variable", "chart value", "default", "meaning"), rows)
+
+
+# ----------------------------------------------------------------------------------------- conditions
+
+
+def conditions_table() -> str:
+    """Each condition type, the kind that carries it, and its reasons, in the vocabulary's order."""
+    rows = []
+    for type_, reasons in CONDITION_REASONS.items():
+        kind = "EngineBuild" if type_ == ConditionType.SUCCEEDED else "SpeculativeDeployment"
+        rows.append((f"`{type_}`", kind, ", ".join(f"`{reason}`" for reason in reasons)))
+    return table(("condition", "on", "reasons"), rows)
 
 
 # ----------------------------------------------------------------------------------- rendered objects
@@ -359,6 +373,7 @@ def default_helm() -> str:
 
 def operator_doc(text: str) -> str:
     text = replace_block(text, "settings", settings_table())
+    text = replace_block(text, "conditions", conditions_table())
     return replace_block(text, "rendered-objects", rendered_objects_table())
 
 

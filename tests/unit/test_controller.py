@@ -8,6 +8,7 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from specdeploy_operator.api import ConditionStatus, ConditionType, Reason
 from specdeploy_operator.controller.queue import WorkQueue
 from specdeploy_operator.controller.reconciler import merge_patch
 from specdeploy_operator.controller.status import (
@@ -132,13 +133,20 @@ def test_unschedulable_build_pod_says_why() -> None:
 # -- conditions ---------------------------------------------------------------------------------------------
 
 
+def available(status: ConditionStatus, reason: Reason, message: str) -> list[ConditionSpec]:
+    return [ConditionSpec(ConditionType.AVAILABLE, status, reason, message)]
+
+
 def test_condition_keeps_its_transition_time_until_its_status_changes() -> None:
-    first = merge_conditions(None, [ConditionSpec("Available", "False", "X", "a")], NOW, 1)
+    first = merge_conditions(None, available(ConditionStatus.FALSE, Reason.NOT_DEPLOYED, "a"), NOW, 1)
     later = NOW + timedelta(minutes=5)
-    same = merge_conditions(first, [ConditionSpec("Available", "False", "Y", "b")], later, 2)
+    unavailable = available(ConditionStatus.FALSE, Reason.MINIMUM_REPLICAS_UNAVAILABLE, "b")
+    same = merge_conditions(first, unavailable, later, 2)
     assert same[0]["lastTransitionTime"] == first[0]["lastTransitionTime"]
     assert same[0]["observedGeneration"] == 2
-    flipped = merge_conditions(same, [ConditionSpec("Available", "True", "Z", "c")], later, 2)
+    flipped = merge_conditions(
+        same, available(ConditionStatus.TRUE, Reason.MINIMUM_REPLICAS_AVAILABLE, "c"), later, 2
+    )
     assert flipped[0]["lastTransitionTime"] == "2026-11-21T12:05:00Z"
 
 

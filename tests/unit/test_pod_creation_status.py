@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from specdeploy_operator.api import Reason
 from specdeploy_operator.controller.podcreation import (
     PodCreationProblem,
     classify,
@@ -143,7 +144,7 @@ def test_a_jobs_newest_failed_create_event_is_the_problem() -> None:
         event("FailedCreate", "2026-11-21T11:00:09Z", f"Error creating: {QUOTA}"),
     ]
     problem = job_creation_problem(JOB, [], events)
-    assert problem == PodCreationProblem("QuotaExceeded", f"Error creating: {QUOTA}")
+    assert problem == PodCreationProblem(Reason.QUOTA_EXCEEDED, f"Error creating: {QUOTA}")
 
 
 def test_a_pod_created_since_ends_the_problem() -> None:
@@ -172,7 +173,7 @@ def test_events_are_read_only_for_a_running_job_without_a_live_pod() -> None:
 
 
 def test_an_engine_build_whose_pod_is_refused_is_pending_with_the_reason() -> None:
-    problem = PodCreationProblem("PodCreationForbidden", f"Error creating: {PODSECURITY}")
+    problem = PodCreationProblem(Reason.POD_CREATION_FORBIDDEN, f"Error creating: {PODSECURITY}")
     status = engine_build_status(JOB, [], None, NOW, problem)
     assert status["phase"] == "Pending"
     [succeeded] = status["conditions"]
@@ -182,7 +183,7 @@ def test_an_engine_build_whose_pod_is_refused_is_pending_with_the_reason() -> No
 
 
 def test_a_refused_build_pod_shows_on_the_deployment_as_degraded_while_building() -> None:
-    build = engine_build_status(JOB, [], None, NOW, PodCreationProblem("QuotaExceeded", QUOTA))
+    build = engine_build_status(JOB, [], None, NOW, PodCreationProblem(Reason.QUOTA_EXCEEDED, QUOTA))
     engine = EngineObservation("target", "m-target-0123456789abcdef", "0123456789abcdef", {"status": build})
     status = status_for([engine], ServingObservation(None, False))
     assert status["phase"] == "Building"
@@ -196,7 +197,7 @@ def test_a_refused_build_pod_shows_on_the_deployment_as_degraded_while_building(
 
 
 def test_a_warning_event_is_due_when_the_reason_first_appears_and_not_again() -> None:
-    build = engine_build_status(JOB, [], None, NOW, PodCreationProblem("QuotaExceeded", QUOTA))
+    build = engine_build_status(JOB, [], None, NOW, PodCreationProblem(Reason.QUOTA_EXCEEDED, QUOTA))
     before = engine_build_status(JOB, [], None, NOW)
     reason, message = creation_event(before, build) or ("", "")
     assert reason == "QuotaExceeded"

@@ -7,6 +7,7 @@ import asyncio
 from datetime import UTC, datetime
 
 import pytest
+from specdeploy_operator.api import ConditionStatus, ConditionType, Reason
 from specdeploy_operator.controller.speculation import (
     PodSample,
     SpeculationSampler,
@@ -210,7 +211,9 @@ def _status(previous: dict[str, object] | None, **kw: object) -> dict[str, objec
 
 def test_status_carries_published_figures_and_keeps_them_when_the_operator_has_none_yet() -> None:
     figures = {"acceptanceRate": 0.7, "tokensPerStep": 3.1, "measuredAt": "2026-11-23T11:59:00Z"}
-    cond = ConditionSpec("SpeculationEffective", "True", "AcceptanceHealthy", "acceptance 70%")
+    cond = ConditionSpec(
+        ConditionType.SPECULATION_EFFECTIVE, ConditionStatus.TRUE, Reason.ACCEPTANCE_HEALTHY, "acceptance 70%"
+    )
     first = _status(None, speculation=figures, speculation_condition=cond)
     assert first["speculation"] == figures
     conditions = {c["type"]: c for c in first["conditions"]}  # type: ignore[attr-defined]

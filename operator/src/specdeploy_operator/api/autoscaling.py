@@ -7,10 +7,10 @@ from typing import Annotated, ClassVar, Final, Literal
 
 from pydantic import Field, StringConstraints
 
-from . import rules
-from .base import ApiModel, Rules
+from .base import ApiModel, Rule, Rules
 
 __all__ = [
+    "AUTOSCALING_RULES",
     "DEFAULT_TARGETS",
     "AutoscalingEngine",
     "AutoscalingMetric",
@@ -25,6 +25,44 @@ AutoscalingEngine = Literal["hpa", "keda"]
 
 DEFAULT_TARGETS: Final[dict[str, float]] = {"queueSeconds": 10.0, "queueDepth": 8.0}
 """`spec.autoscaling.target` when unset, per metric."""
+
+
+def _min_within_max(s: AutoscalingSpec) -> bool:
+    return s.min_replicas <= s.max_replicas
+
+
+def _zero_needs_keda(s: AutoscalingSpec) -> bool:
+    return s.min_replicas > 0 or s.engine == "keda"
+
+
+def _keda_settings_need_keda(s: AutoscalingSpec) -> bool:
+    return s.keda is None or s.engine == "keda"
+
+
+AUTOSCALING_RULES: Rules = (
+    Rule["AutoscalingSpec"](
+        name="autoscaling-min-within-max",
+        cel="self.minReplicas <= self.maxReplicas",
+        message="spec.autoscaling.minReplicas must not exceed spec.autoscaling.maxReplicas",
+        field_path=".minReplicas",
+        check=_min_within_max,
+    ),
+    Rule["AutoscalingSpec"](
+        name="autoscaling-zero-needs-keda",
+        cel="self.minReplicas > 0 || self.engine == 'keda'",
+        message="spec.autoscaling.minReplicas 0 needs spec.autoscaling.engine keda "
+        "(a HorizontalPodAutoscaler cannot scale to zero)",
+        field_path=".minReplicas",
+        check=_zero_needs_keda,
+    ),
+    Rule["AutoscalingSpec"](
+        name="autoscaling-keda-settings-need-keda",
+        cel="!has(self.keda) || self.engine == 'keda'",
+        message="spec.autoscaling.keda is only used with spec.autoscaling.engine keda",
+        field_path=".keda",
+        check=_keda_settings_need_keda,
+    ),
+)
 
 
 class ScaleUpSpec(ApiModel):
@@ -80,7 +118,7 @@ class AutoscalingSpec(ApiModel):
     subresource, and `spec.replicas` is what the autoscaler last chose; a manual `kubectl scale` is
     overridden at its next sync. Removing `autoscaling` removes the autoscaler and `spec.replicas` rules."""
 
-    validation_rules: ClassVar[Rules] = rules.AUTOSCALING_RULES
+    validation_rules: ClassVar[Rules] = AUTOSCALING_RULES
 
     engine: AutoscalingEngine = "hpa"
     """`hpa`: a HorizontalPodAutoscaler reading the metric from the custom metrics API

@@ -17,6 +17,7 @@ from pydantic import Field, StringConstraints
 
 from .base import GROUP, VERSION, ApiModel, PrinterColumn, ResourceInfo, Rule, Rules
 from .checkpoint import ModelSource, QuantizationSpec
+from .conditions import EngineBuildPhase
 from .meta import (
     CONDITIONS_LIST_EXTRAS,
     Condition,
@@ -40,7 +41,6 @@ __all__ = [
 ]
 
 EngineRole = Literal["target", "draft"]
-EngineBuildPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 
 
 class Parallelism(ApiModel):

@@ -15,7 +15,7 @@ from specdeploy_operator.api import (
     SpeculativeDeployment,
 )
 
-from .common import deployment_owner, labels, metadata
+from .common import child_metadata, deployment_name
 from .settings import OperatorSettings
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "KEDA_API_VERSION",
     "METRIC_NAMES",
     "autoscaler_kind",
+    "autoscaler_report",
     "build_autoscaler",
     "build_hpa",
     "build_scaled_object",
@@ -55,14 +56,8 @@ def autoscaler_kind(spec: AutoscalingSpec) -> str:
     return "ScaledObject" if spec.engine == "keda" else "HorizontalPodAutoscaler"
 
 
-def _name(sdep: SpeculativeDeployment) -> str:
-    if not sdep.metadata.name:
-        raise ValueError("metadata.name is required")
-    return sdep.metadata.name
-
-
 def _scale_target(sdep: SpeculativeDeployment) -> dict[str, str]:
-    return {"apiVersion": sdep.api_version, "kind": sdep.kind, "name": _name(sdep)}
+    return {"apiVersion": sdep.api_version, "kind": sdep.kind, "name": deployment_name(sdep)}
 
 
 def _rules(rules: ScaleUpSpec | ScaleDownSpec) -> dict[str, Any]:
@@ -94,13 +89,10 @@ def build_hpa(sdep: SpeculativeDeployment) -> dict[str, Any]:
     """The HorizontalPodAutoscaler of `spec.autoscaling` (`engine: hpa`): one `Pods` metric with an
     `AverageValue` target, read from the custom metrics API."""
     auto = _spec_of(sdep)
-    name = _name(sdep)
     return {
         "apiVersion": HPA_API_VERSION,
         "kind": "HorizontalPodAutoscaler",
-        "metadata": metadata(
-            name, sdep.metadata.namespace, labels(name, AUTOSCALER_COMPONENT), [deployment_owner(sdep)]
-        ),
+        "metadata": child_metadata(sdep, AUTOSCALER_COMPONENT),
         "spec": {
             "scaleTargetRef": _scale_target(sdep),
             "minReplicas": auto.min_replicas,
@@ -143,7 +135,7 @@ def keda_query(sdep: SpeculativeDeployment) -> str:
     if auto.keda is not None and auto.keda.query:
         return auto.keda.query
     namespace = sdep.metadata.namespace or "default"
-    pods = serving_pod_pattern(_name(sdep))
+    pods = serving_pod_pattern(deployment_name(sdep))
     return f'sum({METRIC_NAMES[auto.metric]}{{namespace="{namespace}",pod=~"{pods}"}})'
 
 
@@ -156,7 +148,6 @@ def build_scaled_object(
     settings = settings or OperatorSettings()
     auto = _spec_of(sdep)
     keda = auto.keda or KedaSpec()
-    name = _name(sdep)
     server = keda.server_address or settings.prometheus_url
     trigger_meta = {
         "serverAddress": server,
@@ -169,9 +160,7 @@ def build_scaled_object(
     return {
         "apiVersion": KEDA_API_VERSION,
         "kind": "ScaledObject",
-        "metadata": metadata(
-            name, sdep.metadata.namespace, labels(name, AUTOSCALER_COMPONENT), [deployment_owner(sdep)]
-        ),
+        "metadata": child_metadata(sdep, AUTOSCALER_COMPONENT),
         "spec": {
             "scaleTargetRef": _scale_target(sdep),
             "minReplicaCount": auto.min_replicas,
@@ -201,3 +190,17 @@ def build_autoscaler(
     if auto.engine == "keda":
         return build_scaled_object(sdep, settings)
     return build_hpa(sdep)
+
+
+def autoscaler_report(sdep: SpeculativeDeployment) -> dict[str, Any] | None:
+    """What `status.autoscaler` says of the autoscaler `spec.autoscaling` asks for (kind, name, metric,
+    target), before anything it reports itself; None without one."""
+    auto = sdep.spec.autoscaling
+    if auto is None:
+        return None
+    return {
+        "kind": autoscaler_kind(auto),
+        "name": deployment_name(sdep),
+        "metric": METRIC_NAMES[auto.metric],
+        "target": quantity(auto.target_value),
+    }

@@ -15,13 +15,20 @@ __all__ = [
     "ENGINE_HASHES_ANNOTATION",
     "FIELD_MANAGER",
     "MANAGED_BY",
+    "SERVER_COMPONENT",
+    "child_metadata",
+    "configmap_name",
+    "deployment_name",
     "derived_name",
     "dns_label",
+    "endpoint",
     "labels",
     "owner_reference",
+    "pod_selector",
     "quantity_value",
     "selector_labels",
     "selector_string",
+    "status_selector",
 ]
 
 FIELD_MANAGER: Final = "specdeploy"
@@ -34,6 +41,8 @@ ENGINE_HASHES_ANNOTATION: Final = "specdeploy.dev/engine-hashes"
 ENGINE_HASH_LABEL: Final = "specdeploy.dev/engine-hash"
 ENGINE_ROLE_LABEL: Final = "specdeploy.dev/engine-role"
 MAX_NAME: Final = 63
+SERVER_COMPONENT: Final = "server"
+"""`app.kubernetes.io/component` of the serving objects (Deployment, pods, Service, PDB, ConfigMap)."""
 
 _INVALID = re.compile(r"[^a-z0-9-]+")
 
@@ -105,6 +114,42 @@ def deployment_owner(sdep: SpeculativeDeployment) -> dict[str, Any]:
             "metadata": sdep.metadata.model_dump(by_alias=True, exclude_none=True),
         }
     )
+
+
+def deployment_name(sdep: SpeculativeDeployment) -> str:
+    """The deployment's name, which its serving Deployment, Service, PDB and autoscaler carry too."""
+    name = sdep.metadata.name
+    if not name:
+        raise ValueError("metadata.name is required")
+    return name
+
+
+def configmap_name(sdep: SpeculativeDeployment) -> str:
+    return derived_name(deployment_name(sdep), "server-config")
+
+
+def pod_selector(sdep: SpeculativeDeployment) -> dict[str, str]:
+    """matchLabels of the serving pods."""
+    return selector_labels(deployment_name(sdep), SERVER_COMPONENT)
+
+
+def status_selector(sdep: SpeculativeDeployment) -> str:
+    """`status.selector` of the deployment (scale subresource)."""
+    return selector_string(pod_selector(sdep))
+
+
+def endpoint(sdep: SpeculativeDeployment) -> str:
+    """The OpenAI-compatible base URL written to `status.endpoint`."""
+    namespace = sdep.metadata.namespace or "default"
+    return f"http://{deployment_name(sdep)}.{namespace}.svc:{sdep.spec.serving.port}/v1"
+
+
+def child_metadata(sdep: SpeculativeDeployment, component: str, name: str | None = None) -> dict[str, Any]:
+    """Metadata of a child of `sdep` (named like the deployment unless `name` says otherwise): its namespace,
+    the standard labels of `component`, and the deployment as owner."""
+    owner = deployment_name(sdep)
+    owners = [deployment_owner(sdep)]
+    return metadata(name or owner, sdep.metadata.namespace, labels(owner, component), owners)
 
 
 def metadata(

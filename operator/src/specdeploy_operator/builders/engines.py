@@ -1,8 +1,11 @@
 """EngineBuilds of a SpeculativeDeployment: one per model that needs a build (or, for backend `transformers`,
-a staged download), content-addressed by hash."""
+a staged download), content-addressed by hash. They stay `EngineBuild` models through the builders (the Job,
+the serving pod and the server configuration read them as such); `build_engine_builds` gives their wire form,
+and `engine_build` turns a wire or live object into the model."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from specdeploy_operator.api import (
@@ -11,20 +14,20 @@ from specdeploy_operator.api import (
     EngineCacheLocation,
     EngineRole,
     ModelSpec,
+    ObjectMeta,
     Parallelism,
     SpeculativeDeployment,
     render_build_flags,
 )
 
+from .claims import cache_pvc_name
 from .common import (
     ENGINE_HASH_LABEL,
     ENGINE_ROLE_LABEL,
     MANAGED_BY,
     MANAGED_BY_LABEL,
     NAME_LABEL,
-    derived_name,
     dns_label,
-    short_hash,
 )
 from .layout import builder_image, engine_dir
 from .scheduling import DEFAULT_GPU_RESOURCE
@@ -32,7 +35,11 @@ from .settings import OperatorSettings
 
 __all__ = [
     "build_engine_builds",
+    "cache_pvc_name",
+    "engine_build",
     "engine_build_name",
+    "engine_builds",
+    "engine_builds_of",
     "engine_models",
     "gpu_product",
     "is_staged",
@@ -73,22 +80,6 @@ def gpu_product(sdep: SpeculativeDeployment, settings: OperatorSettings) -> str:
     return sdep.spec.placement.gpu_product or settings.default_gpu_product
 
 
-def cache_pvc_name(sdep: SpeculativeDeployment, settings: OperatorSettings) -> str:
-    """The engine-cache claim of the deployment: `spec.engineCache.pvcName`, the claim the operator creates
-    for `spec.engineCache.size` (`<name>-engine-cache`, never the name of the operator's default claim, which
-    other deployments share), or the operator's default claim."""
-    cache = sdep.spec.engine_cache
-    if cache is not None and cache.pvc_name:
-        return cache.pvc_name
-    if cache is not None and cache.size:
-        name = sdep.metadata.name or ""
-        own = derived_name(name, "engine-cache")
-        if own == settings.cache_pvc_name:
-            own = derived_name(name, f"{short_hash(name)}-engine-cache")
-        return own
-    return settings.cache_pvc_name
-
-
 def engine_build_name(model_uri: str, role: EngineRole, hash_: str) -> str:
     """`<model>-<role>-<hash>`: the last path segment of the URI, shortened so the name stays a DNS-1123
     label of at most 63 characters; the hash keeps it unique."""
@@ -98,7 +89,7 @@ def engine_build_name(model_uri: str, role: EngineRole, hash_: str) -> str:
 
 def _engine_build(
     sdep: SpeculativeDeployment, role: EngineRole, model: ModelSpec, settings: OperatorSettings
-) -> dict[str, Any]:
+) -> EngineBuild:
     spec = sdep.spec
     flags = render_build_flags(spec, role) if spec.backend == "tensorrt" else []
     staged = is_staged(sdep)
@@ -127,31 +118,47 @@ def _engine_build(
     engine_spec = draft.model_copy(
         update={"hash": hash_, "cache": draft.cache.model_copy(update={"path": engine_dir(hash_)})}
     )
-    name = engine_build_name(model.model.uri, role, hash_)
-    build = EngineBuild(spec=engine_spec)
-    body = build.to_dict()
-    body.pop("status", None)
-    meta: dict[str, Any] = {"name": name}
-    if sdep.metadata.namespace:
-        meta["namespace"] = sdep.metadata.namespace
-    meta["labels"] = {
-        NAME_LABEL: "specdeploy",
-        MANAGED_BY_LABEL: MANAGED_BY,
-        ENGINE_ROLE_LABEL: role,
-        ENGINE_HASH_LABEL: hash_,
-    }
-    body["metadata"] = meta
-    return body
+    meta = ObjectMeta(
+        name=engine_build_name(model.model.uri, role, hash_),
+        namespace=sdep.metadata.namespace or None,
+        labels={
+            NAME_LABEL: "specdeploy",
+            MANAGED_BY_LABEL: MANAGED_BY,
+            ENGINE_ROLE_LABEL: role,
+            ENGINE_HASH_LABEL: hash_,
+        },
+    )
+    return EngineBuild(metadata=meta, spec=engine_spec)
 
 
-def build_engine_builds(
-    sdep: SpeculativeDeployment, settings: OperatorSettings | None = None
-) -> list[dict[str, Any]]:
-    """The EngineBuild objects the deployment needs, target first. Shared between deployments: they carry no
-    owner reference (unreferenced ones are garbage-collected after the grace period)."""
+def engine_builds(sdep: SpeculativeDeployment, settings: OperatorSettings | None = None) -> list[EngineBuild]:
+    """The EngineBuilds the deployment needs, target first. Shared between deployments: they carry no owner
+    reference (unreferenced ones are garbage-collected after the grace period)."""
     settings = settings or OperatorSettings()
     return [
         _engine_build(sdep, role, model, settings)
         for role, model in engine_models(sdep)
         if needs_build(sdep, model)
     ]
+
+
+def build_engine_builds(
+    sdep: SpeculativeDeployment, settings: OperatorSettings | None = None
+) -> list[dict[str, Any]]:
+    """`engine_builds` in wire form (the objects `specdeploy render` prints and the operator creates)."""
+    return [engine.to_dict() for engine in engine_builds(sdep, settings)]
+
+
+def engine_build(obj: EngineBuild | Mapping[str, Any]) -> EngineBuild:
+    """An EngineBuild as the model: `obj` itself, or a wire or live object read into it (its status, which the
+    builders never read, is left out)."""
+    if isinstance(obj, EngineBuild):
+        return obj
+    return EngineBuild.model_validate(
+        {k: obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in obj}
+    )
+
+
+def engine_builds_of(engines: Sequence[EngineBuild | Mapping[str, Any]]) -> list[EngineBuild]:
+    """`engine_build` of each of `engines`."""
+    return [engine_build(engine) for engine in engines]

@@ -1,7 +1,8 @@
 """The build Job of an EngineBuild: download -> quantize.py (or convert_checkpoint.py) -> trtllm-build ->
 completion marker, or for a staged checkpoint (`spec.stageOnly`, backend `transformers`) download straight
 into the cache -> completion marker, without a GPU. Each step is one container running one argv, so the
-rendered command lines are exactly the seed's (`build_commands`)."""
+rendered command lines are exactly the seed's (`build_commands`). The builders read the EngineBuild as the
+model; a wire or live object is read into it once (`engines.engine_build`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from specdeploy_operator.api import EngineBuild, ModelSource, PodSecuritySpec
+from specdeploy_operator.api import EngineBuild, EngineBuildSpec
 
 from .common import (
     ENGINE_HASH_LABEL,
@@ -22,7 +23,9 @@ from .common import (
     owner_reference,
     short_hash,
 )
-from .layout import COMPLETION_MARKER, CREDENTIALS_MOUNT, SOURCE_MOUNT, TOKENIZER_DIR, CacheLayout, pvc_source
+from .download import CheckpointFetch, download_step, fetch_checkpoint
+from .engines import engine_build
+from .layout import COMPLETION_MARKER, CREDENTIALS_MOUNT, SOURCE_MOUNT, TOKENIZER_DIR, CacheLayout
 from .podsecurity import harden_pod_spec
 from .scheduling import DEFAULT_GPU_RESOURCE, GpuScheduling
 from .settings import OperatorSettings
@@ -53,55 +56,32 @@ class BuildCommands:
     complete: list[str]
     model_dir: str
     engine_dir: str
+    fetch: CheckpointFetch
+    """How the checkpoint reaches the build pod (its download step, credentials, claim)."""
 
 
-def job_name(engine_build: Mapping[str, Any]) -> str:
+def job_name(engine: EngineBuild | Mapping[str, Any]) -> str:
     """`<engine build name>-build`, shortened so it stays a 63-character label (the Job controller copies it
     into the `job-name` pod label). A retry (`specdeploy.dev/retry` annotation) is another attempt with a Job
     of its own: `-build-<hash of the annotation's value>`."""
-    spec = engine_build["spec"]
-    name: str = engine_build["metadata"]["name"]
-    role = spec["role"]
-    stem = name.removesuffix(f"-{role}-{spec['hash']}")
-    retry = ((engine_build["metadata"].get("annotations")) or {}).get(RETRY_ANNOTATION)
+    role: str
+    if isinstance(engine, EngineBuild):
+        name, role, hash_ = engine.metadata.name or "", engine.spec.role, engine.spec.hash
+        retry = (engine.metadata.annotations or {}).get(RETRY_ANNOTATION)
+    else:
+        meta, spec = engine["metadata"], engine["spec"]
+        name, role, hash_ = str(meta["name"]), str(spec["role"]), str(spec["hash"])
+        retry = (meta.get("annotations") or {}).get(RETRY_ANNOTATION)
+    stem = name.removesuffix(f"-{role}-{hash_}")
     suffix = f"-{short_hash(str(retry), length=6)}" if retry else ""
-    return dns_label(stem, f"{role}-{spec['hash']}-build{suffix}")
-
-
-def download_step(source: ModelSource, dest: str) -> tuple[list[str] | None, str, list[dict[str, str]]]:
-    """(argv of the download, the directory the checkpoint ends up in, env vars naming credential *files*).
-    `pvc://` sources are mounted instead of downloaded. Credentials are read from files under
-    `CREDENTIALS_MOUNT`; no secret value appears in argv or env."""
-    uri = source.uri
-    scheme, _, rest = uri.partition("://")
-    env: list[dict[str, str]] = []
-    claim = pvc_source(source)
-    if claim is not None:
-        return None, claim.under(SOURCE_MOUNT), env
-    if scheme == "hf":
-        argv = ["huggingface-cli", "download", rest, "--local-dir", dest]
-        if source.revision:
-            argv += ["--revision", source.revision]
-        if source.credentials_secret:
-            env.append({"name": "HF_TOKEN_PATH", "value": f"{CREDENTIALS_MOUNT}/HF_TOKEN"})
-        return argv, dest, env
-    if scheme == "s3":
-        if source.credentials_secret:
-            env.append({"name": "AWS_SHARED_CREDENTIALS_FILE", "value": f"{CREDENTIALS_MOUNT}/credentials"})
-        return ["aws", "s3", "sync", "--only-show-errors", uri, dest], dest, env
-    if source.credentials_secret:
-        env.append(
-            {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": f"{CREDENTIALS_MOUNT}/credentials.json"}
-        )
-    return ["gsutil", "-m", "rsync", "-r", uri, dest], dest, env
+    return dns_label(stem, f"{role}-{hash_}-build{suffix}")
 
 
 def _checkpoint_argv(
-    spec: dict[str, Any], model_dir: str, output_dir: str, settings: OperatorSettings
+    spec: EngineBuildSpec, model_dir: str, output_dir: str, settings: OperatorSettings
 ) -> list[str]:
-    engine = EngineBuild.model_validate({"spec": spec})
-    quantization = engine.spec.quantization
-    parallelism = engine.spec.parallelism
+    quantization = spec.quantization
+    parallelism = spec.parallelism
     tp_pp = ["--tp_size", str(parallelism.tensor_parallel), "--pp_size", str(parallelism.pipeline_parallel)]
     if quantization.format == "none" and quantization.kv_cache_dtype == "auto":
         return [
@@ -137,35 +117,36 @@ def _marker(hash_: str, engine_dir: str) -> str:
     return f"echo {hash_} > {shlex.quote(engine_dir)}/{COMPLETION_MARKER}"
 
 
-def build_commands(engine_build: Mapping[str, Any], settings: OperatorSettings) -> BuildCommands:
-    """The command lines of the build of `engine_build` (an EngineBuild dict)."""
-    spec = engine_build["spec"]
-    hash_ = spec["hash"]
+def build_commands(engine: EngineBuild | Mapping[str, Any], settings: OperatorSettings) -> BuildCommands:
+    """The command lines of the build of `engine`."""
+    spec = engine_build(engine).spec
+    hash_ = spec.hash
     layout = CacheLayout.of(settings)
     work = layout.work(hash_)
-    out_dir = layout.engine(spec["cache"]["path"])
-    source = ModelSource.model_validate(spec["model"])
-    if spec.get("stageOnly"):
-        download, _, _ = download_step(source, out_dir)
-        if download is None:
-            raise ValueError(f"{source.uri}: a pvc:// checkpoint is mounted, not staged")
+    out_dir = layout.engine(spec.cache.path)
+    if spec.stage_only:
+        fetch = fetch_checkpoint(spec.model, out_dir)
+        if fetch.argv is None:
+            raise ValueError(f"{spec.model.uri}: a pvc:// checkpoint is mounted, not staged")
         return BuildCommands(
-            download=download,
+            download=fetch.argv,
             checkpoint=None,
             build=None,
             complete=["sh", "-c", f"set -e; {_marker(hash_, out_dir)}"],
             model_dir=out_dir,
             engine_dir=out_dir,
+            fetch=fetch,
         )
-    download, model_dir, _ = download_step(source, f"{work}/model")
-    is_engine = bool(spec["buildFlags"])  # pytorch: a quantized checkpoint, no engine
+    fetch = fetch_checkpoint(spec.model, f"{work}/model")
+    model_dir = fetch.path
+    is_engine = bool(spec.build_flags)  # pytorch: a quantized checkpoint, no engine
     checkpoint_dir = f"{work}/checkpoint" if is_engine else out_dir
     checkpoint = _checkpoint_argv(spec, model_dir, checkpoint_dir, settings)
     build: list[str] | None = None
     if is_engine:
-        workers = str(spec.get("parallelism", {}).get("tensorParallel", 1))
+        workers = str(spec.parallelism.tensor_parallel)
         build = ["trtllm-build", "--checkpoint_dir", checkpoint_dir, "--output_dir", out_dir]
-        build += ["--workers", workers, *spec["buildFlags"]]
+        build += ["--workers", workers, *spec.build_flags]
     # Keep the tokenizer next to the engine (the server loads it from there), then write the marker.
     src, dst = shlex.quote(model_dir), shlex.quote(out_dir)
     script = (
@@ -175,43 +156,47 @@ def build_commands(engine_build: Mapping[str, Any], settings: OperatorSettings) 
         f"{_marker(hash_, out_dir)}"
     )
     return BuildCommands(
-        download=download,
+        download=fetch.argv,
         checkpoint=checkpoint,
         build=build,
         complete=["sh", "-c", script],
         model_dir=model_dir,
         engine_dir=out_dir,
+        fetch=fetch,
     )
 
 
-def build_scheduling(spec: Mapping[str, Any]) -> GpuScheduling:
+def build_scheduling(spec: EngineBuildSpec) -> GpuScheduling:
     """Where the build of an EngineBuild spec runs: its parallelism's GPUs, of the deployment's GPU
     resource (a MIG slice where the deployment serves on MIG), on its GPU product, with the deployment's
     tolerations."""
-    parallelism = spec.get("parallelism", {})
-    gpus = int(parallelism.get("tensorParallel", 1)) * int(parallelism.get("pipelineParallel", 1))
+    if spec.gpu_product is None:
+        raise ValueError("an EngineBuild that builds needs spec.gpuProduct")
     return GpuScheduling(
-        product=spec["gpuProduct"],
-        count=gpus,
-        resource=spec.get("gpuResource") or DEFAULT_GPU_RESOURCE,
-        tolerations=tuple(spec.get("tolerations") or ()),
+        product=spec.gpu_product,
+        count=spec.parallelism.tensor_parallel * spec.parallelism.pipeline_parallel,
+        resource=spec.gpu_resource or DEFAULT_GPU_RESOURCE,
+        tolerations=tuple(t.to_dict() for t in spec.tolerations or ()),
     )
 
 
-def build_job(engine_build: Mapping[str, Any], settings: OperatorSettings | None = None) -> dict[str, Any]:
-    """The Job that builds `engine_build`, owned by it (the uid placeholder is filled in by the handler)."""
+def build_job(
+    engine: EngineBuild | Mapping[str, Any], settings: OperatorSettings | None = None
+) -> dict[str, Any]:
+    """The Job that builds `engine`, owned by it (rendered offline, without a uid: the placeholder `""`)."""
     settings = settings or OperatorSettings()
-    spec = engine_build["spec"]
-    commands = build_commands(engine_build, settings)
-    source = ModelSource.model_validate(spec["model"])
-    _, _, credential_env = download_step(source, "")
-    image = spec["builderImage"]
+    engine = engine_build(engine)
+    spec = engine.spec
+    commands = build_commands(engine, settings)
+    source = spec.model
+    credential_env = commands.fetch.env
+    image = spec.builder_image
     cache_mount = {"name": "engine-cache", "mountPath": settings.cache_mount_path}
     mounts: list[dict[str, Any]] = [cache_mount]
     volumes: list[dict[str, Any]] = [
-        {"name": "engine-cache", "persistentVolumeClaim": {"claimName": spec["cache"]["pvcName"]}}
+        {"name": "engine-cache", "persistentVolumeClaim": {"claimName": spec.cache.pvc_name}}
     ]
-    claim = pvc_source(source)
+    claim = commands.fetch.claim
     if claim is not None:
         volumes.append(
             {"name": "model-source", "persistentVolumeClaim": {"claimName": claim.claim, "readOnly": True}}
@@ -257,14 +242,17 @@ def build_job(engine_build: Mapping[str, Any], settings: OperatorSettings | None
         NAME_LABEL: "specdeploy",
         "app.kubernetes.io/component": "engine-build",
         MANAGED_BY_LABEL: MANAGED_BY,
-        ENGINE_ROLE_LABEL: spec["role"],
-        ENGINE_HASH_LABEL: spec["hash"],
+        ENGINE_ROLE_LABEL: spec.role,
+        ENGINE_HASH_LABEL: spec.hash,
     }
-    meta: dict[str, Any] = {"name": job_name(engine_build)}
-    if engine_build["metadata"].get("namespace"):
-        meta["namespace"] = engine_build["metadata"]["namespace"]
+    meta: dict[str, Any] = {"name": job_name(engine)}
+    if engine.metadata.namespace:
+        meta["namespace"] = engine.metadata.namespace
     meta["labels"] = labels
-    meta["ownerReferences"] = [owner_reference(engine_build)]
+    owner = {"name": engine.metadata.name, "uid": (engine.metadata.model_extra or {}).get("uid", "")}
+    meta["ownerReferences"] = [
+        owner_reference({"apiVersion": engine.api_version, "kind": engine.kind, "metadata": owner})
+    ]
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -282,7 +270,7 @@ def build_job(engine_build: Mapping[str, Any], settings: OperatorSettings | None
                         "containers": [complete],
                         "volumes": volumes,
                     },
-                    PodSecuritySpec.model_validate(spec["podSecurity"]) if spec.get("podSecurity") else None,
+                    spec.pod_security,
                 ),
             },
         },

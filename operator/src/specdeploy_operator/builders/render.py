@@ -10,9 +10,10 @@ import yaml
 from specdeploy_operator.api import SpeculativeDeployment
 
 from .autoscaling import build_autoscaler
-from .engines import build_engine_builds
+from .claims import build_cache_pvc
+from .engines import engine_builds
 from .job import build_job
-from .serving import build_cache_pvc, build_configmap, build_deployment, build_pdb, build_service
+from .serving import serving_children
 from .settings import OperatorSettings
 
 __all__ = ["dump_yaml", "render_children"]
@@ -25,18 +26,16 @@ def render_children(
     Deployment, Service, PodDisruptionBudget and the autoscaler (HorizontalPodAutoscaler or ScaledObject)
     when `spec.autoscaling` is set."""
     settings = settings or OperatorSettings()
-    engines = build_engine_builds(sdep, settings)
+    engines = engine_builds(sdep, settings)
     objects: list[dict[str, Any]] = []
     pvc = build_cache_pvc(sdep, settings)
     if pvc is not None:
         objects.append(pvc)
     for engine in engines:
-        objects.append(engine)
+        objects.append(engine.to_dict())
         objects.append(build_job(engine, settings))
-    objects.append(build_configmap(sdep, engines, settings))
-    objects.append(build_deployment(sdep, engines, settings))
-    objects.append(build_service(sdep))
-    objects.append(build_pdb(sdep))
+    serving = serving_children(sdep, engines, settings)
+    objects += [serving.configmap, serving.deployment, serving.service, serving.pdb]
     autoscaler = build_autoscaler(sdep, settings)
     if autoscaler is not None:
         objects.append(autoscaler)

@@ -1,60 +1,58 @@
 """The server configuration of a SpeculativeDeployment (`server.yaml`; its schema is the server's own
-`specdeploy_server.config.ServerConfig`, docs/server.md), and the facts of the serving pod it refers to: mount
-paths, the grace period it drains within, the CPU resources and threads of a CPU pod."""
+`specdeploy_server.config.ServerConfig`, docs/server.md) and the ConfigMap that holds it. Every path in it is
+the serving pod's (`pod.py`): the configuration says what the pod holds, it does not decide it."""
 
 from __future__ import annotations
 
-import math
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from specdeploy_operator.api import EngineRole, ModelSource, ModelSpec, SpeculativeDeployment
+from specdeploy_operator.api import EngineBuild, SpeculativeDeployment
 
-from .common import quantity_value
-from .engines import engine_models
-from .job import download_step
-from .layout import MODELS_MOUNT, SOURCE_MOUNT, CacheLayout, served_source_mount
+from .common import SERVER_COMPONENT, child_metadata, configmap_name
+from .engines import engine_builds_of
+from .layout import MODELS_MOUNT
+from .pod import (
+    API_KEY_MOUNT,
+    CHAT_TEMPLATE_FILE,
+    CHAT_TEMPLATE_MOUNT,
+    CONFIG_FILE,
+    PRESTOP_SECONDS,
+    ServingPod,
+    cpu_resources,
+    cpu_threads,
+    grace_period,
+    serving_pod,
+    shutdown_timeout,
+)
 from .settings import OperatorSettings
 
 __all__ = [
     "API_KEY_MOUNT",
     "CHAT_TEMPLATE_MOUNT",
+    "CONFIG_FILE",
     "MODELS_MOUNT",
     "PRESTOP_SECONDS",
+    "build_configmap",
     "build_server_config",
+    "config_digest",
+    "configmap_for",
     "cpu_resources",
     "cpu_threads",
     "device_placement",
-    "direct_sources",
     "grace_period",
+    "server_config",
     "shutdown_timeout",
 ]
 
-API_KEY_MOUNT: Final = "/var/run/secrets/specdeploy/api-key"
-CHAT_TEMPLATE_MOUNT: Final = "/etc/specdeploy/chat-template"
 _BACKENDS: Final = {
     "tensorrt": "trtllm-engine",
     "pytorch": "trtllm-llmapi",
     "transformers": "pytorch-reference",
 }
 _SERVER_METHODS: Final = ("draftTarget", "promptLookup", "eagle3", "mtp", "none")
-
-PRESTOP_SECONDS: Final = 5
-"""The pod keeps taking requests this long after it is marked for deletion (a preStop sleep), while Services
-and load balancers stop routing to it; only then does the server get SIGTERM and start draining."""
-SHUTDOWN_MARGIN_SECONDS: Final = 5
-"""The server finishes draining this long before the kubelet's SIGKILL (uvicorn's backstop, model unload)."""
-
-
-def shutdown_timeout(sdep: SpeculativeDeployment, settings: OperatorSettings) -> int:
-    """The server's `shutdownTimeoutSeconds`: what is left of the grace period after the preStop sleep and the
-    margin (grace = preStop + drain + margin, docs/server.md)."""
-    return max(grace_period(sdep, settings) - PRESTOP_SECONDS - SHUTDOWN_MARGIN_SECONDS, 1)
-
-
-def grace_period(sdep: SpeculativeDeployment, settings: OperatorSettings) -> int:
-    """`terminationGracePeriodSeconds` of the serving pods: the spec's, else the operator's."""
-    grace = sdep.spec.serving.termination_grace_period_seconds
-    return grace if grace is not None else settings.termination_grace_period_seconds
 
 
 def device_placement(sdep: SpeculativeDeployment) -> tuple[list[int], list[int] | None]:
@@ -70,67 +68,17 @@ def device_placement(sdep: SpeculativeDeployment) -> tuple[list[int], list[int] 
     return target, list(range(start, start + draft_tp))
 
 
-def _engine_path(
-    engines: dict[str, dict[str, Any]], role: EngineRole, settings: OperatorSettings
-) -> str | None:
-    engine = engines.get(role)
-    if engine is None:
-        return None
-    return CacheLayout.of(settings).engine(engine["spec"]["cache"]["path"])
-
-
-def _model_path(
-    sdep: SpeculativeDeployment,
-    role: EngineRole,
-    model: ModelSpec,
-    engines: dict[str, dict[str, Any]],
-    settings: OperatorSettings,
-) -> str:
-    built = _engine_path(engines, role, settings)
-    if built is not None:
-        return built
-    if sdep.spec.backend == "tensorrt":
-        # Serving is rendered only once every engine exists; never fall back to the raw checkpoint.
-        raise ValueError(f"no EngineBuild for the {role} engine: build the engines first")
-    return _source_path(model.model, role)
-
-
-def _source_path(source: ModelSource, role: str) -> str:
-    """Where a checkpoint the pod loads directly is found: downloaded by an init container into
-    `/models/<role>`, or mounted from its claim at `/models/source-<role>`."""
-    _, path, _ = download_step(source, f"{MODELS_MOUNT}/{role}")
-    return path.replace(SOURCE_MOUNT, served_source_mount(role), 1)
-
-
-def direct_sources(sdep: SpeculativeDeployment, built: set[str]) -> list[tuple[str, ModelSource]]:
-    """Checkpoints the serving pod loads as they are: models without an engine build, and the EAGLE-3
-    draft head."""
-    sources: list[tuple[str, ModelSource]] = [
-        (role, model.model) for role, model in engine_models(sdep) if role not in built
-    ]
-    eagle = sdep.spec.speculative.eagle
-    if sdep.spec.speculative.method == "eagle3" and eagle is not None:
-        sources.append(("eagle", eagle.model))
-    return sources
-
-
-def build_server_config(
-    sdep: SpeculativeDeployment,
-    engines: list[dict[str, Any]],
-    settings: OperatorSettings | None = None,
-) -> dict[str, Any]:
-    """The server configuration file (schema: docs/server.md, camelCase) for the deployment and its built
-    engines (EngineBuild dicts, as `build_engine_builds` returns them)."""
-    settings = settings or OperatorSettings()
+def server_config(sdep: SpeculativeDeployment, pod: ServingPod, settings: OperatorSettings) -> dict[str, Any]:
+    """The server configuration file (schema: docs/server.md, camelCase) of the deployment's serving pod."""
     spec = sdep.spec
-    by_role = {engine["spec"]["role"]: engine for engine in engines}
-    model: dict[str, Any] = {"target": _model_path(sdep, "target", spec.target, by_role, settings)}
-    if spec.draft is not None:
-        model["draft"] = _model_path(sdep, "draft", spec.draft, by_role, settings)
-    if spec.speculative.method == "eagle3" and spec.speculative.eagle is not None:
-        model["speculativeModel"] = _source_path(spec.speculative.eagle.model, "eagle")
-    if "target" in by_role and spec.backend == "tensorrt":
-        model["tokenizer"] = CacheLayout.of(settings).tokenizer(by_role["target"]["spec"]["cache"]["path"])
+    paths = pod.paths
+    model: dict[str, Any] = {"target": paths.target}
+    if paths.draft is not None:
+        model["draft"] = paths.draft
+    if paths.speculative_model is not None:
+        model["speculativeModel"] = paths.speculative_model
+    if paths.tokenizer is not None:
+        model["tokenizer"] = paths.tokenizer
     if spec.backend == "transformers" and spec.runtime.max_seq_len is not None:
         model["maxModelLen"] = spec.runtime.max_seq_len
     model["servedModelName"] = spec.target.model.uri.rstrip("/").rsplit("/", 1)[-1]
@@ -177,15 +125,15 @@ def build_server_config(
         "port": spec.serving.port,
         "shutdownTimeoutSeconds": shutdown_timeout(sdep, settings),
     }
-    if spec.serving.api_key_secret:
-        serving["apiKeyFile"] = f"{API_KEY_MOUNT}/api-key"
-    if spec.serving.chat_template or spec.serving.chat_template_config_map:
-        serving["chatTemplate"] = f"{CHAT_TEMPLATE_MOUNT}/template.jinja"
+    if pod.api_key_file is not None:
+        serving["apiKeyFile"] = pod.api_key_file
+    if pod.chat_template_file is not None:
+        serving["chatTemplate"] = pod.chat_template_file
     return {
         "model": model,
         "backend": _BACKENDS[spec.backend],
         "speculative": speculative,
-        "placement": _placement(sdep, settings),
+        "placement": _placement(sdep, pod),
         "runtime": runtime,
         "serving": serving,
         # One access-log line per request: `kubectl logs` shows what the pod served.
@@ -193,32 +141,54 @@ def build_server_config(
     }
 
 
-def cpu_resources(sdep: SpeculativeDeployment, settings: OperatorSettings) -> dict[str, Any]:
-    """Container resources of a serving pod on CPUs (`spec.placement.device: cpu`): `spec.serving.resources`,
-    else the operator's defaults."""
-    if sdep.spec.serving.resources is not None:
-        return sdep.spec.serving.resources.to_dict()
-    return {
-        "limits": {"memory": settings.cpu_serving_memory_limit},
-        "requests": {"cpu": settings.cpu_serving_cpu_request, "memory": settings.cpu_serving_memory_request},
-    }
-
-
-def cpu_threads(resources: dict[str, Any]) -> int:
-    """torch threads of a server on CPUs: its CPU limit, else its CPU request, rounded up; at least 1."""
-    cpu = (resources.get("limits") or {}).get("cpu")
-    if cpu is None:
-        cpu = (resources.get("requests") or {}).get("cpu")
-    if cpu is None:
-        return 1
-    return max(1, math.ceil(quantity_value(cpu)))
-
-
-def _placement(sdep: SpeculativeDeployment, settings: OperatorSettings) -> dict[str, Any]:
+def _placement(sdep: SpeculativeDeployment, pod: ServingPod) -> dict[str, Any]:
     if sdep.spec.placement.device == "cpu":
-        return {"device": "cpu", "cpuThreads": cpu_threads(cpu_resources(sdep, settings))}
+        return {"device": "cpu", "cpuThreads": cpu_threads(pod.resources)}
     target_ids, draft_ids = device_placement(sdep)
     placement: dict[str, Any] = {"device": "cuda", "targetDeviceIds": target_ids}
     if draft_ids is not None:
         placement["draftDeviceIds"] = draft_ids
     return placement
+
+
+def build_server_config(
+    sdep: SpeculativeDeployment,
+    engines: Sequence[EngineBuild | Mapping[str, Any]],
+    settings: OperatorSettings | None = None,
+) -> dict[str, Any]:
+    """The server configuration for the deployment and its built `engines` (models or wire objects)."""
+    settings = settings or OperatorSettings()
+    return server_config(sdep, serving_pod(sdep, engine_builds_of(engines), settings), settings)
+
+
+def config_digest(configmap: Mapping[str, Any]) -> str:
+    """The digest of a server ConfigMap's data: the pod template carries it, so a changed configuration (or
+    inline chat template) rolls the pods."""
+    data = configmap["data"]
+    content = json.dumps(json.loads(data[CONFIG_FILE]), sort_keys=True)
+    if CHAT_TEMPLATE_FILE in data:
+        content += "\x00" + data[CHAT_TEMPLATE_FILE]
+    return hashlib.sha256(content.encode()).hexdigest()[:16]
+
+
+def configmap_for(sdep: SpeculativeDeployment, config: Mapping[str, Any]) -> dict[str, Any]:
+    """ConfigMap holding the server configuration `config` (`server.yaml`, JSON, which is valid YAML) and the
+    inline chat template when there is one."""
+    data = {CONFIG_FILE: json.dumps(config, indent=2, sort_keys=True) + "\n"}
+    if sdep.spec.serving.chat_template:
+        data[CHAT_TEMPLATE_FILE] = sdep.spec.serving.chat_template
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": child_metadata(sdep, SERVER_COMPONENT, configmap_name(sdep)),
+        "data": data,
+    }
+
+
+def build_configmap(
+    sdep: SpeculativeDeployment,
+    engines: Sequence[EngineBuild | Mapping[str, Any]],
+    settings: OperatorSettings | None = None,
+) -> dict[str, Any]:
+    """The server ConfigMap for the deployment and its built `engines`."""
+    return configmap_for(sdep, build_server_config(sdep, engines, settings))

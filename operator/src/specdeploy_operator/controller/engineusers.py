@@ -13,7 +13,7 @@ from typing import Final
 from pydantic import ValidationError
 
 from specdeploy_operator.api import SpeculativeDeployment
-from specdeploy_operator.builders import OperatorSettings, build_engine_builds
+from specdeploy_operator.builders import OperatorSettings, engine_builds
 
 from .indexes import Obj
 
@@ -38,7 +38,7 @@ def rendered_engine_names(body: Obj, settings: OperatorSettings) -> frozenset[st
         sdep = SpeculativeDeployment.model_validate(body)
     except ValidationError:
         return frozenset()
-    return frozenset(e["metadata"]["name"] for e in build_engine_builds(sdep, settings))
+    return frozenset(e.metadata.name or "" for e in engine_builds(sdep, settings))
 
 
 def engines_used(body: Obj, settings: OperatorSettings) -> set[str]:

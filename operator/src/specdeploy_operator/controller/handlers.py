@@ -93,7 +93,7 @@ ENGINE: Final = (GROUP, VERSION, "enginebuilds")
 
 
 def register_indexes(registry: kopf.OperatorRegistry) -> None:
-    """The reconciler's read cache: one kopf index per kind it reads (`reconciler.INDEX_IDS`)."""
+    """The reconciler's read cache: one kopf index per kind it reads (`indexes.INDEX_IDS`)."""
     sdep, engine = SDEP, ENGINE
 
     def by_name(id_: str, group: str, version: str, plural: str, *parts: str, managed: bool = True) -> None:

@@ -2,12 +2,40 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
 
-__all__ = ["Obj", "every", "one", "resource_version"]
+__all__ = ["INDEX_IDS", "INDEX_OF_KIND", "Obj", "every", "one", "owner_names", "resource_version"]
 
 Obj = Mapping[str, Any]
+
+INDEX_IDS: Final = (
+    "sdeps",
+    "engine_users",
+    "enginebuilds",
+    "jobs",
+    "pods",
+    "deployments",
+    "configmaps",
+    "services",
+    "pdbs",
+    "pvcs",
+    "hpas",
+)
+"""The kopf indexes the reconciler reads (registered in `handlers`)."""
+
+INDEX_OF_KIND: Final = {
+    "SpeculativeDeployment": "sdeps",
+    "EngineBuild": "enginebuilds",
+    "Job": "jobs",
+    "Deployment": "deployments",
+    "ConfigMap": "configmaps",
+    "Service": "services",
+    "PodDisruptionBudget": "pdbs",
+    "PersistentVolumeClaim": "pvcs",
+    "HorizontalPodAutoscaler": "hpas",
+}
+"""The index of each kind the reconciler observes (ScaledObjects have none: KEDA may not be installed)."""
 
 
 def one(index: Any, key: object) -> Obj | None:
@@ -28,3 +56,10 @@ def every(index: Any, key: object) -> list[Obj]:
 
 def resource_version(obj: Obj | None) -> str | None:
     return ((obj or {}).get("metadata") or {}).get("resourceVersion")
+
+
+def owner_names(body: Obj, kind: str) -> Iterable[str]:
+    """Names of the owners of `body` of kind `kind`."""
+    for owner in (body.get("metadata") or {}).get("ownerReferences") or ():
+        if owner.get("kind") == kind:
+            yield str(owner["name"])

@@ -18,7 +18,7 @@ from typing import Any, Final
 
 from specdeploy_operator.builders.common import quantity_value
 
-__all__ = ["contains", "difference", "first_difference"]
+__all__ = ["contains", "difference", "first_difference", "merge_patch"]
 
 QUANTITY_PARENTS: Final = frozenset({"limits", "requests", "capacity"})
 """Mappings whose values are resource quantities (compared by value: `1Gi` equals `1024Mi`)."""
@@ -90,3 +90,17 @@ def difference(live: Mapping[str, Any], desired: Mapping[str, Any]) -> str | Non
     body = {k: v for k, v in desired.items() if k not in ("apiVersion", "kind", "metadata", "status")}
     live_body = {k: v for k, v in live.items() if k in body}
     return first_difference(live_body, body)
+
+
+def merge_patch(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """A JSON merge patch turning `old` into `new` where both are objects: `new` itself, with `None` for every
+    key of `old` missing from `new`, recursively into objects present in both (a nested field that went away,
+    say `status.autoscaler.message`, is removed, not kept by the merge)."""
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            patch[key] = merge_patch(before, value)
+        else:
+            patch[key] = value
+    return patch

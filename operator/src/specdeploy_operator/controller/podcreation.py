@@ -16,7 +16,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
+
+from specdeploy_operator.api import (
+    CREATION_REASONS,
+    ConditionStatus,
+    ConditionType,
+    DeploymentPhase,
+    KubeCondition,
+    KubeReason,
+    PodPhase,
+    Reason,
+)
 
 __all__ = [
     "CREATION_REASONS",
@@ -30,28 +41,22 @@ __all__ = [
 
 Obj = Mapping[str, Any]
 
-QUOTA_EXCEEDED: Final = "QuotaExceeded"
-FORBIDDEN: Final = "PodCreationForbidden"
-FAILED: Final = "PodCreationFailed"
-CREATION_REASONS: Final = frozenset({QUOTA_EXCEEDED, FORBIDDEN, FAILED})
-"""Condition reasons that say pods cannot be created."""
-
 
 @dataclass(frozen=True, slots=True)
 class PodCreationProblem:
     """A refused pod creation: `reason` (one of `CREATION_REASONS`) and the API server's message."""
 
-    reason: str
+    reason: Reason
     message: str
 
 
-def classify(message: str) -> str:
+def classify(message: str) -> Reason:
     """The reason for an API server's refusal `message`."""
     if "exceeded quota" in message or "failed quota" in message:
-        return QUOTA_EXCEEDED
+        return Reason.QUOTA_EXCEEDED
     if "forbidden" in message:
-        return FORBIDDEN
-    return FAILED
+        return Reason.POD_CREATION_FORBIDDEN
+    return Reason.POD_CREATION_FAILED
 
 
 def _problem(message: str) -> PodCreationProblem:
@@ -63,20 +68,34 @@ def deployment_creation_problem(deployment: Obj | None) -> PodCreationProblem | 
     """The Deployment's `ReplicaFailure` condition, when it is True."""
     conditions = ((deployment or {}).get("status") or {}).get("conditions") or ()
     for cond in conditions:
-        if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+        if (
+            cond.get("type") == KubeCondition.DEPLOYMENT_REPLICA_FAILURE
+            and cond.get("status") == ConditionStatus.TRUE
+        ):
             return _problem(str(cond.get("message") or cond.get("reason") or ""))
     return None
 
 
 def _live(pod: Obj) -> bool:
     meta, status = pod.get("metadata") or {}, pod.get("status") or {}
-    return not meta.get("deletionTimestamp") and status.get("phase") in ("Pending", "Running", None)
+    return not meta.get("deletionTimestamp") and status.get("phase") in (
+        PodPhase.PENDING,
+        PodPhase.RUNNING,
+        None,
+    )
+
+
+_JOB_FINISHED = (
+    KubeCondition.JOB_COMPLETE,
+    KubeCondition.JOB_FAILED,
+    KubeCondition.JOB_SUCCESS_CRITERIA_MET,
+    KubeCondition.JOB_FAILURE_TARGET,
+)
 
 
 def _finished(job: Obj) -> bool:
     return any(
-        c.get("status") == "True"
-        and c.get("type") in ("Complete", "Failed", "SuccessCriteriaMet", "FailureTarget")
+        c.get("status") == ConditionStatus.TRUE and c.get("type") in _JOB_FINISHED
         for c in (job.get("status") or {}).get("conditions") or ()
     )
 
@@ -104,30 +123,33 @@ def job_creation_problem(
     relevant = [
         e
         for e in events
-        if e.get("reason") in ("FailedCreate", "SuccessfulCreate")
+        if e.get("reason") in (KubeReason.JOB_FAILED_CREATE, KubeReason.JOB_SUCCESSFUL_CREATE)
         and (not uid or ((e.get("involvedObject") or {}).get("uid") in (None, "", uid)))
     ]
     if not relevant:
         return None
     # On equal times (one-second resolution) a success wins: the pod exists.
-    newest = max(relevant, key=lambda e: (_event_time(e), e.get("reason") == "SuccessfulCreate"))
-    if newest.get("reason") != "FailedCreate":
+    newest = max(
+        relevant, key=lambda e: (_event_time(e), e.get("reason") == KubeReason.JOB_SUCCESSFUL_CREATE)
+    )
+    if newest.get("reason") != KubeReason.JOB_FAILED_CREATE:
         return None
     return _problem(str(newest.get("message") or ""))
 
 
-def creation_event(previous: Obj, status: Obj) -> tuple[str, str] | None:
+def creation_event(previous: Obj, status: Obj) -> tuple[Reason, str] | None:
     """(reason, message) of the Warning event to post when a status write newly says that pods cannot be
     created: its `Degraded` (SpeculativeDeployment) or `Succeeded` (EngineBuild) condition took one of
     `CREATION_REASONS`. None when nothing new; a SpeculativeDeployment whose phase is `Degraded` gets that
     event from the phase change already."""
-    if status.get("phase") == "Degraded":
+    if status.get("phase") == DeploymentPhase.DEGRADED:
         return None
 
-    def creation(conditions: Any) -> tuple[str, str] | None:
+    def creation(conditions: Any) -> tuple[Reason, str] | None:
         for cond in conditions or ():
-            if cond.get("type") in ("Degraded", "Succeeded") and cond.get("reason") in CREATION_REASONS:
-                return str(cond["reason"]), str(cond.get("message") or "")
+            kinds = (ConditionType.DEGRADED, ConditionType.SUCCEEDED)
+            if cond.get("type") in kinds and cond.get("reason") in CREATION_REASONS:
+                return Reason(cond["reason"]), str(cond.get("message") or "")
         return None
 
     now, before = creation(status.get("conditions")), creation(previous.get("conditions"))

@@ -1,10 +1,9 @@
-"""Reconciliation: observe (kopf's indexes of the live objects) -> build desired (pure builders) -> apply what
-the live object lacks (server-side apply, field manager `specdeploy`) -> write status only when it changes.
-
-Two kinds of keys go through one work queue: `("sdep", namespace, name)` for SpeculativeDeployments
-(`deployments.py`) and `("engine", namespace, name)` for EngineBuilds (`enginebuilds.py`). Handlers only
-enqueue; everything is level-triggered and decided from live state, so a restart, a missed event or another
-actor's edit converges to the same state, and deterministic names make every write idempotent.
+"""The reconciler: the work queue, and the implementation of the cluster port (`port.py`) that reconciles
+(`deployments.py`, `enginebuilds.py`) observe and apply through; the only code that talks to the API server.
+Handlers only enqueue keys; everything is level-triggered and decided from live state, so a restart, a missed
+event or another actor's edit converges to the same state, and deterministic names make every write
+idempotent. Applies are server-side (field manager `specdeploy`) and made only where the live object lacks
+a rendered field; a status is written only when it changes.
 
 The only memory of its own the operator keeps is read-your-writes: kopf's index shows an object one watch
 event after the operator wrote it, and until then the object the write returned stands in for it (so a second
@@ -17,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final, Literal
@@ -25,18 +24,21 @@ from typing import Any, Final, Literal
 from specdeploy_operator.builders import OperatorSettings
 
 from . import metrics
+from .conditions import ConditionSpec
 from .deployments import ReconcileFailed, reconcile_deployment
 from .enginebuilds import reconcile_engine
 from .engineusers import EngineNames, engines_used
-from .indexes import Obj, one, resource_version
+from .events import Event
+from .indexes import INDEX_IDS, INDEX_OF_KIND, Obj, every, one, owner_names, resource_version
 from .kube import ApiError, Kube, ObjectRef, ref_of
-from .livestate import difference
-from .podcreation import creation_event
+from .livestate import difference, first_difference, merge_patch
+from .port import Child, Key, wire
 from .queue import WorkQueue
 from .speculation import SpeculationSampler, close_metrics_session, fetch_metrics, speculation_targets
 
 __all__ = [
     "INDEX_IDS",
+    "INDEX_OF_KIND",
     "Key",
     "Reconciler",
     "engines_used",
@@ -57,35 +59,6 @@ TERMINATING_PAUSE_SECONDS: Final = 10.0
 this long after the last refusal, then run (deferred, not dropped: a namespace of the same name created afresh
 is reconciled then). Its children vanishing one by one would otherwise each trigger a refused create."""
 
-Key = tuple[Literal["sdep", "engine"], str, str]
-
-INDEX_IDS: Final = (
-    "sdeps",
-    "engine_users",
-    "enginebuilds",
-    "jobs",
-    "pods",
-    "deployments",
-    "configmaps",
-    "services",
-    "pdbs",
-    "pvcs",
-    "hpas",
-)
-"""The kopf indexes the reconciler reads (registered in `handlers`)."""
-
-INDEX_OF_KIND: Final = {
-    "SpeculativeDeployment": "sdeps",
-    "EngineBuild": "enginebuilds",
-    "Job": "jobs",
-    "Deployment": "deployments",
-    "ConfigMap": "configmaps",
-    "Service": "services",
-    "PodDisruptionBudget": "pdbs",
-    "PersistentVolumeClaim": "pvcs",
-    "HorizontalPodAutoscaler": "hpas",
-}
-
 
 def _now() -> datetime:
     return datetime.now(UTC)
@@ -101,8 +74,8 @@ class OwnWrite:
 
 
 class Reconciler:
-    """Owns the work queue; reads kopf's indexes (bound on the first handler call, when kopf has filled
-    them) and writes through `Kube`."""
+    """Owns the work queue and implements the cluster port (`port.ClusterPort`): reads kopf's indexes (bound
+    on the first handler call, when kopf has filled them) and writes through `Kube`."""
 
     def __init__(
         self,
@@ -265,9 +238,33 @@ class Reconciler:
         del self._own_writes[key]
         return live
 
+    def now(self) -> datetime:
+        return self.clock()
+
+    def pods(self, namespace: str, owner: Literal["serving", "job"], name: str) -> list[Obj]:
+        """Serving pods by deployment, build pods by Job (the `pods` index)."""
+        return every(self.indices.get("pods"), (namespace, owner, name))
+
+    def speculation_figures(self, namespace: str, name: str) -> tuple[Obj | None, ConditionSpec | None]:
+        key = (namespace, name)
+        low = self.settings.low_acceptance_rate
+        return self.speculation.published(key), self.speculation.condition(key, low)
+
+    async def events_about(self, namespace: str, kind: str, name: str) -> Sequence[Obj]:
+        return await self.kube.events_about(namespace, kind, name)
+
     # -- writing -------------------------------------------------------------------------------------------
-    async def ensure(self, desired: Mapping[str, Any]) -> tuple[Obj, bool]:
+    def enqueue(self, key: Key) -> None:
+        self.queue.add(key)
+
+    async def event(self, body: Obj, event: Event) -> None:
+        await self.kube.event(body, str(event.type), str(event.reason), event.message)
+
+    async def ensure(self, desired: Child) -> tuple[Obj, bool]:
         """Apply `desired` unless the live object already holds every field of it; (object, applied?)."""
+        desired = wire(desired)
+        if str(desired["kind"]) not in INDEX_OF_KIND:
+            return await self._ensure_unindexed(desired)
         meta = desired["metadata"]
         kind, namespace, name = str(desired["kind"]), str(meta.get("namespace") or ""), str(meta["name"])
         live = self.observe(kind, namespace, name)
@@ -289,9 +286,22 @@ class Reconciler:
             result = await self._replace(desired, live, left)
         return result, True
 
-    async def create_if_absent(self, desired: Mapping[str, Any]) -> tuple[Obj, bool]:
+    async def _ensure_unindexed(self, desired: Mapping[str, Any]) -> tuple[Obj, bool]:
+        """A kind without an index (ScaledObject): compared with what this process applied last (forgotten at
+        each resync, so another actor's change is repaired within `resync_seconds`)."""
+        meta = desired["metadata"]
+        key = (str(meta.get("namespace") or ""), str(meta["name"]))
+        memo = self.scaled_objects.get(key)
+        if memo is not None and first_difference(memo, desired["spec"]) is None:
+            return desired, False
+        result = await self.kube.apply(desired)
+        self.scaled_objects[key] = desired["spec"]
+        return result, True
+
+    async def create_if_absent(self, desired: Child) -> tuple[Obj, bool]:
         """Apply `desired` only when no such object exists: for objects whose spec is immutable and shared
         (EngineBuilds) or that may be a user's (the default cache claim)."""
+        desired = wire(desired)
         meta = desired["metadata"]
         live = self.observe(str(desired["kind"]), str(meta.get("namespace") or ""), str(meta["name"]))
         if live is not None:
@@ -332,8 +342,18 @@ class Reconciler:
         )
         return result
 
+    async def patch(self, ref: ObjectRef, fields: Mapping[str, Any]) -> Obj:
+        """Merge-patch `fields` of `ref`; the result stands in for the live object until the index has it."""
+        live = self.observe(ref.kind, ref.namespace, ref.name)
+        result = await self.kube.patch(ref, fields)
+        key = ("object", ref.kind, ref.namespace, ref.name)
+        self._own_writes[key] = OwnWrite(resource_version(live), result, time.monotonic())
+        return result
+
     async def delete(self, ref: ObjectRef, uid: str | None = None) -> None:
         """Delete `ref`; one that is already gone is fine."""
+        if ref.kind not in INDEX_OF_KIND:
+            self.scaled_objects.pop((ref.namespace, ref.name), None)
         try:
             await self.kube.delete(ref, uid=uid)
         except ApiError as error:
@@ -342,10 +362,9 @@ class Reconciler:
             return
         log.info("deleted", extra={"object": str(ref)})
 
-    async def write_status(self, body: Obj, status: dict[str, Any], *, quiet: Collection[str] = ()) -> bool:
+    async def write_status(self, body: Obj, status: dict[str, Any]) -> Obj | None:
         """Write `status` if it differs from the live one (or from our own write the index has not caught up
-        with); True when written. A change to a phase in `quiet` posts no milestone event (the caller has
-        posted one that says more)."""
+        with); the status it replaced when written, else None."""
         meta = body["metadata"]
         key = ("status", str(body["kind"]), str(meta["namespace"]), str(meta["name"]))
         previous: Obj = body.get("status") or {}
@@ -358,7 +377,7 @@ class Reconciler:
             else:
                 del self._own_writes[key]
         if status == last:
-            return False
+            return None
         ref = ObjectRef(body["apiVersion"], body["kind"], meta["namespace"], meta["name"])
         # Merge patch (RFC 7386): fields that disappeared, at any depth, are nulled; lists are replaced whole.
         patch = merge_patch({**previous, **last}, status)
@@ -367,7 +386,7 @@ class Reconciler:
             await self.kube.patch(ref, {"status": patch}, subresource="status")
         except ApiError as error:
             if error.status == 404:  # deleted meanwhile
-                return False
+                return None
             raise
         self._own_writes[key] = OwnWrite(meta.get("resourceVersion"), status, time.monotonic())
         log.info(
@@ -378,66 +397,4 @@ class Reconciler:
                 "changed": ",".join(sorted(k for k in {**last, **status} if last.get(k) != status.get(k))),
             },
         )
-        refused = creation_event(last, status)  # pods cannot be created (issue #24)
-        if refused is not None:
-            await self.kube.event(body, "Warning", *refused)
-        if status.get("phase") not in quiet:
-            await self._events_for(body, last, status)
-        return True
-
-    async def _events_for(self, body: Obj, previous: Obj, status: Obj) -> None:
-        """Milestone events, posted when the phase changes, or when a Degraded deployment is degraded for
-        another reason (e.g. Unschedulable -> CapacityPending)."""
-        old, new = previous.get("phase"), status.get("phase")
-        conditions = {c["type"]: c for c in status.get("conditions") or ()}
-        old_reason = next(
-            (c.get("reason") for c in previous.get("conditions") or () if c.get("type") == "Degraded"), None
-        )
-        if old == new and (new != "Degraded" or old_reason == conditions.get("Degraded", {}).get("reason")):
-            return
-        if body["kind"] == "EngineBuild":
-            message = str(status.get("message") or "")
-            if new == "Running":
-                await self.kube.event(
-                    body, "Normal", "BuildStarted", f"build Job {status.get('jobName')} is running"
-                )
-            elif new == "Succeeded":
-                await self.kube.event(body, "Normal", "BuildSucceeded", message)
-            elif new == "Failed":
-                await self.kube.event(body, "Warning", "BuildFailed", message)
-            return
-        reasons = {
-            "Building": ("Normal", "Building", conditions.get("EnginesReady", {}).get("message", "")),
-            "Deploying": ("Normal", "Deploying", conditions.get("Progressing", {}).get("message", "")),
-            "Ready": ("Normal", "RolloutFinished", f"ready at {status.get('endpoint')}"),
-            "Failed": ("Warning", "BuildFailed", conditions.get("EnginesReady", {}).get("message", "")),
-            "Degraded": (
-                "Warning",
-                str(conditions.get("Degraded", {}).get("reason", "Degraded")),
-                str(conditions.get("Degraded", {}).get("message", "")),
-            ),
-        }
-        if new in reasons:
-            type_, reason, message = reasons[str(new)]
-            await self.kube.event(body, type_, reason, str(message))
-
-
-def merge_patch(old: Obj, new: Obj) -> dict[str, Any]:
-    """A JSON merge patch turning `old` into `new` where both are objects: `new` itself, with `None` for every
-    key of `old` missing from `new`, recursively into objects present in both (a nested field that went away,
-    say `status.autoscaler.message`, is removed, not kept by the merge)."""
-    patch: dict[str, Any] = {key: None for key in old if key not in new}
-    for key, value in new.items():
-        before = old.get(key)
-        if isinstance(value, Mapping) and isinstance(before, Mapping):
-            patch[key] = merge_patch(before, value)
-        else:
-            patch[key] = value
-    return patch
-
-
-def owner_names(body: Obj, kind: str) -> Iterable[str]:
-    """Names of the owners of `body` of kind `kind`."""
-    for owner in (body.get("metadata") or {}).get("ownerReferences") or ():
-        if owner.get("kind") == kind:
-            yield str(owner["name"])
+        return last

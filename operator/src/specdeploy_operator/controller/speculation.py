@@ -29,11 +29,11 @@ from typing import Any, Final
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from specdeploy_operator.api import ServingSpec
+from specdeploy_operator.api import ConditionStatus, ConditionType, KubeCondition, Reason, ServingSpec
 
 from . import metrics
+from .conditions import ConditionSpec, rfc3339
 from .indexes import every, one
-from .status import ConditionSpec, rfc3339
 
 __all__ = [
     "COUNTERS",
@@ -183,18 +183,18 @@ def effectiveness_condition(figures: Mapping[str, Any] | None, low: float) -> Co
     rate, drafted = float(figures["acceptanceRate"]), float(figures.get("_drafted", 0))
     if rate < low and drafted >= MIN_DRAFTED_FOR_ALARM:
         return ConditionSpec(
-            "SpeculationEffective",
-            "False",
-            "LowAcceptance",
+            ConditionType.SPECULATION_EFFECTIVE,
+            ConditionStatus.FALSE,
+            Reason.LOW_ACCEPTANCE,
             f"the target accepted {rate:.0%} of the draft's tokens "
             f"over the last {figures['windowSeconds']} s "
             f"(below {low:.0%}): the draft does not fit this target or this traffic, and drafting costs "
             "more than it saves",
         )
     return ConditionSpec(
-        "SpeculationEffective",
-        "True",
-        "AcceptanceHealthy",
+        ConditionType.SPECULATION_EFFECTIVE,
+        ConditionStatus.TRUE,
+        Reason.ACCEPTANCE_HEALTHY,
         f"acceptance {rate:.0%}, {figures['tokensPerStep']} tokens per target step",
     )
 
@@ -305,7 +305,10 @@ def _ready(pod: Mapping[str, Any]) -> bool:
     status = pod.get("status") or {}
     if (pod.get("metadata") or {}).get("deletionTimestamp") or not status.get("podIP"):
         return False
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or ())
+    return any(
+        c.get("type") == KubeCondition.POD_READY and c.get("status") == ConditionStatus.TRUE
+        for c in status.get("conditions") or ()
+    )
 
 
 def speculation_targets(indices: Mapping[str, Any]) -> dict[tuple[str, str], list[tuple[str, str]]]:

@@ -1,9 +1,9 @@
-"""Status from observations: pure functions, no API calls.
+"""SpeculativeDeployment status from observations: pure functions, no API calls.
 
-`engine_build_status` turns a build Job and its pods into an EngineBuild status; `deployment_status` rolls
-EngineBuilds, the serving Deployment and its pods up into a SpeculativeDeployment status. Conditions keep
-their `lastTransitionTime` while their status stays the same, so an unchanged world gives an identical
-status and the controller writes nothing.
+`deployment_status` rolls EngineBuilds, the serving Deployment and its pods up into a SpeculativeDeployment
+status (an EngineBuild's own status is `buildstatus.py`'s). Conditions keep their `lastTransitionTime` while
+their status stays the same, so an unchanged world gives an identical status and the controller writes
+nothing. Phases, condition types and reasons are the API's vocabulary (`api.conditions`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,22 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
-from .podcreation import CREATION_REASONS, PodCreationProblem, deployment_creation_problem
+from specdeploy_operator.api import (
+    CREATION_REASONS,
+    BuildPhase,
+    ConditionStatus,
+    ConditionType,
+    DeploymentPhase,
+    KubeCondition,
+    Reason,
+)
+
+from .buildstatus import engine_build_status
+from .conditions import ConditionSpec, find_condition, merge_conditions, rfc3339
+from .podcreation import PodCreationProblem, deployment_creation_problem
+from .podstate import by_creation, scheduling_problem, termination_message
 
 __all__ = [
-    "SPECULATION_EFFECTIVE",
     "ConditionSpec",
     "EngineObservation",
     "ServingObservation",
@@ -32,181 +44,20 @@ __all__ = [
 
 Obj = Mapping[str, Any]
 
-MAX_MESSAGE: Final = 4096
+TRUE: Final = ConditionStatus.TRUE
+FALSE: Final = ConditionStatus.FALSE
 
 
-def rfc3339(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+def _engines(status: ConditionStatus, reason: Reason, message: str) -> ConditionSpec:
+    return ConditionSpec(ConditionType.ENGINES_READY, status, reason, message)
 
 
-@dataclass(frozen=True, slots=True)
-class ConditionSpec:
-    """A condition as computed now (the transition time is decided by `merge_conditions`)."""
-
-    type: str
-    status: str
-    reason: str
-    message: str
+def _progressing(status: ConditionStatus, reason: Reason, message: str) -> ConditionSpec:
+    return ConditionSpec(ConditionType.PROGRESSING, status, reason, message)
 
 
-SPECULATION_EFFECTIVE: Final = "SpeculationEffective"
-
-
-def merge_conditions(
-    previous: Sequence[Obj] | None, current: Sequence[ConditionSpec], now: datetime, generation: int | None
-) -> list[dict[str, Any]]:
-    """Conditions in `current`'s order; a condition whose status did not change keeps its transition time."""
-    old = {str(c.get("type")): c for c in previous or ()}
-    merged: list[dict[str, Any]] = []
-    for cond in current:
-        before = old.get(cond.type)
-        since = (
-            before["lastTransitionTime"]
-            if before is not None and before.get("status") == cond.status and before.get("lastTransitionTime")
-            else rfc3339(now)
-        )
-        entry: dict[str, Any] = {"type": cond.type, "status": cond.status}
-        if generation is not None:
-            entry["observedGeneration"] = generation
-        entry.update(
-            {"lastTransitionTime": since, "reason": cond.reason, "message": cond.message[:MAX_MESSAGE]}
-        )
-        merged.append(entry)
-    return merged
-
-
-# -- pods -------------------------------------------------------------------------------------------------
-
-
-def scheduling_problem(pod: Obj) -> str | None:
-    """The scheduler's message when `pod` cannot be scheduled (PodScheduled False, reason Unschedulable)."""
-    for cond in (pod.get("status") or {}).get("conditions") or ():
-        scheduled = cond.get("type") == "PodScheduled" and cond.get("status") == "False"
-        if scheduled and cond.get("reason") == "Unschedulable":
-            return str(cond.get("message") or "Unschedulable")
-    return None
-
-
-def termination_message(pod: Obj) -> str | None:
-    """`container: reason (exit N): message` for each container of `pod` that terminated unsuccessfully."""
-    status = pod.get("status") or {}
-    parts: list[str] = []
-    for container in [*(status.get("initContainerStatuses") or ()), *(status.get("containerStatuses") or ())]:
-        terminated = (container.get("state") or {}).get("terminated") or {}
-        code = terminated.get("exitCode")
-        if terminated and code not in (None, 0):
-            text = f"{container.get('name')}: {terminated.get('reason') or 'Error'} (exit {code})"
-            message = str(terminated.get("message") or "").strip()
-            parts.append(f"{text}: {message}" if message else text)
-    return "; ".join(parts) or None
-
-
-def _is_ready(pod: Obj) -> bool:
-    for cond in (pod.get("status") or {}).get("conditions") or ():
-        if cond.get("type") == "Ready":
-            return bool(cond.get("status") == "True")
-    return False
-
-
-def _by_creation(pods: Sequence[Obj]) -> list[Obj]:
-    return sorted(pods, key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]))
-
-
-# -- EngineBuild ------------------------------------------------------------------------------------------
-
-
-def _job_condition(job: Obj, type_: str) -> Obj | None:
-    for cond in (job.get("status") or {}).get("conditions") or ():
-        if cond.get("type") == type_ and cond.get("status") == "True":
-            return dict(cond)
-    return None
-
-
-def _in_progress(job_status: Obj, pods: Sequence[Obj], previous: Obj) -> tuple[str, str, str]:
-    """(phase, reason, message) of a build Job that has neither completed nor failed."""
-    live = [p for p in pods if (p.get("status") or {}).get("phase") in ("Pending", "Running")]
-    running = [p for p in live if (p.get("status") or {}).get("phase") == "Running"]
-    unschedulable = [m for m in (scheduling_problem(p) for p in live) if m]
-    finished = [p for p in pods if (p.get("status") or {}).get("phase") == "Succeeded"]
-    if running or finished or int(job_status.get("succeeded") or 0) > 0:
-        phase, reason, message = "Running", "Building", "the build pod is running"
-    elif unschedulable:
-        phase, reason = "Pending", "Unschedulable"
-        message = f"build pod cannot be scheduled: {unschedulable[0]}"
-    elif previous.get("phase") == "Running" and not job_status.get("failed"):
-        phase, reason, message = "Running", "Building", "the build pod is running"
-    else:
-        phase, reason, message = "Pending", "JobPending", "waiting for the build pod to start"
-    last_failure = next(
-        (m for m in (termination_message(p) for p in reversed(_by_creation(pods))) if m), None
-    )
-    if last_failure and job_status.get("failed"):
-        message = f"{message} (retrying after {job_status['failed']} failed attempt(s): {last_failure})"
-    return phase, reason, message
-
-
-def engine_build_status(
-    job: Obj | None,
-    pods: Sequence[Obj],
-    previous: Obj | None,
-    now: datetime,
-    creation_problem: PodCreationProblem | None = None,
-) -> dict[str, Any]:
-    """EngineBuild status from its Job (None: not created yet) and the Job's pods; `creation_problem`: why
-    the Job's pod cannot be created (podcreation.job_creation_problem)."""
-    previous = previous or {}
-    if job is None:
-        phase, reason, message = "Pending", "JobPending", "the build Job is being created"
-        job_status: Obj = {}
-        name = None
-    else:
-        name = job["metadata"]["name"]
-        job_status = job.get("status") or {}
-        complete = _job_condition(job, "Complete") or _job_condition(job, "SuccessCriteriaMet")
-        failed = _job_condition(job, "Failed") or _job_condition(job, "FailureTarget")
-        if complete is not None:
-            phase, reason, message = "Succeeded", "BuildSucceeded", "engine built and written to the cache"
-        elif failed is not None:
-            phase, reason = "Failed", "BuildFailed"
-            detail = next(
-                (m for m in (termination_message(p) for p in reversed(_by_creation(pods))) if m), None
-            )
-            message = f"{failed.get('reason') or 'Failed'}: {failed.get('message') or 'the build Job failed'}"
-            if detail:
-                message = f"{message}; {detail}"
-        else:
-            phase, reason, message = _in_progress(job_status, pods, previous)
-            # -- pod creation refused (issue #24) --
-            if creation_problem is not None:
-                phase, reason = "Pending", creation_problem.reason
-                message = f"the build pod cannot be created: {creation_problem.message}"
-    status: dict[str, Any] = {"phase": phase}
-    if name:
-        status["jobName"] = name
-    if job is not None:
-        # The Job reports Complete/SuccessCriteriaMet or FailureTarget before its counters catch up with the
-        # last pod, and a finished EngineBuild is not looked at again: its pods count as attempts too.
-        counted = sum(int(job_status.get(k) or 0) for k in ("active", "failed", "succeeded"))
-        attempts = max(counted, len(pods))
-        if phase == "Succeeded":
-            attempts = max(attempts, int(job_status.get("failed") or 0) + 1)
-        status["attempts"] = attempts
-    if job_status.get("startTime"):
-        status["startTime"] = job_status["startTime"]
-    if phase == "Succeeded" and job_status.get("completionTime"):
-        status["completionTime"] = job_status["completionTime"]
-    elif phase == "Failed":
-        failed_cond = _job_condition(job or {}, "Failed") or {}
-        status["completionTime"] = failed_cond.get("lastTransitionTime") or rfc3339(now)
-    status["message"] = message[:MAX_MESSAGE]
-    succeeded = {"Succeeded": "True", "Failed": "False"}.get(phase, "Unknown")
-    status["conditions"] = merge_conditions(
-        previous.get("conditions"), [ConditionSpec("Succeeded", succeeded, reason, message)], now, None
-    )
-    return status
-
-
-# -- SpeculativeDeployment --------------------------------------------------------------------------------
+def _degraded(status: ConditionStatus, reason: Reason, message: str) -> ConditionSpec:
+    return ConditionSpec(ConditionType.DEGRADED, status, reason, message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,12 +71,13 @@ class EngineObservation:
 
     @property
     def phase(self) -> str:
-        return str(((self.observed or {}).get("status") or {}).get("phase") or "Pending")
+        return str(((self.observed or {}).get("status") or {}).get("phase") or BuildPhase.PENDING)
 
     @property
     def reason(self) -> str:
-        conditions = ((self.observed or {}).get("status") or {}).get("conditions") or ()
-        return str(next((c.get("reason") for c in conditions if c.get("type") == "Succeeded"), "") or "")
+        return str(
+            find_condition((self.observed or {}).get("status"), ConditionType.SUCCEEDED).get("reason") or ""
+        )
 
     @property
     def message(self) -> str:
@@ -242,29 +94,29 @@ class ServingObservation:
     pods: Sequence[Obj] = field(default_factory=tuple)
 
 
-def _engines_condition(engines: Sequence[EngineObservation]) -> tuple[ConditionSpec, str | None]:
+def _engines_condition(engines: Sequence[EngineObservation]) -> tuple[ConditionSpec, DeploymentPhase | None]:
     """EnginesReady and the phase it implies (None when every engine is built)."""
-    failed = [e for e in engines if e.phase == "Failed"]
+    failed = [e for e in engines if e.phase == BuildPhase.FAILED]
     if failed:
         text = "; ".join(f"EngineBuild {e.name} ({e.role}) failed: {e.message}" for e in failed)
-        return ConditionSpec("EnginesReady", "False", "BuildFailed", text), "Failed"
-    waiting = [e for e in engines if e.phase != "Succeeded"]
+        return _engines(FALSE, Reason.BUILD_FAILED, text), DeploymentPhase.FAILED
+    waiting = [e for e in engines if e.phase != BuildPhase.SUCCEEDED]
     if not waiting:
         names = ", ".join(e.name for e in engines) or "no engine build needed"
-        return ConditionSpec("EnginesReady", "True", "EnginesBuilt", names), None
-    blocked = [e for e in waiting if e.phase == "Pending" and e.reason in CREATION_REASONS]
+        return _engines(TRUE, Reason.ENGINES_BUILT, names), None
+    blocked = [e for e in waiting if e.phase == BuildPhase.PENDING and e.reason in CREATION_REASONS]
     if blocked:
         text = "; ".join(f"{e.role} engine {e.name}: {e.message}" for e in blocked)
-        return ConditionSpec("EnginesReady", "False", blocked[0].reason, text), "Building"
-    running = any(e.phase == "Running" for e in waiting)
+        return _engines(FALSE, Reason(blocked[0].reason), text), DeploymentPhase.BUILDING
+    running = any(e.phase == BuildPhase.RUNNING for e in waiting)
     text = "; ".join(
         f"{e.role} engine {e.name}: {e.phase}"
-        + (f" ({e.message})" if e.phase == "Pending" and "Unschedulable" in e.reason else "")
+        + (f" ({e.message})" if e.phase == BuildPhase.PENDING and Reason.UNSCHEDULABLE in e.reason else "")
         for e in waiting
     )
     if running:
-        return ConditionSpec("EnginesReady", "False", "Building", text), "Building"
-    return ConditionSpec("EnginesReady", "False", "BuildPending", text), "Pending"
+        return _engines(FALSE, Reason.BUILDING, text), DeploymentPhase.BUILDING
+    return _engines(FALSE, Reason.BUILD_PENDING, text), DeploymentPhase.PENDING
 
 
 def previous_engines(old: Obj | None, new: Obj, keep: int) -> list[str]:
@@ -286,14 +138,14 @@ def previous_engines(old: Obj | None, new: Obj, keep: int) -> list[str]:
 
 def _available(serving: ServingObservation, ready: int, desired: int) -> ConditionSpec:
     """Available follows the Deployment's own condition (it accounts for maxUnavailable)."""
+    available = ConditionType.AVAILABLE
     if serving.deployment is None:
-        return ConditionSpec("Available", "False", "NotDeployed", "no serving pods yet")
-    conditions = ((serving.deployment.get("status") or {}).get("conditions")) or ()
-    cond = next((c for c in conditions if c.get("type") == "Available"), None)
+        return ConditionSpec(available, FALSE, Reason.NOT_DEPLOYED, "no serving pods yet")
+    cond = find_condition(serving.deployment.get("status"), KubeCondition.DEPLOYMENT_AVAILABLE)
     text = f"{ready} of {desired} replicas ready"
-    if cond is not None and cond.get("status") == "True":
-        return ConditionSpec("Available", "True", "MinimumReplicasAvailable", text)
-    return ConditionSpec("Available", "False", "MinimumReplicasUnavailable", text)
+    if cond.get("status") == TRUE:
+        return ConditionSpec(available, TRUE, Reason.MINIMUM_REPLICAS_AVAILABLE, text)
+    return ConditionSpec(available, FALSE, Reason.MINIMUM_REPLICAS_UNAVAILABLE, text)
 
 
 def _rollout_done(desired: int, total: int, updated: int, ready: int, settled: bool) -> bool:
@@ -315,7 +167,7 @@ def _serving_verdict(
     rollout_done: bool,
     counts: tuple[int, int, int],
     gpus: str,
-) -> tuple[str, ConditionSpec, ConditionSpec]:
+) -> tuple[DeploymentPhase, ConditionSpec, ConditionSpec]:
     """Phase, Progressing and Degraded once the engines are built. `problems`: scheduler messages of pods
     that cannot be scheduled, `capacity`: those of them that only lack GPUs; `counts`: desired, updated and
     ready replicas; `gpus`: what the replicas wait for."""
@@ -323,17 +175,17 @@ def _serving_verdict(
     if creation is not None:
         text = f"{ready} of {desired} replicas ready; serving pods cannot be created: {creation.message}"
         return (
-            "Degraded",
-            ConditionSpec("Progressing", "True", "RolloutInProgress", text),
-            ConditionSpec("Degraded", "True", creation.reason, text),
+            DeploymentPhase.DEGRADED,
+            _progressing(TRUE, Reason.ROLLOUT_IN_PROGRESS, text),
+            _degraded(TRUE, creation.reason, text),
         )
     blocked = [m for m in problems if m not in capacity]
     if blocked:
         text = f"{len(problems)} serving pod(s) cannot be scheduled: {blocked[0]}"
         return (
-            "Degraded",
-            ConditionSpec("Progressing", "True", "RolloutInProgress", text),
-            ConditionSpec("Degraded", "True", "Unschedulable", text),
+            DeploymentPhase.DEGRADED,
+            _progressing(TRUE, Reason.ROLLOUT_IN_PROGRESS, text),
+            _degraded(TRUE, Reason.UNSCHEDULABLE, text),
         )
     if capacity:
         text = (
@@ -341,25 +193,42 @@ def _serving_verdict(
             f"the scheduler says: {capacity[0]}"
         )
         return (
-            "Degraded",
-            ConditionSpec("Progressing", "True", "CapacityPending", text),
-            ConditionSpec("Degraded", "True", "CapacityPending", text),
+            DeploymentPhase.DEGRADED,
+            _progressing(TRUE, Reason.CAPACITY_PENDING, text),
+            _degraded(TRUE, Reason.CAPACITY_PENDING, text),
         )
     if rollout_done:
         text = f"{min(ready, desired)} of {desired} replicas ready"
         return (
-            "Ready",
-            ConditionSpec("Progressing", "False", "RolloutComplete", text),
-            ConditionSpec("Degraded", "False", "AsExpected", ""),
+            DeploymentPhase.READY,
+            _progressing(FALSE, Reason.ROLLOUT_COMPLETE, text),
+            _degraded(FALSE, Reason.AS_EXPECTED, ""),
         )
     text = f"{updated} of {desired} updated replicas, {ready} ready"
     if crashed:
         text = f"{text}; {crashed[0]}"
     return (
-        "Deploying",
-        ConditionSpec("Progressing", "True", "RolloutInProgress", text),
-        ConditionSpec("Degraded", "False", "AsExpected", ""),
+        DeploymentPhase.DEPLOYING,
+        _progressing(TRUE, Reason.ROLLOUT_IN_PROGRESS, text),
+        _degraded(FALSE, Reason.AS_EXPECTED, ""),
     )
+
+
+def _building_verdict(
+    engines_cond: ConditionSpec, engine_phase: DeploymentPhase, ready: int, serving: ServingObservation
+) -> tuple[DeploymentPhase, ConditionSpec, ConditionSpec]:
+    """Phase, Progressing and Degraded while an engine is not built (`engine_phase`: what EnginesReady
+    implies)."""
+    if engine_phase == DeploymentPhase.FAILED:
+        phase = DeploymentPhase.DEGRADED if ready > 0 else DeploymentPhase.FAILED
+        progressing = _progressing(FALSE, Reason.BUILD_FAILED, engines_cond.message)
+        return phase, progressing, _degraded(TRUE, Reason.BUILD_FAILED, engines_cond.message)
+    pending = engine_phase == DeploymentPhase.PENDING and serving.deployment is None
+    phase = engine_phase if pending else DeploymentPhase.BUILDING
+    progressing = _progressing(TRUE, Reason.BUILDING, engines_cond.message)
+    if engines_cond.reason in CREATION_REASONS:  # a build pod cannot be created
+        return phase, progressing, _degraded(TRUE, engines_cond.reason, engines_cond.message)
+    return phase, progressing, _degraded(FALSE, Reason.AS_EXPECTED, "")
 
 
 def deployment_status(
@@ -377,7 +246,7 @@ def deployment_status(
     keep_previous: int,
     now: datetime,
     sync_error: str | None = None,
-    sync_reason: str = "ReconcileError",
+    sync_reason: Reason = Reason.RECONCILE_ERROR,
     speculation: Obj | None = None,
     speculation_condition: ConditionSpec | None = None,
 ) -> dict[str, Any]:
@@ -396,7 +265,7 @@ def deployment_status(
     # Pending for lack of what a replica consumes (the scheduler's "Insufficient nvidia.com/gpu"; for a
     # deployment on CPUs, 0 GPUs per replica, "Insufficient cpu" or "memory"): a cluster autoscaler adds
     # nodes for these; anything else (taints, selectors, other resources) needs a person.
-    problems = [m for m in (scheduling_problem(p) for p in _by_creation(pods)) if m]
+    problems = [m for m in (scheduling_problem(p) for p in by_creation(pods)) if m]
     lacking = (
         (f"Insufficient {gpu_resource}",)
         if gpus_per_replica > 0
@@ -405,35 +274,30 @@ def deployment_status(
     capacity = [m for m in problems if any(word in m for word in lacking)]
     available = _available(serving, ready, desired_replicas)
 
-    if engine_phase == "Failed":
-        phase = "Degraded" if ready > 0 else "Failed"
-        progressing = ConditionSpec("Progressing", "False", "BuildFailed", engines_cond.message)
-        degraded = ConditionSpec("Degraded", "True", "BuildFailed", engines_cond.message)
-    elif engine_phase is not None:
-        phase = engine_phase if engine_phase == "Pending" and serving.deployment is None else "Building"
-        progressing = ConditionSpec("Progressing", "True", "Building", engines_cond.message)
-        degraded = ConditionSpec("Degraded", "False", "AsExpected", "")
-        if engines_cond.reason in CREATION_REASONS:  # a build pod cannot be created (issue #24)
-            degraded = ConditionSpec("Degraded", "True", engines_cond.reason, engines_cond.message)
+    if engine_phase is not None:
+        phase, progressing, degraded = _building_verdict(engines_cond, engine_phase, ready, serving)
     else:
-        settled = previous.get("phase") == "Ready" and previous.get("observedGeneration") == generation
+        settled = (
+            previous.get("phase") == DeploymentPhase.READY
+            and previous.get("observedGeneration") == generation
+        )
         phase, progressing, degraded = _serving_verdict(
             problems,
             capacity,
-            [m for m in (termination_message(p) for p in _by_creation(pods)) if m],
+            [m for m in (termination_message(p) for p in by_creation(pods)) if m],
             creation=deployment_creation_problem(serving.deployment),
             rollout_done=serving.current and _rollout_done(desired_replicas, total, updated, ready, settled),
             counts=(desired_replicas, updated, ready),
             gpus=f"{gpus_per_replica} {gpu_resource} each" if gpus_per_replica > 0 else "CPU and memory",
         )
 
-    status: dict[str, Any] = {"phase": phase}
+    status: dict[str, Any] = {"phase": str(phase)}
     if generation is not None:
         status["observedGeneration"] = generation
     synced = (
-        ConditionSpec("Synced", "False", sync_reason, sync_error)
+        ConditionSpec(ConditionType.SYNCED, FALSE, sync_reason, sync_error)
         if sync_error is not None
-        else ConditionSpec("Synced", "True", "ReconcileSuccess", "")
+        else ConditionSpec(ConditionType.SYNCED, TRUE, Reason.RECONCILE_SUCCESS, "")
     )
     current = [engines_cond, available, progressing, degraded, synced]
     if speculation_condition is not None:
@@ -441,7 +305,9 @@ def deployment_status(
     status["conditions"] = merge_conditions(previous.get("conditions"), current, now, generation)
     if speculation_condition is None:
         status["conditions"] += [
-            c for c in previous.get("conditions") or () if c.get("type") == SPECULATION_EFFECTIVE
+            c
+            for c in previous.get("conditions") or ()
+            if c.get("type") == ConditionType.SPECULATION_EFFECTIVE
         ]
     refs: dict[str, Any] = {}
     for engine in engines:
@@ -480,7 +346,8 @@ def hpa_report(hpa: Obj | None) -> dict[str, Any]:
     if "desiredReplicas" in hpa_status:
         report["desiredReplicas"] = int(hpa_status["desiredReplicas"])
     for cond in hpa_status.get("conditions") or ():
-        if cond.get("type") in ("AbleToScale", "ScalingActive") and cond.get("status") == "False":
+        unable = cond.get("type") in (KubeCondition.HPA_ABLE_TO_SCALE, KubeCondition.HPA_SCALING_ACTIVE)
+        if unable and cond.get("status") == FALSE:
             report["message"] = f"{cond.get('reason')}: {cond.get('message') or ''}".strip()[:1024]
             break
     return report

@@ -1,0 +1,207 @@
+"""The vocabulary of status: the phases, condition types and reasons the operator writes, the events it posts,
+and the condition types and reasons of Kubernetes objects it reads. Every other module names them from here;
+the wire form of each is its string value.
+
+A `SpeculativeDeployment` carries the conditions `EnginesReady`, `Available`, `Progressing`, `Degraded`,
+`Synced` and, once speculation has been measured, `SpeculationEffective`; an `EngineBuild` carries
+`Succeeded`. `CONDITION_REASONS` lists the reasons each of them may take (docs/operator.md renders it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Final, Literal
+
+__all__ = [
+    "CONDITION_REASONS",
+    "CREATION_REASONS",
+    "BuildPhase",
+    "ConditionStatus",
+    "ConditionType",
+    "DeploymentPhase",
+    "EngineBuildPhase",
+    "EventType",
+    "KubeCondition",
+    "KubeReason",
+    "Phase",
+    "PodPhase",
+    "Reason",
+]
+
+
+Phase = Literal["Pending", "Building", "Deploying", "Ready", "Degraded", "Failed"]
+"""`SpeculativeDeployment.status.phase` in the schema; `DeploymentPhase` names each value."""
+EngineBuildPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+"""`EngineBuild.status.phase` in the schema; `BuildPhase` names each value."""
+
+
+class DeploymentPhase(StrEnum):
+    """`SpeculativeDeployment.status.phase` (`Phase`)."""
+
+    PENDING = "Pending"
+    BUILDING = "Building"
+    DEPLOYING = "Deploying"
+    READY = "Ready"
+    DEGRADED = "Degraded"
+    FAILED = "Failed"
+
+
+class BuildPhase(StrEnum):
+    """`EngineBuild.status.phase` (`EngineBuildPhase`)."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class ConditionType(StrEnum):
+    """Condition types the operator writes."""
+
+    ENGINES_READY = "EnginesReady"
+    AVAILABLE = "Available"
+    PROGRESSING = "Progressing"
+    DEGRADED = "Degraded"
+    SYNCED = "Synced"
+    SPECULATION_EFFECTIVE = "SpeculationEffective"
+    SUCCEEDED = "Succeeded"
+    """The EngineBuild's one condition: `True` once built, `False` once failed, `Unknown` before."""
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Reason(StrEnum):
+    """Reasons of the operator's conditions and events (an event posted for a condition takes its reason)."""
+
+    # Synced
+    RECONCILE_SUCCESS = "ReconcileSuccess"
+    RECONCILE_ERROR = "ReconcileError"
+    FORBIDDEN = "Forbidden"
+    # EnginesReady, Progressing, Degraded and the EngineBuild's Succeeded
+    ENGINES_BUILT = "EnginesBuilt"
+    JOB_PENDING = "JobPending"
+    BUILD_PENDING = "BuildPending"
+    BUILDING = "Building"
+    BUILD_SUCCEEDED = "BuildSucceeded"
+    BUILD_FAILED = "BuildFailed"
+    # Available
+    MINIMUM_REPLICAS_AVAILABLE = "MinimumReplicasAvailable"
+    MINIMUM_REPLICAS_UNAVAILABLE = "MinimumReplicasUnavailable"
+    NOT_DEPLOYED = "NotDeployed"
+    # Progressing
+    ROLLOUT_IN_PROGRESS = "RolloutInProgress"
+    ROLLOUT_COMPLETE = "RolloutComplete"
+    # Degraded
+    AS_EXPECTED = "AsExpected"
+    UNSCHEDULABLE = "Unschedulable"
+    CAPACITY_PENDING = "CapacityPending"
+    INVALID_SPEC = "InvalidSpec"
+    QUOTA_EXCEEDED = "QuotaExceeded"
+    POD_CREATION_FORBIDDEN = "PodCreationForbidden"
+    POD_CREATION_FAILED = "PodCreationFailed"
+    # SpeculationEffective
+    ACCEPTANCE_HEALTHY = "AcceptanceHealthy"
+    LOW_ACCEPTANCE = "LowAcceptance"
+    # events only
+    BUILD_STARTED = "BuildStarted"
+    ROLLOUT_STARTED = "RolloutStarted"
+    DEPLOYING = "Deploying"
+    ROLLOUT_FINISHED = "RolloutFinished"
+    AUTOSCALER_FAILED = "AutoscalerFailed"
+    DEGRADED = "Degraded"
+    """A Degraded phase's event when no Degraded condition names a reason."""
+
+
+CREATION_REASONS: Final = frozenset(
+    {Reason.QUOTA_EXCEEDED, Reason.POD_CREATION_FORBIDDEN, Reason.POD_CREATION_FAILED}
+)
+"""Reasons that say pods cannot be created (the API server refused them)."""
+
+CONDITION_REASONS: Final[Mapping[ConditionType, tuple[Reason, ...]]] = {
+    ConditionType.SYNCED: (Reason.RECONCILE_SUCCESS, Reason.RECONCILE_ERROR, Reason.FORBIDDEN),
+    ConditionType.ENGINES_READY: (
+        Reason.ENGINES_BUILT,
+        Reason.BUILD_PENDING,
+        Reason.BUILDING,
+        Reason.BUILD_FAILED,
+        Reason.QUOTA_EXCEEDED,
+        Reason.POD_CREATION_FORBIDDEN,
+        Reason.POD_CREATION_FAILED,
+    ),
+    ConditionType.AVAILABLE: (
+        Reason.MINIMUM_REPLICAS_AVAILABLE,
+        Reason.MINIMUM_REPLICAS_UNAVAILABLE,
+        Reason.NOT_DEPLOYED,
+    ),
+    ConditionType.PROGRESSING: (
+        Reason.BUILDING,
+        Reason.ROLLOUT_IN_PROGRESS,
+        Reason.ROLLOUT_COMPLETE,
+        Reason.BUILD_FAILED,
+        Reason.CAPACITY_PENDING,
+    ),
+    ConditionType.DEGRADED: (
+        Reason.AS_EXPECTED,
+        Reason.CAPACITY_PENDING,
+        Reason.UNSCHEDULABLE,
+        Reason.BUILD_FAILED,
+        Reason.INVALID_SPEC,
+        Reason.QUOTA_EXCEEDED,
+        Reason.POD_CREATION_FORBIDDEN,
+        Reason.POD_CREATION_FAILED,
+    ),
+    ConditionType.SPECULATION_EFFECTIVE: (Reason.ACCEPTANCE_HEALTHY, Reason.LOW_ACCEPTANCE),
+    ConditionType.SUCCEEDED: (
+        Reason.JOB_PENDING,
+        Reason.UNSCHEDULABLE,
+        Reason.BUILDING,
+        Reason.BUILD_SUCCEEDED,
+        Reason.BUILD_FAILED,
+        Reason.QUOTA_EXCEEDED,
+        Reason.POD_CREATION_FORBIDDEN,
+        Reason.POD_CREATION_FAILED,
+    ),
+}
+"""The reasons each condition type may take."""
+
+
+class EventType(StrEnum):
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+class KubeCondition(StrEnum):
+    """Condition types of Kubernetes objects the operator reads."""
+
+    JOB_COMPLETE = "Complete"
+    JOB_SUCCESS_CRITERIA_MET = "SuccessCriteriaMet"
+    JOB_FAILED = "Failed"
+    JOB_FAILURE_TARGET = "FailureTarget"
+    POD_SCHEDULED = "PodScheduled"
+    POD_READY = "Ready"
+    DEPLOYMENT_AVAILABLE = "Available"
+    DEPLOYMENT_REPLICA_FAILURE = "ReplicaFailure"
+    HPA_ABLE_TO_SCALE = "AbleToScale"
+    HPA_SCALING_ACTIVE = "ScalingActive"
+
+
+class PodPhase(StrEnum):
+    """`status.phase` of a Kubernetes pod."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class KubeReason(StrEnum):
+    """Reasons of Kubernetes conditions and events the operator reads."""
+
+    POD_UNSCHEDULABLE = "Unschedulable"
+    JOB_FAILED_CREATE = "FailedCreate"
+    JOB_SUCCESSFUL_CREATE = "SuccessfulCreate"

@@ -1,0 +1,204 @@
+"""How a SpeculativeDeployment's replicas run and roll: executor settings (`spec.runtime`), the HTTP server
+(`spec.serving`), the engine cache (`spec.engineCache`), images (`spec.images`) and rolling updates
+(`spec.rollout`), with their cross-field rules."""
+
+from __future__ import annotations
+
+from typing import Annotated, ClassVar
+
+from pydantic import Field, StringConstraints
+
+from .base import ApiModel, Rule, Rules
+from .meta import ConfigMapKeyRef, DnsSubdomain, PercentOrCount, Quantity, ResourceRequirements
+
+__all__ = [
+    "ENGINE_CACHE_RULES",
+    "ROLLOUT_RULES",
+    "SERVING_RULES",
+    "EngineCacheSpec",
+    "ImagesSpec",
+    "RolloutSpec",
+    "RuntimeSpec",
+    "ServingSpec",
+]
+
+_NoSpace = Annotated[str, StringConstraints(pattern=r"^\S+$", min_length=1, max_length=512)]
+
+_Fraction = Annotated[float, Field(gt=0, le=1)]
+
+
+class RuntimeSpec(ApiModel):
+    """Executor settings, the seed's `runtime.json` in camelCase; unset fields keep TensorRT-LLM defaults."""
+
+    max_batch_size: Annotated[int, Field(ge=1, le=65536)] | None = None
+    """Most requests the executor batches together (`max_batch_size`); the engine's limit still applies."""
+    max_num_tokens: Annotated[int, Field(ge=1, le=16777216)] | None = None
+    """Most tokens per executor step (`max_num_tokens`)."""
+    max_queue_size: Annotated[int, Field(ge=0)] | None = None
+    """Most requests waiting for a batch slot beyond the `maxBatchSize` running ones (`max_queue_size`). 0 or
+    unset: no limit, as in TensorRT-LLM's executor (`Executor::Impl::enqueueRequests` rejects only when
+    `maxQueueSize > 0`; cpp/tensorrt_llm/executor/executorImpl.cpp) and llgtrt (`runtime.json` default 0), so
+    a burst waits and the queue is visible to autoscaling. A positive number N asks for a bound: the server
+    answers 503 (`queue_full`, `Retry-After: 1`) to a request that would make more than N wait."""
+    max_seq_len: Annotated[int, Field(ge=2, le=16777216)] | None = None
+    """Longest sequence in tokens, prompt and output together, at least 2 (one of each); backends `pytorch`
+    and `transformers` (the server's `maxModelLen`; unset: the target's `max_position_embeddings`). With
+    `tensorrt` the engine fixes it: `build.maxSeqLen`."""
+    guaranteed_no_evict: bool | None = None
+    """Schedule only requests whose KV cache is guaranteed to fit (`GUARANTEED_NO_EVICT`) instead of
+    maximising utilisation (`guaranteed_no_evict`)."""
+    enable_chunked_context: bool | None = None
+    """Split long prompts into chunks across steps (`enable_chunked_context`)."""
+    enable_kv_cache_reuse: bool = True
+    """Reuse KV cache blocks of shared prefixes (`enable_kv_cache_reuse`, `--kv_cache_enable_block_reuse`);
+    must be true for `draftTarget` and `promptLookup`, which re-send the whole prefix every step."""
+    kv_cache_free_gpu_mem_fraction: _Fraction | None = None
+    """Fraction of free GPU memory the target's KV cache takes after the weights are loaded
+    (`kv_cache_free_gpu_mem_fraction`), in (0, 1]."""
+    draft_kv_cache_free_gpu_mem_fraction: _Fraction | None = None
+    """Same for the draft model's executor, in (0, 1]; only with `spec.draft`."""
+    kv_cache_host_memory_megabytes: Annotated[int, Field(ge=0)] | None = None
+    """Host memory for offloaded KV cache blocks, in MiB (`kv_cache_host_memory_megabytes`)."""
+    kv_cache_onboard_blocks: bool | None = None
+    """Copy offloaded blocks back to the GPU before use (`kv_cache_onboard_blocks`)."""
+    enable_batch_size_tuning: bool | None = None
+    """Let the executor tune the batch size at run time (`enable_batch_size_tuning`)."""
+    enable_max_num_tokens_tuning: bool | None = None
+    """Let the executor tune the token budget at run time (`enable_max_num_tokens_tuning`)."""
+    cross_kv_cache_fraction: _Fraction | None = None
+    """Share of the KV cache for cross attention, encoder-decoder models only (`cross_kv_cache_fraction`)."""
+    secondary_offload_min_priority: Annotated[int, Field(ge=0, le=100)] | None = None
+    """Lowest block priority that is offloaded to host memory (`secondary_offload_min_priority`)."""
+    event_buffer_max_size: Annotated[int, Field(ge=0)] | None = None
+    """Size of the KV cache event buffer (`event_buffer_max_size`); 0 turns events off."""
+
+
+def _one_chat_template(s: ServingSpec) -> bool:
+    return s.chat_template is None or s.chat_template_config_map is None
+
+
+SERVING_RULES: Rules = (
+    Rule["ServingSpec"](
+        name="one-chat-template",
+        cel="!has(self.chatTemplate) || !has(self.chatTemplateConfigMap)",
+        message="spec.serving.chatTemplate and spec.serving.chatTemplateConfigMap are mutually exclusive",
+        field_path=".chatTemplateConfigMap",
+        check=_one_chat_template,
+        reason="FieldValueForbidden",
+    ),
+)
+
+
+class ServingSpec(ApiModel):
+    """The OpenAI-compatible HTTP server in front of the executors."""
+
+    validation_rules: ClassVar[Rules] = SERVING_RULES
+
+    port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    """Container and Service port; the endpoint is `http://<service>.<namespace>.svc:<port>/v1`."""
+    api_key_secret: DnsSubdomain | None = None
+    """Name of a Secret whose `api-key` key holds the bearer token clients must send; unset means no auth."""
+    chat_template: Annotated[str, StringConstraints(min_length=1, max_length=65536)] | None = None
+    """Jinja chat template, inline; overrides the tokenizer's. Exclusive with `chatTemplateConfigMap`."""
+    chat_template_config_map: ConfigMapKeyRef | None = None
+    """ConfigMap key holding the chat template. Exclusive with `chatTemplate`."""
+    resources: ResourceRequirements | None = None
+    """CPU and memory of the server container; GPUs follow from the models' parallelism. With
+    `spec.placement.device: cpu` unset means the operator's defaults (`SPECDEPLOY_CPU_SERVING_*`: requests 1
+    CPU and 1Gi, limit 2Gi), and the CPU limit (else the request), rounded up, is the server's thread
+    count."""
+    termination_grace_period_seconds: Annotated[int, Field(ge=15, le=86400)] | None = None
+    """Seconds a stopping pod (scale-down, rollout, node drain) gets: 5 s still serving while endpoints are
+    updated (a preStop sleep), then the server stops taking requests (SIGTERM) and drains the in-flight ones
+    for up to this minus 10 s, ending the rest with `finish_reason: abort`. Unset: the operator's
+    `SPECDEPLOY_TERMINATION_GRACE_PERIOD_SECONDS` (60)."""
+
+
+def _one_cache_source(s: EngineCacheSpec) -> bool:
+    return (s.pvc_name is None) != (s.size is None)
+
+
+def _storage_class_with_size(s: EngineCacheSpec) -> bool:
+    return s.storage_class_name is None or s.size is not None
+
+
+ENGINE_CACHE_RULES: Rules = (
+    Rule["EngineCacheSpec"](
+        name="one-cache-source",
+        cel="has(self.pvcName) != has(self.size)",
+        message="spec.engineCache needs exactly one of spec.engineCache.pvcName (an existing claim) and "
+        "spec.engineCache.size (a claim the operator creates)",
+        field_path=".pvcName",
+        check=_one_cache_source,
+    ),
+    Rule["EngineCacheSpec"](
+        name="storage-class-needs-size",
+        cel="!has(self.storageClassName) || has(self.size)",
+        message="spec.engineCache.storageClassName needs spec.engineCache.size "
+        "(it applies to the claim the operator creates)",
+        field_path=".storageClassName",
+        check=_storage_class_with_size,
+        reason="FieldValueForbidden",
+    ),
+)
+
+
+class EngineCacheSpec(ApiModel):
+    """Shared storage for built engines (and the staged checkpoints of backend `transformers`), keyed by
+    EngineBuild hash so identical builds are reused."""
+
+    validation_rules: ClassVar[Rules] = ENGINE_CACHE_RULES
+
+    pvc_name: DnsSubdomain | None = None
+    """An existing ReadWriteMany PersistentVolumeClaim. Exclusive with `size`."""
+    storage_class_name: DnsSubdomain | None = None
+    """StorageClass of the claim the operator creates; only with `size` (unset: the cluster default)."""
+    size: Quantity | None = None
+    """Size of the claim the operator creates, e.g. `2Ti`. Exclusive with `pvcName`."""
+
+
+class ImagesSpec(ApiModel):
+    """Container images; unset ones come from the operator's configuration."""
+
+    server: _NoSpace | None = None
+    """Image of the inference server (TensorRT-LLM runtime plus the specdeploy server)."""
+    builder: _NoSpace | None = None
+    """Image of the download, quantize and engine build Jobs; it pins the TensorRT-LLM version."""
+
+
+def _is_zero(value: int | str) -> bool:
+    return value in (0, "0%")
+
+
+def _zero_cel(expr: str) -> str:
+    return f"(type({expr}) == int ? {expr} == 0 : {expr} == '0%')"
+
+
+def _rollout_progresses(s: RolloutSpec) -> bool:
+    return not (_is_zero(s.max_surge) and _is_zero(s.max_unavailable))
+
+
+ROLLOUT_RULES: Rules = (
+    Rule["RolloutSpec"](
+        name="rollout-can-progress",
+        # The guards matter only when the apiserver checks the `default: {}` of spec.rollout against this rule
+        # (it does so without defaulting the fields inside); real objects always have both fields.
+        cel="!has(self.maxSurge) || !has(self.maxUnavailable) || "
+        f"!({_zero_cel('self.maxSurge')} && {_zero_cel('self.maxUnavailable')})",
+        message="spec.rollout.maxSurge and spec.rollout.maxUnavailable must not both be 0",
+        field_path=".maxUnavailable",
+        check=_rollout_progresses,
+    ),
+)
+
+
+class RolloutSpec(ApiModel):
+    """How pods are replaced on a change (Deployment rolling update)."""
+
+    validation_rules: ClassVar[Rules] = ROLLOUT_RULES
+
+    max_surge: PercentOrCount = 0
+    """Pods created above `replicas` during a rollout (count or percentage). 0 by default: GPUs are scarce,
+    and a surge pod can wait forever for a GPU the old pod holds."""
+    max_unavailable: PercentOrCount = 1
+    """Pods that may be missing during a rollout (count or percentage)."""

@@ -1,0 +1,319 @@
+"""The desired state of a SpeculativeDeployment (`spec`), and the rules that relate its parts: the models to
+the backend, the method and the placement.
+
+Field names are the public contract. Docstrings below each field become the CRD's descriptions (what
+`kubectl explain sdep.spec...` prints) and the text of `docs/api.md`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field
+
+from .autoscaling import AutoscalingSpec
+from .base import ApiModel, Rule, Rules
+from .buildflags import MODELLED_BUILD_FLAGS, OPERATOR_BUILD_FLAGS, conflicting_args, conflicting_args_cel
+from .checkpoint import QuantizationSpec
+from .modelspec import ModelSpec
+from .placement import PlacementSpec
+from .podsecurity import PodSecuritySpec
+from .serving import EngineCacheSpec, ImagesSpec, RolloutSpec, RuntimeSpec, ServingSpec
+from .speculation import SpeculativeSpec
+
+__all__ = ["SPEC_RULES", "Backend", "SpeculativeDeploymentSpec"]
+
+Backend = Literal["tensorrt", "pytorch", "transformers"]
+
+# --- spec.target and spec.draft------------------------------------------------------------------------------
+
+_ModelCheck = Callable[["SpeculativeDeploymentSpec", "ModelSpec"], bool]
+
+
+def _model_rules(role: Literal["target", "draft"]) -> list[Rule[SpeculativeDeploymentSpec]]:
+    """Rules about one model of the spec, parametrised by role so messages carry the full path."""
+    m = f"self.{role}"
+    path = f"spec.{role}"
+
+    def cel(expr: str) -> str:
+        return expr if role == "target" else f"!has(self.draft) || ({expr})"
+
+    def check(predicate: _ModelCheck) -> Callable[[SpeculativeDeploymentSpec], bool]:
+        def run(spec: SpeculativeDeploymentSpec) -> bool:
+            model = spec.target if role == "target" else spec.draft
+            return model is None or predicate(spec, model)
+
+        return run
+
+    def rule(
+        name: str, expr: str, message: str, field_path: str, predicate: _ModelCheck, **kw: Any
+    ) -> Rule[Any]:
+        return Rule["SpeculativeDeploymentSpec"](
+            name=f"{role}-{name}",
+            cel=cel(expr),
+            message=message,
+            field_path=f".{role}{field_path}",
+            check=check(predicate),
+            **kw,
+        )
+
+    def extra_args_ok(flags: tuple[str, ...]) -> _ModelCheck:
+        def ok(_: SpeculativeDeploymentSpec, model: ModelSpec) -> bool:
+            args = model.build.extra_args if model.build is not None else None
+            return not args or not conflicting_args(args, flags)
+
+        return ok
+
+    def fp8_plugins_ok(_: SpeculativeDeploymentSpec, model: ModelSpec) -> bool:
+        build = model.build
+        if build is None or model.quantization.format == "fp8":
+            return True
+        return build.gemm_swiglu_plugin != "fp8" and build.low_latency_gemm_plugin != "fp8"
+
+    def input_within_seq(_: SpeculativeDeploymentSpec, model: ModelSpec) -> bool:
+        build = model.build
+        if build is None or build.max_input_len is None or build.max_seq_len is None:
+            return True
+        return build.max_input_len <= build.max_seq_len
+
+    has_args = f"!has({m}.build) || !has({m}.build.extraArgs) || "
+    operator_flags = tuple(OPERATOR_BUILD_FLAGS)
+    modelled_flags = tuple(MODELLED_BUILD_FLAGS)
+    return [
+        rule(
+            "build-needs-tensorrt",
+            f"self.backend == 'tensorrt' || !has({m}.build)",
+            f"{path}.build must not be set unless spec.backend is tensorrt "
+            "(only the tensorrt backend builds engines; pytorch and transformers load checkpoints)",
+            ".build",
+            lambda s, model: s.backend == "tensorrt" or model.build is None,
+            reason="FieldValueForbidden",
+        ),
+        rule(
+            "quantization-not-for-transformers",
+            f"self.backend != 'transformers' || ({m}.quantization.format == 'none' && "
+            f"{m}.quantization.kvCacheDtype == 'auto' && {m}.quantization.calibSize == 512 && "
+            f"{m}.quantization.dtype == 'auto')",
+            f"{path}.quantization must be left at its defaults when spec.backend is transformers "
+            "(the checkpoint is served as it is, without quantization)",
+            ".quantization",
+            lambda s, model: s.backend != "transformers" or model.quantization == QuantizationSpec(),
+        ),
+        rule(
+            "single-device-for-transformers",
+            f"self.backend != 'transformers' || ({m}.tensorParallel == 1 && {m}.pipelineParallel == 1)",
+            f"{path}.tensorParallel and {path}.pipelineParallel must be 1 when spec.backend is transformers "
+            "(the reference backend runs each model on one device)",
+            ".tensorParallel",
+            lambda s, model: s.backend != "transformers" or model.gpus == 1,
+        ),
+        rule(
+            "pipeline-parallel-without-speculation",
+            f"self.speculative.method == 'none' || {m}.pipelineParallel == 1",
+            f"{path}.pipelineParallel must be 1 when spec.speculative.method is not none "
+            "(speculative decoding does not support pipeline parallelism)",
+            ".pipelineParallel",
+            lambda s, model: s.speculative.method == "none" or model.pipeline_parallel == 1,
+        ),
+        rule(
+            "extra-args-derived-flags",
+            has_args + conflicting_args_cel(f"{m}.build.extraArgs", operator_flags),
+            f"{path}.build.extraArgs must not set flags the operator derives ({', '.join(operator_flags)})",
+            ".build.extraArgs",
+            extra_args_ok(operator_flags),
+        ),
+        rule(
+            "extra-args-modelled-flags",
+            has_args + conflicting_args_cel(f"{m}.build.extraArgs", modelled_flags),
+            f"{path}.build.extraArgs must not set flags that have a field in {path}.build "
+            f"({', '.join(modelled_flags)}): set the field instead",
+            ".build.extraArgs",
+            extra_args_ok(modelled_flags),
+        ),
+        rule(
+            "input-len-within-seq-len",
+            f"!has({m}.build) || !has({m}.build.maxInputLen) || !has({m}.build.maxSeqLen) || "
+            f"{m}.build.maxInputLen <= {m}.build.maxSeqLen",
+            f"{path}.build.maxInputLen must not exceed {path}.build.maxSeqLen",
+            ".build.maxInputLen",
+            input_within_seq,
+        ),
+        rule(
+            "fp8-plugins-need-fp8",
+            f"!has({m}.build) || {m}.quantization.format == 'fp8' || "
+            f"((!has({m}.build.gemmSwigluPlugin) || {m}.build.gemmSwigluPlugin != 'fp8') && "
+            f"(!has({m}.build.lowLatencyGemmPlugin) || {m}.build.lowLatencyGemmPlugin != 'fp8'))",
+            f"{path}.build.gemmSwigluPlugin fp8 and {path}.build.lowLatencyGemmPlugin fp8 need "
+            f"{path}.quantization.format fp8",
+            ".build",
+            fp8_plugins_ok,
+        ),
+    ]
+
+
+# --- spec----------------------------------------------------------------------------------------------------
+
+
+def _fits_on_node(s: SpeculativeDeploymentSpec) -> bool:
+    return s.gpus_per_replica <= s.placement.gpus_per_node
+
+
+def _colocated_draft_fits(s: SpeculativeDeploymentSpec) -> bool:
+    if s.draft is None or s.placement.draft != "colocated":
+        return True
+    return s.draft.tensor_parallel <= s.target.tensor_parallel * s.target.pipeline_parallel
+
+
+SPEC_RULES: Rules = (
+    Rule["SpeculativeDeploymentSpec"](
+        name="draft-required",
+        cel="self.speculative.method != 'draftTarget' || has(self.draft)",
+        message="spec.draft is required when spec.speculative.method is draftTarget",
+        field_path=".draft",
+        check=lambda s: s.speculative.method != "draftTarget" or s.draft is not None,
+        reason="FieldValueRequired",
+    ),
+    Rule["SpeculativeDeploymentSpec"](
+        name="draft-forbidden",
+        cel="self.speculative.method == 'draftTarget' || !has(self.draft)",
+        message="spec.draft must not be set unless spec.speculative.method is draftTarget "
+        "(promptLookup, eagle3, mtp and none use no draft model)",
+        field_path=".draft",
+        check=lambda s: s.speculative.method == "draftTarget" or s.draft is None,
+        reason="FieldValueForbidden",
+    ),
+    Rule["SpeculativeDeploymentSpec"](
+        name="method-needs-pytorch",
+        cel="!(self.speculative.method in ['eagle3', 'mtp']) || self.backend == 'pytorch'",
+        message="spec.speculative.method eagle3 and mtp need spec.backend pytorch "
+        "(tensorrt and transformers run draftTarget, promptLookup and none)",
+        field_path=".speculative.method",
+        check=lambda s: s.speculative.method not in ("eagle3", "mtp") or s.backend == "pytorch",
+    ),
+    Rule["SpeculativeDeploymentSpec"](
+        name="logits-not-on-pytorch",
+        cel="self.speculative.acceptance != 'logits' || self.backend != 'pytorch'",
+        message="spec.speculative.acceptance logits needs spec.backend tensorrt or transformers "
+        "(with pytorch TensorRT-LLM decides acceptance itself: use tokenMatch)",
+        field_path=".speculative.acceptance",
+        check=lambda s: s.speculative.acceptance != "logits" or s.backend != "pytorch",
+    ),
+    Rule["SpeculativeDeploymentSpec"](
+        name="kv-cache-reuse-for-draft-tokens",
+        cel="!(self.speculative.method in ['draftTarget', 'promptLookup']) || "
+        "self.runtime.enableKvCacheReuse",
+        message="spec.runtime.enableKvCacheReuse must be true when spec.speculative.method is draftTarget or "
+        "promptLookup (every step re-sends the whole prefix)",
+        field_path=".runtime.enableKvCacheReuse",
+        check=lambda s: (
+            s.speculative.method not in ("draftTarget", "promptLookup") or s.runtime.enable_kv_cache_reuse
+        ),
+    ),
+    Rule["SpeculativeDeploymentSpec"](
+        name="dedicated-placement-needs-draft",
+        cel="self.placement.draft != 'dedicated' || has(self.draft)",
+        message="spec.placement.draft dedicated needs spec.draft",
+        field_path=".placement.draft",
+        check=lambda s: s.placement.draft != "dedicated" or s.draft is not None,
+    ),
+    Rule["SpeculativeDeploymentSpec"](
+        name="colocated-draft-fits",
+        cel="!has(self.draft) || self.placement.draft != 'colocated' || "
+        "self.draft.tensorParallel <= self.target.tensorParallel * self.target.pipelineParallel",
+        message="spec.draft.tensorParallel must not exceed spec.target.tensorParallel x "
+        "spec.target.pipelineParallel when spec.placement.draft is colocated "
+        "(the draft runs on the target's GPUs)",
+        field_path=".draft.tensorParallel",
+        check=_colocated_draft_fits,
+    ),
+    Rule["SpeculativeDeploymentSpec"](
+        name="replica-fits-on-node",
+        cel="self.placement.device == 'cpu' || self.target.tensorParallel * self.target.pipelineParallel + "
+        "(has(self.draft) && self.placement.draft == 'dedicated' ? "
+        "self.draft.tensorParallel * self.draft.pipelineParallel : 0) <= self.placement.gpusPerNode",
+        message="GPUs per replica (spec.target.tensorParallel x spec.target.pipelineParallel, "
+        "plus the same of spec.draft when spec.placement.draft is dedicated; none on cpu) "
+        "must not exceed spec.placement.gpusPerNode",
+        field_path=".placement.gpusPerNode",
+        check=_fits_on_node,
+    ),
+    Rule["SpeculativeDeploymentSpec"](
+        name="draft-kv-fraction-needs-draft",
+        cel="!has(self.runtime.draftKvCacheFreeGpuMemFraction) || has(self.draft)",
+        message="spec.runtime.draftKvCacheFreeGpuMemFraction needs spec.draft",
+        field_path=".runtime.draftKvCacheFreeGpuMemFraction",
+        check=lambda s: s.runtime.draft_kv_cache_free_gpu_mem_fraction is None or s.draft is not None,
+        reason="FieldValueForbidden",
+    ),
+    Rule["SpeculativeDeploymentSpec"](
+        name="runtime-max-seq-len-needs-pytorch",
+        cel="!has(self.runtime.maxSeqLen) || self.backend != 'tensorrt'",
+        message="spec.runtime.maxSeqLen is only for spec.backend pytorch and transformers "
+        "(with tensorrt the engine fixes it: set spec.target.build.maxSeqLen)",
+        field_path=".runtime.maxSeqLen",
+        check=lambda s: s.runtime.max_seq_len is None or s.backend != "tensorrt",
+        reason="FieldValueForbidden",
+    ),
+    Rule["SpeculativeDeploymentSpec"](
+        name="cpu-needs-transformers",
+        cel="self.placement.device != 'cpu' || self.backend == 'transformers'",
+        message="spec.placement.device cpu needs spec.backend transformers (TensorRT-LLM runs only on GPUs)",
+        field_path=".placement.device",
+        check=lambda s: s.placement.device != "cpu" or s.backend == "transformers",
+    ),
+    *_model_rules("target"),
+    *_model_rules("draft"),
+)
+
+
+class SpeculativeDeploymentSpec(ApiModel):
+    """Desired state: a target model served with a speculative decoding method on GPU (or CPU) nodes."""
+
+    validation_rules: ClassVar[Rules] = SPEC_RULES
+
+    replicas: Annotated[int, Field(ge=0, le=1024)] = 1
+    """Number of serving replicas; each runs the target (and the draft) on the GPUs (or CPUs) of one node."""
+    backend: Backend = "tensorrt"
+    """`tensorrt`: engines built with `trtllm-build` and run by paired executors (seeds 000, 001, 003, 004).
+    `pytorch`: the TensorRT-LLM LLM API with a `speculative_config`, no engine build (seed 002).
+    `transformers`: Hugging Face checkpoints run by the specdeploy server's own speculative loop on the
+    transformers reference backend, on a GPU or (with `spec.placement.device: cpu`) on CPUs; methods
+    `draftTarget`, `promptLookup` and `none`, no quantization, no engine build (the checkpoint is staged
+    into the engine cache, or mounted for `pvc://`). For development, CPU clusters and GPUs without
+    TensorRT-LLM; not the fast path: no TensorRT-LLM kernels, no in-flight batching of the TensorRT-LLM
+    executor."""
+    target: ModelSpec
+    """The model whose output is served."""
+    draft: ModelSpec | None = None
+    """The draft model; required with `spec.speculative.method: draftTarget`, forbidden otherwise. It must
+    share the target's tokenizer."""
+    speculative: SpeculativeSpec
+    """Speculative decoding method and draft lengths."""
+    placement: PlacementSpec = Field(default_factory=PlacementSpec, json_schema_extra={"default": {}})
+    """Device (GPU or CPU), GPU product, draft placement and pod scheduling."""
+    runtime: RuntimeSpec = Field(default_factory=RuntimeSpec, json_schema_extra={"default": {}})
+    """Executor settings (the seed's `runtime.json`)."""
+    serving: ServingSpec = Field(default_factory=ServingSpec, json_schema_extra={"default": {}})
+    """HTTP server settings."""
+    engine_cache: EngineCacheSpec | None = None
+    """Where engines are stored; unset uses the operator's default cache."""
+    images: ImagesSpec | None = None
+    """Image overrides."""
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, json_schema_extra={"default": {}})
+    """Rolling update limits."""
+    autoscaling: AutoscalingSpec | None = None
+    """Horizontal autoscaling; unset: `replicas` is fixed."""
+    pod_security: PodSecuritySpec | None = None
+    """Security context of the serving and build pods; unset: the defaults, which pass the `restricted`
+    Pod Security Standard (non-root user 10001, read-only root filesystem, no capabilities)."""
+
+    @property
+    def gpus_per_replica(self) -> int:
+        """GPUs one replica requests: the target's, plus the draft's when it is placed on dedicated GPUs; 0 on
+        CPUs."""
+        if self.placement.device == "cpu":
+            return 0
+        gpus = self.target.gpus
+        if self.draft is not None and self.placement.draft == "dedicated":
+            gpus += self.draft.gpus
+        return gpus
