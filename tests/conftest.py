@@ -44,8 +44,9 @@ _NET_GUARD = pytest.StashKey[NetGuard]()
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Loopback only: every socket of this process and of everything it starts (the local cluster, operators,
-    the pod runner's servers, kubectl, helm) is sampled for the whole session (specdeploy_localcluster.netguard); pod
-    IPs count as this machine's (specdeploy_localcluster.podnet keeps POD_NETWORK here)."""
+    the pod runner's servers, kubectl, helm) is sampled for the whole session
+    (specdeploy_localcluster.netguard); pod IPs count as this machine's (specdeploy_localcluster.podnet keeps
+    POD_NETWORK here)."""
     session.stash[_NET_GUARD] = NetGuard(lambda: [os.getpid()], allowed=[POD_NETWORK]).start()
 
 

@@ -3,7 +3,8 @@ pod network this machine keeps to itself (specdeploy_localcluster.podnet).
 
 Regression for the apiserver connecting to `10.250.0.1:10250` (a simulated node's old InternalIP and default
 kubelet port) on `kubectl logs`: such a request must land on kwok's kubelet-API server on 127.0.0.1, and the
-session's loopback-only guard (tests/conftest.py, specdeploy_localcluster.netguard) must have seen nothing else.
+session's loopback-only guard (tests/conftest.py, specdeploy_localcluster.netguard) must have seen nothing
+else.
 """
 
 from __future__ import annotations
