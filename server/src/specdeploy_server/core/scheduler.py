@@ -30,7 +30,7 @@ from specdeploy_server.core.executors import (
     VerifyRequest,
     pads_rows,
 )
-from specdeploy_server.core.load import LoadFigures, ThroughputMeter
+from specdeploy_server.core.load import ReplicaLoad
 from specdeploy_server.core.logits import cut_proposal
 from specdeploy_server.core.multistep import PlainMultiStep
 from specdeploy_server.core.scheduler_types import (
@@ -70,7 +70,7 @@ WAITING, RUNNING = RequestState.WAITING, RequestState.RUNNING
 STOP_STEP_GRACE_SECONDS = 10.0
 
 
-class SpeculativeScheduler(LoadFigures, StepResults):
+class SpeculativeScheduler(StepResults):
     def __init__(
         self,
         target: TargetExecutor,
@@ -92,8 +92,8 @@ class SpeculativeScheduler(LoadFigures, StepResults):
             padded=pads_rows(target),
         )
         self.stats = GlobalStats()
-        self.waiting: deque[SequenceState] = deque()  # all WAITING
-        self.running: list[SequenceState] = []  # RUNNING, or ended and not yet reaped
+        #: the waiting queue, the running batch (ended requests stay until reaped), the generation rate
+        self.load = ReplicaLoad(settings)
         self._ended: list[SequenceState] = []  # left RUNNING since the last reap: to release between steps
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -101,7 +101,6 @@ class SpeculativeScheduler(LoadFigures, StepResults):
         self._closing = False  # stop(): the loop returns once nothing is left to reap or run
         #: times the steps (their durations feed the generation rate, the adaptive draft length and metrics)
         self._clock = clock
-        self._throughput = ThroughputMeter(settings.rate_window_seconds)
         # Outputs of the last step not yet handed to their consumers (see _step); whether a flush is queued.
         self._undelivered: list[Undelivered] = []
         self._flush_queued = False
@@ -144,6 +143,36 @@ class SpeculativeScheduler(LoadFigures, StepResults):
             elif not task.cancelled() and task.exception() is not None:
                 log.error("the scheduler loop had ended with an error", exc_info=task.exception())
         self._reap()
+
+    # ----------------------------------------------------------------- load (core/load.py)
+    @property
+    def waiting(self) -> deque[SequenceState]:
+        """Requests waiting for a batch slot, in arrival order."""
+        return self.load.waiting
+
+    @property
+    def running(self) -> list[SequenceState]:
+        """The running batch, with the requests that ended since the last reap."""
+        return self.load.running
+
+    @property
+    def queue_depth(self) -> int:
+        return self.load.queue_depth
+
+    def queue_full(self) -> bool:
+        return self.load.queue_full()
+
+    @property
+    def pending_tokens(self) -> int:
+        return self.load.pending_tokens
+
+    @property
+    def generation_rate(self) -> float | None:
+        return self.load.generation_rate
+
+    @property
+    def queue_seconds(self) -> float:
+        return self.load.queue_seconds
 
     # ----------------------------------------------------------------- requests
     def add(self, seq: SequenceState) -> None:
@@ -209,8 +238,7 @@ class SpeculativeScheduler(LoadFigures, StepResults):
         if not self._ended:
             return
         ended, self._ended = self._ended, []
-        gone = set(map(id, ended))
-        self.running = [seq for seq in self.running if id(seq) not in gone]
+        self.load.drop(ended)
         for seq in ended:
             self.draft_len.forget(seq.request_id)
             for executor in (self.target, self.drafter):
@@ -306,7 +334,7 @@ class SpeculativeScheduler(LoadFigures, StepResults):
         # request's last output sees the step that produced it.
         self.stats.steps += 1
         if total > 0:  # emitted tokens, not steps or draft tokens: the speculative speedup is in the rate
-            self._throughput.observe(total, seconds)
+            self.load.throughput.observe(total, seconds)
         self.observer.on_step(len(batch), seconds, total)
         if finished:
             # Sequences that ended get their last output now, and their consumers one turn of the event loop
