@@ -1,10 +1,11 @@
-"""Load figures of one replica, the inputs of its autoscaling signals (no HTTP, no backend)."""
+"""The load of one replica: the requests its scheduler holds, the rate it generates at, and the figures made
+from them (the inputs of its autoscaling signals; no HTTP, no backend)."""
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import TYPE_CHECKING
 
 from specdeploy_server.core.types import RequestState, SequenceState
@@ -47,18 +48,29 @@ class ThroughputMeter:
         return self._tokens / self._seconds
 
 
-class LoadFigures:
-    """The scheduler's load figures (autoscaling signals), computed from its queues: a mixin, so they read
-    the scheduler's own state without copies."""
+class ReplicaLoad:
+    """The requests one scheduler holds and the rate it generates at, and the load figures made from them
+    (autoscaling signals, the admission gate's question).
 
-    waiting: deque[SequenceState]
-    running: list[SequenceState]
-    settings: SchedulerSettings
-    _throughput: ThroughputMeter
+    Owns the waiting queue, the running batch and the generation rate meter. The scheduler moves requests
+    between the queues (and moves their states); a request that ended stays in ``running`` until the
+    scheduler's loop is between steps (``drop``), but it no longer counts as load.
+    """
+
+    def __init__(self, settings: SchedulerSettings) -> None:
+        self.waiting: deque[SequenceState] = deque()  # all WAITING
+        self.running: list[SequenceState] = []  # RUNNING, or ended and not yet dropped
+        self._settings = settings
+        #: fed the tokens each step emitted and the step's duration by the scheduler
+        self.throughput = ThroughputMeter(settings.rate_window_seconds)
+
+    def drop(self, ended: Collection[SequenceState]) -> None:
+        """Remove ``ended`` (requests that left the running state) from the running batch."""
+        gone = set(map(id, ended))
+        self.running = [seq for seq in self.running if id(seq) not in gone]
 
     def _live(self) -> Iterator[SequenceState]:
-        """Requests still owed tokens: waiting and running ones. A request that ended stays in ``running``
-        until the loop is between steps, but it is no longer work."""
+        """Requests still owed tokens: waiting and running ones."""
         yield from self.waiting
         for seq in self.running:
             if seq.state is RequestState.RUNNING:
@@ -73,19 +85,19 @@ class LoadFigures:
         """Whether the next request would be refused (``QueueFullError``): ``maxQueueSize`` requests already
         wait beyond the batch slots free now. Cheap (a look at the running batch): the admission gate asks it
         for every generation request."""
-        limit = self.settings.max_queue_size
+        limit = self._settings.max_queue_size
         if not limit:
             return False
         # an ended sequence leaves `running` at the next reap, before any waiting one is admitted
         live_running = sum(1 for seq in self.running if seq.state is RequestState.RUNNING)
-        free_slots = max(self.settings.max_batch_size - live_running, 0)
+        free_slots = max(self._settings.max_batch_size - live_running, 0)
         return len(self.waiting) - free_slots >= limit
 
     @property
     def pending_tokens(self) -> int:
         """Tokens the live requests may still generate: each up to its ``max_tokens`` and the context length
         (an upper bound: a request can stop earlier)."""
-        max_model_len = self.settings.max_model_len
+        max_model_len = self._settings.max_model_len
         return sum(
             max(min(seq.remaining_tokens, max_model_len - len(seq.token_ids)), 0) for seq in self._live()
         )
@@ -94,14 +106,14 @@ class LoadFigures:
     def generation_rate(self) -> float | None:
         """Tokens emitted per second of busy time (all sequences of a step together, accepted draft tokens
         included), over about the last ``rate_window_seconds`` of busy time; None before the first step."""
-        return self._throughput.rate
+        return self.throughput.rate
 
     @property
     def queue_seconds(self) -> float:
         """``pending_tokens / generation_rate``: seconds of generation queued here; 0 when nothing is pending
         or no rate has been measured yet."""
         pending = self.pending_tokens
-        rate = self._throughput.rate
+        rate = self.throughput.rate
         if pending == 0 or rate is None:
             return 0.0
         return pending / rate

@@ -5,11 +5,11 @@ batched ``propose`` call on the drafter and one batched ``verify`` call on the t
 blocks the event loop itself; executors run their work elsewhere (a thread, a GPU, TensorRT-LLM's executor).
 
 Request lifecycle (docs/server.md): every request has one explicit state (``SequenceState.state``), moved only
-by the scheduler (here, and in ``step_results.py`` when a step finishes it): waiting -> running -> finished |
-aborted | failed. A request that leaves the running state gets its last
-output at once, but stays in ``running`` (not counted as load) until the loop is between steps; only then is
-its executor state released (``_reap``), so a release never races a step that still uses it. An abort asks
-the executors to stop in-flight work early (``CancelsInFlight``) and nothing more.
+by the scheduler (here, and by its step accounting, ``step_results.py``, when a step finishes it): waiting ->
+running -> finished | aborted | failed. A request that leaves the running state gets its last output at once,
+but stays in ``running`` (not counted as load) until the loop is between steps; only then is its executor
+state released (``_reap``), so a release never races a step that still uses it. An abort asks the executors
+to stop in-flight work early (``CancelsInFlight``) and nothing more.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from specdeploy_server.core.adaptive import DraftLenController
+from specdeploy_server.core.delivery import PendingOutputs
 from specdeploy_server.core.drafters import Drafter, NoDrafter
 from specdeploy_server.core.executors import (
     AcceptanceRule,
@@ -30,7 +31,7 @@ from specdeploy_server.core.executors import (
     VerifyRequest,
     pads_rows,
 )
-from specdeploy_server.core.load import LoadFigures, ThroughputMeter
+from specdeploy_server.core.load import ReplicaLoad
 from specdeploy_server.core.logits import cut_proposal
 from specdeploy_server.core.multistep import PlainMultiStep
 from specdeploy_server.core.scheduler_types import (
@@ -43,7 +44,7 @@ from specdeploy_server.core.scheduler_types import (
     StepSpeculation,
 )
 from specdeploy_server.core.scheduler_types import truncate as _truncate
-from specdeploy_server.core.step_results import StepResults, Undelivered
+from specdeploy_server.core.step_results import StepAccounting
 from specdeploy_server.core.types import (
     FinishReason,
     Proposal,
@@ -70,7 +71,7 @@ WAITING, RUNNING = RequestState.WAITING, RequestState.RUNNING
 STOP_STEP_GRACE_SECONDS = 10.0
 
 
-class SpeculativeScheduler(LoadFigures, StepResults):
+class SpeculativeScheduler:
     def __init__(
         self,
         target: TargetExecutor,
@@ -92,8 +93,8 @@ class SpeculativeScheduler(LoadFigures, StepResults):
             padded=pads_rows(target),
         )
         self.stats = GlobalStats()
-        self.waiting: deque[SequenceState] = deque()  # all WAITING
-        self.running: list[SequenceState] = []  # RUNNING, or ended and not yet reaped
+        #: the waiting queue, the running batch (ended requests stay until reaped), the generation rate
+        self.load = ReplicaLoad(settings)
         self._ended: list[SequenceState] = []  # left RUNNING since the last reap: to release between steps
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -101,10 +102,11 @@ class SpeculativeScheduler(LoadFigures, StepResults):
         self._closing = False  # stop(): the loop returns once nothing is left to reap or run
         #: times the steps (their durations feed the generation rate, the adaptive draft length and metrics)
         self._clock = clock
-        self._throughput = ThroughputMeter(settings.rate_window_seconds)
-        # Outputs of the last step not yet handed to their consumers (see _step); whether a flush is queued.
-        self._undelivered: list[Undelivered] = []
-        self._flush_queued = False
+        #: outputs of going sequences not yet handed to their consumers (see _step)
+        self._pending = PendingOutputs()
+        self._accounting = StepAccounting(
+            settings.max_model_len, self.stats, drafter, self.draft_len, self._pending
+        )
         self._phase = "idle"  # what the step in flight is doing, for error reports
         self._k = 0
         self._cancellers = [ex for ex in (target, drafter) if isinstance(ex, CancelsInFlight)]
@@ -144,6 +146,36 @@ class SpeculativeScheduler(LoadFigures, StepResults):
             elif not task.cancelled() and task.exception() is not None:
                 log.error("the scheduler loop had ended with an error", exc_info=task.exception())
         self._reap()
+
+    # ----------------------------------------------------------------- load (core/load.py)
+    @property
+    def waiting(self) -> deque[SequenceState]:
+        """Requests waiting for a batch slot, in arrival order."""
+        return self.load.waiting
+
+    @property
+    def running(self) -> list[SequenceState]:
+        """The running batch, with the requests that ended since the last reap."""
+        return self.load.running
+
+    @property
+    def queue_depth(self) -> int:
+        return self.load.queue_depth
+
+    def queue_full(self) -> bool:
+        return self.load.queue_full()
+
+    @property
+    def pending_tokens(self) -> int:
+        return self.load.pending_tokens
+
+    @property
+    def generation_rate(self) -> float | None:
+        return self.load.generation_rate
+
+    @property
+    def queue_seconds(self) -> float:
+        return self.load.queue_seconds
 
     # ----------------------------------------------------------------- requests
     def add(self, seq: SequenceState) -> None:
@@ -209,8 +241,7 @@ class SpeculativeScheduler(LoadFigures, StepResults):
         if not self._ended:
             return
         ended, self._ended = self._ended, []
-        gone = set(map(id, ended))
-        self.running = [seq for seq in self.running if id(seq) not in gone]
+        self.load.drop(ended)
         for seq in ended:
             self.draft_len.forget(seq.request_id)
             for executor in (self.target, self.drafter):
@@ -249,7 +280,7 @@ class SpeculativeScheduler(LoadFigures, StepResults):
         lengths = self.draft_len.plan([seq.request_id for seq in batch])
         self._k = max(lengths, default=0)
         max_model_len = self.settings.max_model_len
-        forced = self._fast_forward(batch)
+        forced = self._accounting.fast_forward(batch)
         # Each sequence drafts at most its k, clamped so the step cannot overshoot max_tokens or the context.
         plan = [
             (
@@ -297,16 +328,22 @@ class SpeculativeScheduler(LoadFigures, StepResults):
                 )
             if multistep is not None and len(requests) == 1 and requests[0].seq.num_generated:
                 multistep.observe(len(emitted[0]), t2 - t1)
-        if self._undelivered:  # an earlier step's outputs always reach their consumers first
-            self._flush()
+        pending = self._pending
+        if pending.items:  # an earlier step's outputs always reach their consumers first
+            pending.flush()
         finished: list[tuple[SequenceState, StepOutput]] = []
-        total = forced + self._apply(batch, proposals, requests, emitted, finished)
+        applied, speculation = self._accounting.apply(
+            batch, proposals, requests, emitted, finished=finished, ended=self._ended
+        )
+        total = forced + applied
+        if speculation is not None:
+            self.observer.on_speculation(speculation)
         seconds = clock() - t0
         # The step is accounted before any consumer hears of it: whoever reads the load figures after a
         # request's last output sees the step that produced it.
         self.stats.steps += 1
         if total > 0:  # emitted tokens, not steps or draft tokens: the speculative speedup is in the rate
-            self._throughput.observe(total, seconds)
+            self.load.throughput.observe(total, seconds)
         self.observer.on_step(len(batch), seconds, total)
         if finished:
             # Sequences that ended get their last output now, and their consumers one turn of the event loop
@@ -315,11 +352,9 @@ class SpeculativeScheduler(LoadFigures, StepResults):
             for seq, out in finished:
                 seq.outputs.put_nowait(out)
             await asyncio.sleep(0)
-        if self._undelivered and not self._flush_queued:
-            # The others' outputs reach their consumers once the next step's executor call has been made: the
-            # consumers' work overlaps the executors' instead of delaying the next step.
-            self._flush_queued = True
-            asyncio.get_running_loop().call_soon(self._flush)
+        # The others' outputs reach their consumers once the next step's executor call has been made: the
+        # consumers' work overlaps the executors' instead of delaying the next step.
+        pending.flush_soon()
 
     def _end(self, seq: SequenceState, state: RequestState, error: BaseException | None = None) -> None:
         """Move a live request to ``state`` (aborted or failed) and give its consumer the last output; a
@@ -327,7 +362,7 @@ class SpeculativeScheduler(LoadFigures, StepResults):
         was_running = seq.state is RUNNING
         seq.state = state
         seq.finished = FinishReason.ABORT
-        self._flush()  # whatever the consumer is owed comes first
+        self._pending.flush()  # whatever the consumer is owed comes first
         seq.outputs.put_nowait(error if error is not None else StepOutput([], FinishReason.ABORT, 0, 0))
         if was_running:
             self._ended.append(seq)

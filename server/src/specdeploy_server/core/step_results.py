@@ -1,8 +1,6 @@
 """What one step's results do: tokens forced by a grammar, accepted tokens cut at a stop token or a limit,
-sequences that finish, the statistics, and outputs handed to their consumers.
-
-A mixin of :class:`~specdeploy_server.core.scheduler.SpeculativeScheduler` (as ``LoadFigures`` is): the
-accounting runs for every sequence every step, so it works on the scheduler's own state without copies.
+sequences that finish, the statistics; outputs go to the pending ones (``core/delivery.py``) or, for a
+sequence that finished, back to the scheduler, which hands them over.
 """
 
 from __future__ import annotations
@@ -10,28 +8,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specdeploy_server.core.adaptive import DraftLenController
+from specdeploy_server.core.delivery import PendingOutputs
 from specdeploy_server.core.drafters import Drafter
 from specdeploy_server.core.executors import VerifyRequest
 from specdeploy_server.core.logits import fast_forward
-from specdeploy_server.core.scheduler_types import (
-    GlobalStats,
-    SchedulerObserver,
-    SchedulerSettings,
-    StepSpeculation,
-    truncate,
-)
-from specdeploy_server.core.types import (
-    Proposal,
-    RequestState,
-    SequenceState,
-    StepOutput,
-    TokenLogprob,
-)
+from specdeploy_server.core.scheduler_types import GlobalStats, StepSpeculation, truncate
+from specdeploy_server.core.types import Proposal, RequestState, SequenceState, StepOutput
 
 RUNNING = RequestState.RUNNING
 _MAX_ACCEPTED_BUCKET = 64
-#: a step's output not yet handed to its consumer: tokens, drafted, accepted, logprobs
-Undelivered = tuple[SequenceState, list[int], int, int, list[TokenLogprob] | None]
 
 
 def _decoded_accepted(tokens: Sequence[int], req: VerifyRequest) -> tuple[int, int]:
@@ -42,25 +27,33 @@ def _decoded_accepted(tokens: Sequence[int], req: VerifyRequest) -> tuple[int, i
     return decoded, (len(tokens) - 1 - decoded if tokens else 0)
 
 
-class StepResults:
-    """Accounts a step's results on the scheduler's state (declared here, owned by the scheduler)."""
+class StepAccounting:
+    """Accounts each step's results on its sequences and on the scheduler's statistics.
 
-    settings: SchedulerSettings
-    stats: GlobalStats
-    drafter: Drafter
-    draft_len: DraftLenController
-    observer: SchedulerObserver
-    #: outputs of the last step not yet handed to their consumers; whether a flush is queued
-    _undelivered: list[Undelivered]
-    _flush_queued: bool
-    #: sequences that left RUNNING since the last reap
-    _ended: list[SequenceState]
+    Its collaborators are handed in by the scheduler: the statistics it adds to, the drafter and draft-length
+    controller it tells what was accepted, and the pending outputs it adds the outputs of going sequences to.
+    """
 
-    def _fast_forward(self, batch: Sequence[SequenceState]) -> int:
+    def __init__(
+        self,
+        max_model_len: int,
+        stats: GlobalStats,
+        drafter: Drafter,
+        draft_len: DraftLenController,
+        pending: PendingOutputs,
+    ) -> None:
+        self._max_model_len = max_model_len
+        self._stats = stats
+        self._drafter = drafter
+        self._draft_len = draft_len
+        self._pending = pending
+
+    def fast_forward(self, batch: Sequence[SequenceState]) -> int:
         """Emit the tokens each constrained sequence's grammar forces, without a model step (delivered before
         the step's own tokens); leaves room for the one token the step verifies. Returns how many."""
         total = 0
-        max_model_len = self.settings.max_model_len
+        max_model_len = self._max_model_len
+        stats, pending = self._stats, self._pending
         for seq in batch:
             if seq.constraint is None or seq.state is not RUNNING:
                 continue
@@ -71,32 +64,35 @@ class StepResults:
                 seq.num_generated += len(forced)
                 seq.stats.forced += len(forced)
                 seq.stats.emitted += len(forced)
-                self.stats.emitted += len(forced)
-                self.stats.forced += len(forced)
-                self._undelivered.append((seq, forced, 0, 0, None))
+                stats.emitted += len(forced)
+                stats.forced += len(forced)
+                pending.items.append((seq, forced, 0, 0, None))
                 total += len(forced)
         return total
 
-    def _apply(
+    def apply(
         self,
         batch: Sequence[SequenceState],
         proposals: Sequence[Proposal],
         requests: Sequence[VerifyRequest],
         emitted: Sequence[Sequence[int]],
+        *,
         finished: list[tuple[SequenceState, StepOutput]],
-    ) -> int:
-        """Account one step for every sequence still running; returns the tokens emitted.
+        ended: list[SequenceState],
+    ) -> tuple[int, StepSpeculation | None]:
+        """Account one step for every sequence still running; returns the tokens emitted, and the step's
+        speculation (None when no sequence was stepped) for the scheduler's observer.
 
-        The output of a sequence that ended goes to ``finished``; the others' go to the undelivered (as
-        tuples: their StepOutput is built when they are handed over, off the critical path). Runs for every
-        sequence every step, so per-step lookups are hoisted out of the loop and the observer hears of the
-        step's speculation once, aggregated.
+        A sequence that ended is moved to ``FINISHED`` and appended to ``ended`` (the scheduler's, released at
+        its next reap), its output to ``finished``; the others' outputs go to the pending outputs. Runs for
+        every sequence every step, so per-step lookups are hoisted out of the loop and the speculation is
+        reported once per step, aggregated.
         """
-        drafter_observe = self.drafter.observe
-        observe_acceptance = self.draft_len.observe_acceptance
-        max_model_len = self.settings.max_model_len
-        undelivered = self._undelivered
-        ended = self._ended
+        drafter_observe = self._drafter.observe
+        observe_acceptance = self._draft_len.observe_acceptance
+        max_model_len = self._max_model_len
+        undelivered = self._pending.items
+        stats = self._stats
         total = sequence_steps = total_drafted = total_accepted = 0
         accepted_counts = [0] * (_MAX_ACCEPTED_BUCKET + 1)
         for seq, prop, req, tokens in zip(batch, proposals, requests, emitted, strict=True):
@@ -140,18 +136,15 @@ class StepResults:
                 seq.state = RequestState.FINISHED
                 seq.finished = finish
                 ended.append(seq)
-                self.stats.requests_finished += 1
+                stats.requests_finished += 1
                 finished.append((seq, StepOutput(new, finish, drafted, accepted, logprobs)))
-        stats = self.stats
         stats.sequence_steps += sequence_steps
         stats.drafted += total_drafted
         stats.accepted += total_accepted
         stats.emitted += total
-        if sequence_steps:
-            self.observer.on_speculation(
-                StepSpeculation(sequence_steps, total_drafted, total_accepted, accepted_counts)
-            )
-        return total
+        if not sequence_steps:
+            return total, None
+        return total, StepSpeculation(sequence_steps, total_drafted, total_accepted, accepted_counts)
 
     def _drafted_accepted(self, seq: SequenceState, prop: Proposal, accepted: int) -> tuple[int, int]:
         """Draft tokens proposed and accepted, not counting the tokens a grammar forced into the draft
@@ -160,12 +153,5 @@ class StepResults:
             return len(prop.tokens), accepted
         forced = sum(1 for i in prop.forced if i < accepted)
         seq.stats.forced += forced
-        self.stats.forced += forced
+        self._stats.forced += forced
         return len(prop.tokens) - len(prop.forced), accepted - forced
-
-    def _flush(self) -> None:
-        """Hand the undelivered outputs to their consumers."""
-        self._flush_queued = False
-        pending, self._undelivered = self._undelivered, []
-        for seq, new, drafted, accepted, logprobs in pending:
-            seq.outputs.put_nowait(StepOutput(new, None, drafted, accepted, logprobs))
