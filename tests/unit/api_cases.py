@@ -108,6 +108,16 @@ BASES: dict[str, dict[str, Any]] = {
             "runtime": {"maxSeqLen": 8192, "enableKvCacheReuse": False},
         },
     ),
+    "mtp": _manifest(
+        "base-mtp",
+        {
+            "backend": "pytorch",
+            "target": {"model": {"uri": "pvc://model-store/deepseek-r1-fp8"}, "tensorParallel": 16},
+            "speculative": {"method": "mtp", "maxDraftLen": 3},
+            "placement": {"gpuProduct": H100, "gpusPerNode": 8},
+            "runtime": {"maxSeqLen": 8192},
+        },
+    ),
     "transformers": _manifest(
         "base-transformers",
         {
@@ -664,11 +674,39 @@ RULE_CASES = [
         "colocated-draft-fits",
     ),
     Case(
-        "target-wider-than-node",
+        "target-across-nodes-on-tensorrt",
         "none",
         _target(tensorParallel=16),
+        "spec.backend",
+        "multi-node-needs-pytorch",
+    ),
+    Case(
+        "target-across-nodes-on-transformers",
+        "transformers",
+        _spec(placement={"device": "gpu", "gpusPerNode": 1, "draft": "dedicated"}),
+        "spec.backend",
+        "multi-node-needs-pytorch",
+    ),
+    Case(
+        "target-leaves-gpus-of-a-node-unused",
+        "eagle3",
+        _target(tensorParallel=12),
         "spec.placement.gpusPerNode",
-        "replica-fits-on-node",
+        "replica-takes-whole-nodes",
+    ),
+    Case(
+        "dedicated-draft-across-nodes",
+        "mtp",
+        {
+            "spec": {
+                "speculative": {"method": "draftTarget", "draftLen": 3, "maxDraftLen": 3},
+                "draft": {"model": {"uri": "hf://meta-llama/Llama-3.1-8B-Instruct"}, "tensorParallel": 8},
+                "target": {"tensorParallel": 8},
+                "placement": {"draft": "dedicated"},
+            }
+        },
+        "spec.placement.draft",
+        "multi-node-draft-colocated",
     ),
     Case(
         "dedicated-draft-overflows-node",
@@ -681,7 +719,7 @@ RULE_CASES = [
             }
         },
         "spec.placement.gpusPerNode",
-        "replica-fits-on-node",
+        "replica-takes-whole-nodes",
     ),
     Case(
         "draft-kv-fraction-without-draft",

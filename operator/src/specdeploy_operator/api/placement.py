@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from .base import ApiModel, Rule, Rules
 from .meta import Affinity, DnsSubdomain, LabelValue, QualifiedName, SelectorValue, Toleration
 
-__all__ = ["PLACEMENT_RULES", "Device", "PlacementSpec"]
+__all__ = ["PLACEMENT_RULES", "Device", "MultiNodeSpec", "NcclSpec", "PlacementSpec"]
 
 Device = Literal["gpu", "cpu"]
 
@@ -30,6 +30,34 @@ PLACEMENT_RULES: Rules = (
         reason="FieldValueForbidden",
     ),
 )
+
+
+_InterfaceNames = Annotated[str, StringConstraints(pattern=r"^[=^]?[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*$", max_length=128)]
+
+
+class NcclSpec(ApiModel):
+    """How NCCL connects the ranks of a replica that spans nodes."""
+
+    socket_interface: _InterfaceNames = "eth0"
+    """Network interfaces NCCL's bootstrap and socket transport use (`NCCL_SOCKET_IFNAME`: a name or prefix,
+    a comma-separated list, `=name` for an exact match, `^name` to exclude). `eth0` is a pod's interface on
+    the cluster network; name another one where a CNI adds a faster network (e.g. Multus `net1`)."""
+    infiniband: bool = True
+    """Whether NCCL may use InfiniBand or RoCE between the nodes where it finds the devices (NCCL's default).
+    `false` sets `NCCL_IB_DISABLE=1`: TCP sockets only, for clusters without RDMA devices in the pods."""
+
+
+class MultiNodeSpec(ApiModel):
+    """Settings of a replica that spans nodes: when its GPUs are more than `spec.placement.gpusPerNode`, it
+    runs as a LeaderWorkerSet group of that many nodes' pods (docs/operator.md, "Replicas that span
+    nodes"). Ignored while a replica fits on one node."""
+
+    exclusive_topology: QualifiedName | None = None
+    """A node label (e.g. a rack or NVLink-domain label) whose value every pod of a group shares, with one
+    group per value (LeaderWorkerSet's exclusive topology). Unset: a group's pods go wherever GPUs are
+    free."""
+    nccl: NcclSpec = Field(default_factory=NcclSpec, json_schema_extra={"default": {}})
+    """NCCL's network settings."""
 
 
 class PlacementSpec(ApiModel):
@@ -52,7 +80,8 @@ class PlacementSpec(ApiModel):
     gpu_resource: QualifiedName = "nvidia.com/gpu"
     """Extended resource name that GPUs are requested as."""
     gpus_per_node: Annotated[int, Field(ge=1, le=64)] = 8
-    """GPUs per node of the target pool; a replica (all its GPUs on one node) may not need more."""
+    """GPUs per node of the target pool. A replica that needs more spans nodes, each of whose GPUs it takes
+    whole: its GPUs must then be a multiple of this (backend `pytorch` only)."""
     node_selector: Annotated[dict[str, SelectorValue], Field(max_length=64)] | None = None
     """Extra node labels the pods require, added to the GPU product label (with `device: gpu`)."""
     tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = None
@@ -61,3 +90,5 @@ class PlacementSpec(ApiModel):
     """Extra affinity rules added to the pods."""
     priority_class_name: DnsSubdomain | None = None
     """PriorityClass of the pods."""
+    multi_node: MultiNodeSpec | None = None
+    """Group placement and networking of replicas that span nodes; unset: the defaults."""

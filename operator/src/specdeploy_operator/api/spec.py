@@ -154,8 +154,17 @@ def _model_rules(role: Literal["target", "draft"]) -> list[Rule[SpeculativeDeplo
 # --- spec----------------------------------------------------------------------------------------------------
 
 
-def _fits_on_node(s: SpeculativeDeploymentSpec) -> bool:
-    return s.gpus_per_replica <= s.placement.gpus_per_node
+_GPUS = (
+    "(self.placement.device == 'cpu' ? 0 : self.target.tensorParallel * self.target.pipelineParallel + "
+    "(has(self.draft) && self.placement.draft == 'dedicated' ? "
+    "self.draft.tensorParallel * self.draft.pipelineParallel : 0))"
+)
+"""CEL: GPUs per replica (`SpeculativeDeploymentSpec.gpus_per_replica`)."""
+
+
+def _takes_whole_nodes(s: SpeculativeDeploymentSpec) -> bool:
+    gpus, per_node = s.gpus_per_replica, s.placement.gpus_per_node
+    return gpus <= per_node or gpus % per_node == 0
 
 
 def _colocated_draft_fits(s: SpeculativeDeploymentSpec) -> bool:
@@ -227,15 +236,32 @@ SPEC_RULES: Rules = (
         check=_colocated_draft_fits,
     ),
     Rule["SpeculativeDeploymentSpec"](
-        name="replica-fits-on-node",
-        cel="self.placement.device == 'cpu' || self.target.tensorParallel * self.target.pipelineParallel + "
-        "(has(self.draft) && self.placement.draft == 'dedicated' ? "
-        "self.draft.tensorParallel * self.draft.pipelineParallel : 0) <= self.placement.gpusPerNode",
+        name="replica-takes-whole-nodes",
+        cel=f"{_GPUS} <= self.placement.gpusPerNode || {_GPUS} % self.placement.gpusPerNode == 0",
         message="GPUs per replica (spec.target.tensorParallel x spec.target.pipelineParallel, "
         "plus the same of spec.draft when spec.placement.draft is dedicated; none on cpu) "
-        "must not exceed spec.placement.gpusPerNode",
+        "must not exceed spec.placement.gpusPerNode, or must be a multiple of it: "
+        "a replica that spans nodes takes every GPU of each of its nodes",
         field_path=".placement.gpusPerNode",
-        check=_fits_on_node,
+        check=_takes_whole_nodes,
+    ),
+    Rule["SpeculativeDeploymentSpec"](
+        name="multi-node-needs-pytorch",
+        cel=f"{_GPUS} <= self.placement.gpusPerNode || self.backend == 'pytorch'",
+        message="a replica that spans nodes (more GPUs than spec.placement.gpusPerNode) needs spec.backend "
+        "pytorch: tensorrt runs its executors in orchestrator mode, whose MPI-spawned workers cannot leave "
+        "the node, and transformers runs each model on one device",
+        field_path=".backend",
+        check=lambda s: s.nodes_per_replica == 1 or s.backend == "pytorch",
+    ),
+    Rule["SpeculativeDeploymentSpec"](
+        name="multi-node-draft-colocated",
+        cel=f"{_GPUS} <= self.placement.gpusPerNode || self.placement.draft != 'dedicated'",
+        message="spec.placement.draft must be colocated when a replica spans nodes (more GPUs than "
+        "spec.placement.gpusPerNode): TensorRT-LLM's PyTorch flow shards the draft model over the "
+        "target's ranks, so it has no GPUs of its own",
+        field_path=".placement.draft",
+        check=lambda s: s.nodes_per_replica == 1 or s.placement.draft != "dedicated",
     ),
     Rule["SpeculativeDeploymentSpec"](
         name="draft-kv-fraction-needs-draft",
@@ -272,7 +298,8 @@ class SpeculativeDeploymentSpec(ApiModel):
     validation_rules: ClassVar[Rules] = SPEC_RULES
 
     replicas: Annotated[int, Field(ge=0, le=1024)] = 1
-    """Number of serving replicas; each runs the target (and the draft) on the GPUs (or CPUs) of one node."""
+    """Number of serving replicas; each runs the target (and the draft) on the GPUs (or CPUs) of one node, or
+    of several when it needs more GPUs than `spec.placement.gpusPerNode` (a group of pods, one per node)."""
     backend: Backend = "tensorrt"
     """`tensorrt`: engines built with `trtllm-build` and run by paired executors (seeds 000, 001, 003, 004).
     `pytorch`: the TensorRT-LLM LLM API with a `speculative_config`, no engine build (seed 002).
@@ -317,3 +344,15 @@ class SpeculativeDeploymentSpec(ApiModel):
         if self.draft is not None and self.placement.draft == "dedicated":
             gpus += self.draft.gpus
         return gpus
+
+    @property
+    def nodes_per_replica(self) -> int:
+        """Nodes one replica spans: 1 while its GPUs fit on one node (always on CPUs), else its GPUs divided
+        by `spec.placement.gpusPerNode` (a whole number in an admitted spec; rounded up otherwise)."""
+        gpus, per_node = self.gpus_per_replica, self.placement.gpus_per_node
+        return 1 if gpus <= per_node else -(-gpus // per_node)
+
+    @property
+    def gpus_per_pod(self) -> int:
+        """GPUs each serving pod requests: the replica's, shared out over its nodes."""
+        return self.gpus_per_replica // self.nodes_per_replica
