@@ -50,6 +50,7 @@ def test_reasons_of_no_condition_are_the_events() -> None:
         Reason.ROLLOUT_STARTED,
         Reason.DEPLOYING,
         Reason.ROLLOUT_FINISHED,
+        Reason.WORKLOAD_REPLACED,
         Reason.AUTOSCALER_FAILED,
         Reason.DEGRADED,
     }

@@ -45,6 +45,7 @@ from .flags import (
 )
 from .meta import Condition, ObjectMeta
 from .parse import KINDS, FieldError, InvalidObjectError, parse_object, validate_object
+from .placement import MultiNodeSpec, NcclSpec
 from .podsecurity import PodSecuritySpec, SeccompProfileSpec
 from .speculative import (
     SPECULATIVE_DEPLOYMENT,
@@ -119,6 +120,8 @@ __all__ = [
     "KubeReason",
     "ModelSource",
     "ModelSpec",
+    "MultiNodeSpec",
+    "NcclSpec",
     "ObjectMeta",
     "Parallelism",
     "Phase",

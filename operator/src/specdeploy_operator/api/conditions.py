@@ -112,6 +112,9 @@ class Reason(StrEnum):
     ROLLOUT_STARTED = "RolloutStarted"
     DEPLOYING = "Deploying"
     ROLLOUT_FINISHED = "RolloutFinished"
+    WORKLOAD_REPLACED = "WorkloadReplaced"
+    """A change between one node and several per replica: the old kind of workload is deleted once the new
+    one serves every replica."""
     AUTOSCALER_FAILED = "AutoscalerFailed"
     DEGRADED = "Degraded"
     """A Degraded phase's event when no Degraded condition names a reason."""

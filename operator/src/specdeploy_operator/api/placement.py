@@ -32,7 +32,9 @@ PLACEMENT_RULES: Rules = (
 )
 
 
-_InterfaceNames = Annotated[str, StringConstraints(pattern=r"^[=^]?[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*$", max_length=128)]
+_InterfaceNames = Annotated[
+    str, StringConstraints(pattern=r"^[=^]?[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*$", max_length=128)
+]
 
 
 class NcclSpec(ApiModel):

@@ -24,6 +24,7 @@ from .common import (
 )
 from .engines import build_engine_builds, engine_build, engine_build_name, engine_builds, needs_build
 from .job import BuildCommands, build_commands, build_job, job_name
+from .leaderworkerset import group_set_name, leader_worker_set_for
 from .pod import ServingPod, serving_pod
 from .render import dump_yaml, render_children
 from .serverconfig import build_configmap, build_server_config, cpu_threads, device_placement
@@ -62,9 +63,11 @@ __all__ = [
     "engine_build",
     "engine_build_name",
     "engine_builds",
+    "group_set_name",
     "job_name",
     "keda_query",
     "labels",
+    "leader_worker_set_for",
     "needs_build",
     "owner_reference",
     "pod_selector",

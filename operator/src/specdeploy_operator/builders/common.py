@@ -22,6 +22,7 @@ __all__ = [
     "derived_name",
     "dns_label",
     "endpoint",
+    "group_pod_selector",
     "labels",
     "owner_reference",
     "pod_selector",
@@ -131,6 +132,13 @@ def configmap_name(sdep: SpeculativeDeployment) -> str:
 def pod_selector(sdep: SpeculativeDeployment) -> dict[str, str]:
     """matchLabels of the serving pods."""
     return selector_labels(deployment_name(sdep), SERVER_COMPONENT)
+
+
+def group_pod_selector(sdep: SpeculativeDeployment) -> dict[str, str]:
+    """matchLabels of every pod of a deployment's groups, leaders (component `server`) and workers."""
+    selector = selector_labels(deployment_name(sdep), SERVER_COMPONENT)
+    del selector[COMPONENT_LABEL]
+    return selector
 
 
 def status_selector(sdep: SpeculativeDeployment) -> str:

@@ -123,11 +123,12 @@ def cpu_threads(resources: dict[str, Any]) -> int:
 
 
 def serving_scheduling(sdep: SpeculativeDeployment, settings: OperatorSettings) -> GpuScheduling:
-    """The GPUs of one serving replica: `gpusPerReplica` of `placement.gpuResource` on the GPU product."""
+    """The GPUs of one serving pod: `gpusPerReplica` of `placement.gpuResource` on the GPU product, shared out
+    over the nodes of a replica that spans several (each of its pods takes a whole node's GPUs)."""
     spec = sdep.spec
     return GpuScheduling(
         product=gpu_product(sdep, settings),
-        count=spec.gpus_per_replica,
+        count=spec.gpus_per_pod,
         resource=spec.placement.gpu_resource,
         tolerations=tuple(t.to_dict() for t in spec.placement.tolerations or ()),
     )

@@ -23,7 +23,7 @@ def render_children(
     sdep: SpeculativeDeployment, settings: OperatorSettings | None = None
 ) -> list[dict[str, Any]]:
     """The engine-cache claim when the operator creates one, EngineBuilds, their Jobs, then ConfigMap,
-    Deployment, Service, PodDisruptionBudget and the autoscaler (HorizontalPodAutoscaler or ScaledObject)
+    Deployment (LeaderWorkerSet when a replica spans nodes), Service, PodDisruptionBudget and the autoscaler (HorizontalPodAutoscaler or ScaledObject)
     when `spec.autoscaling` is set."""
     settings = settings or OperatorSettings()
     engines = engine_builds(sdep, settings)
@@ -35,7 +35,7 @@ def render_children(
         objects.append(engine.to_dict())
         objects.append(build_job(engine, settings))
     serving = serving_children(sdep, engines, settings)
-    objects += [serving.configmap, serving.deployment, serving.service, serving.pdb]
+    objects += [serving.configmap, serving.workload, serving.service, serving.pdb]
     autoscaler = build_autoscaler(sdep, settings)
     if autoscaler is not None:
         objects.append(autoscaler)

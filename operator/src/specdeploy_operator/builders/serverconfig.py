@@ -168,15 +168,20 @@ def config_digest(configmap: Mapping[str, Any]) -> str:
     content = json.dumps(json.loads(data[CONFIG_FILE]), sort_keys=True)
     if CHAT_TEMPLATE_FILE in data:
         content += "\x00" + data[CHAT_TEMPLATE_FILE]
+    for key in sorted(set(data) - {CONFIG_FILE, CHAT_TEMPLATE_FILE}):  # launch scripts
+        content += f"\x00{key}\x00{data[key]}"
     return hashlib.sha256(content.encode()).hexdigest()[:16]
 
 
-def configmap_for(sdep: SpeculativeDeployment, config: Mapping[str, Any]) -> dict[str, Any]:
-    """ConfigMap holding the server configuration `config` (`server.yaml`, JSON, which is valid YAML) and the
-    inline chat template when there is one."""
+def configmap_for(
+    sdep: SpeculativeDeployment, config: Mapping[str, Any], scripts: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """ConfigMap holding the server configuration `config` (`server.yaml`, JSON, which is valid YAML), the
+    inline chat template when there is one, and the launch `scripts` of a replica that spans nodes."""
     data = {CONFIG_FILE: json.dumps(config, indent=2, sort_keys=True) + "\n"}
     if sdep.spec.serving.chat_template:
         data[CHAT_TEMPLATE_FILE] = sdep.spec.serving.chat_template
+    data.update(scripts or {})
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",

@@ -62,7 +62,9 @@ __all__ = [
     "deployment_current",
     "deployment_report",
     "invalid_status",
+    "may_retire",
     "plan_deployment",
+    "retired_event",
     "template_changed",
 ]
 
@@ -71,12 +73,15 @@ Obj = Mapping[str, Any]
 
 @dataclass(frozen=True, slots=True)
 class Observed:
-    """What the reconcile read before acting: each desired EngineBuild by name, the serving Deployment and the
-    HorizontalPodAutoscaler (None: there is none)."""
+    """What the reconcile read before acting: each desired EngineBuild by name, the serving workload of the
+    kind the spec asks for (a Deployment, or a LeaderWorkerSet when a replica spans nodes), the
+    HorizontalPodAutoscaler, and the workload of the other kind left from before the spec changed between one
+    node and several (None: there is none)."""
 
     engines: Mapping[str, Obj | None]
-    deployment: Obj | None
+    workload: Obj | None
     hpa: Obj | None
+    retired: Obj | None = None
 
     def engine_observations(self, engines: Sequence[EngineBuild]) -> list[EngineObservation]:
         return [
@@ -90,12 +95,14 @@ class Observed:
 @dataclass(frozen=True, slots=True)
 class ServingPlan:
     """The serving objects once every engine is built (`children`); until then only the replica count of a
-    Deployment that still serves the old engines (`replicas`, when it differs). `rollout` is posted when the
-    Deployment's pod template changes now."""
+    workload that still serves the old engines (`replicas`, when it differs). `rollout` is posted when the
+    workload's pod template changes now. `retire`: the workload of the other kind, deleted once the new one
+    serves every replica (`may_retire`), so a change between one node and several makes before it breaks."""
 
     children: ServingChildren | None
     replicas: int | None
     rollout: Event
+    retire: Obj | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,16 +140,17 @@ def _serving(
     settings: OperatorSettings,
 ) -> ServingPlan:
     spec = sdep.spec
+    nodes = spec.nodes_per_replica
+    shape = f"{spec.gpus_per_replica} GPUs each" + (f" on {nodes} nodes" if nodes > 1 else "")
     rollout = Event(
         EventType.NORMAL,
         Reason.ROLLOUT_STARTED,
-        f"rolling out {sdep.metadata.name or ''} "
-        f"({spec.replicas} replicas, {spec.gpus_per_replica} GPUs each)",
+        f"rolling out {sdep.metadata.name or ''} ({spec.replicas} replicas, {shape})",
     )
     built = all(e.phase == BuildPhase.SUCCEEDED for e in observed.engine_observations(engines))
     if built:
-        return ServingPlan(serving_children(sdep, engines, settings), None, rollout)
-    live = observed.deployment
+        return ServingPlan(serving_children(sdep, engines, settings), None, rollout, observed.retired)
+    live = observed.workload
     if live is not None and (live.get("spec") or {}).get("replicas") != spec.replicas:
         # Engines are being rebuilt: the old pods keep serving, but a scale change applies now.
         return ServingPlan(None, spec.replicas, rollout)
@@ -180,31 +188,49 @@ def plan_deployment(
     )
 
 
+def _template_metadata(workload: Obj) -> Obj:
+    """The metadata of a workload's (leader) pod template."""
+    spec = workload.get("spec") or {}
+    if workload.get("kind") == "LeaderWorkerSet":
+        return ((spec.get("leaderWorkerTemplate") or {}).get("leaderTemplate") or {}).get("metadata") or {}
+    return (spec.get("template") or {}).get("metadata") or {}
+
+
 def template_changed(observed: Obj | None, desired: Obj) -> bool:
-    """Whether applying `desired` over the `observed` Deployment rolls out a new pod template."""
+    """Whether applying `desired` over the `observed` workload rolls out a new pod template."""
     if observed is None:
         return True
-    old = ((observed.get("spec") or {}).get("template") or {}).get("metadata") or {}
-    new = desired["spec"]["template"]["metadata"]
-    annotations = old.get("annotations") or {}
-    return any(annotations.get(k) != v for k, v in new.get("annotations", {}).items())
+    annotations = _template_metadata(observed).get("annotations") or {}
+    return any(annotations.get(k) != v for k, v in _template_metadata(desired).get("annotations", {}).items())
 
 
-def deployment_current(deployment: Obj | None, desired: Obj) -> bool:
-    """Whether the Deployment holds the desired template and its controller has seen that generation."""
-    if deployment is None or not contains(deployment, desired):
+def _unobserved(workload: Obj | None) -> bool:
+    """Whether the workload's controller has yet to observe its latest generation. A LeaderWorkerSet's
+    status does not say which generation it describes: its counts are taken as they are."""
+    if workload is None or workload.get("kind") == "LeaderWorkerSet":
         return False
-    generation = (deployment.get("metadata") or {}).get("generation") or 0
-    observed = (deployment.get("status") or {}).get("observedGeneration") or 0
-    return bool(observed >= generation)
+    generation = (workload.get("metadata") or {}).get("generation") or 0
+    return bool(((workload.get("status") or {}).get("observedGeneration") or 0) < generation)
 
 
-def _unobserved(deployment: Obj | None) -> bool:
-    """Whether the Deployment's controller has yet to observe its latest generation."""
-    if deployment is None:
-        return False
-    generation = (deployment.get("metadata") or {}).get("generation") or 0
-    return bool(((deployment.get("status") or {}).get("observedGeneration") or 0) < generation)
+def deployment_current(workload: Obj | None, desired: Obj) -> bool:
+    """Whether the workload holds the desired template and its controller has seen that generation."""
+    return workload is not None and contains(workload, desired) and not _unobserved(workload)
+
+
+def may_retire(workload: Obj | None, current: bool) -> bool:
+    """Whether the workload of the other kind can go: the new `workload` is current and every one of its
+    replicas is ready."""
+    wanted = int(((workload or {}).get("spec") or {}).get("replicas") or 0)
+    ready = int(((workload or {}).get("status") or {}).get("readyReplicas") or 0)
+    return current and ready >= wanted
+
+
+def retired_event(retired: Obj, workload: Obj) -> Event:
+    """The event of deleting `retired`, now that `workload` serves every replica."""
+    old = f"{retired.get('kind')} {(retired.get('metadata') or {}).get('name')}"
+    new = f"{workload.get('kind')} {(workload.get('metadata') or {}).get('name')}"
+    return Event(EventType.NORMAL, Reason.WORKLOAD_REPLACED, f"{new} serves every replica: deleted {old}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +239,7 @@ class Outcome:
     current and a rollout started, the autoscaler's report, and the write the API server refused, if any."""
 
     engines: list[EngineObservation]
-    deployment: Obj | None
+    workload: Obj | None
     current: bool
     rollout_started: bool
     autoscaler: dict[str, Any] | None
@@ -249,7 +275,7 @@ def deployment_report(
         previous.get("phase") == DeploymentPhase.READY and previous.get("observedGeneration") == generation
     )
     in_sync = find_condition(previous, ConditionType.SYNCED).get("status") == ConditionStatus.TRUE
-    if outcome.error is None and settled and in_sync and _unobserved(outcome.deployment):
+    if outcome.error is None and settled and in_sync and _unobserved(outcome.workload):
         # A Ready deployment whose Deployment's controller has not seen its latest spec yet (the operator
         # just reverted a hand edit) while the user asked for nothing new: nothing is known that the status
         # does not say, and the controller's status update is a watch event that reconciles again. Writing
@@ -260,7 +286,7 @@ def deployment_report(
         generation=generation,
         desired_replicas=sdep.spec.replicas,
         engines=outcome.engines,
-        serving=ServingObservation(outcome.deployment, outcome.current, pods),
+        serving=ServingObservation(outcome.workload, outcome.current, pods),
         selector=status_selector(sdep),
         endpoint=endpoint(sdep),
         gpus_per_replica=sdep.spec.gpus_per_replica,

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from specdeploy_operator.api import EngineBuild, EventType, Reason, SpeculativeDeployment
-from specdeploy_operator.builders import engine_builds
+from specdeploy_operator.builders import engine_builds, group_set_name
 
 from .deploymentplan import (
     AutoscalerPlan,
@@ -27,7 +27,9 @@ from .deploymentplan import (
     deployment_current,
     deployment_report,
     invalid_status,
+    may_retire,
     plan_deployment,
+    retired_event,
     template_changed,
 )
 from .events import Event
@@ -61,13 +63,17 @@ async def reconcile_deployment(port: ClusterPort, namespace: str, name: str) -> 
         await write_status(port, body, invalid_status(body, invalid, port.now()))
         return None
     engines = engine_builds(sdep, port.settings)
+    deployment = port.observe("Deployment", namespace, name)
+    group_set = port.observe("LeaderWorkerSet", namespace, group_set_name(sdep))
+    groups = sdep.spec.nodes_per_replica > 1
     observed = Observed(
         engines={
             e.metadata.name or "": port.observe("EngineBuild", namespace, e.metadata.name or "")
             for e in engines
         },
-        deployment=port.observe("Deployment", namespace, name),
+        workload=group_set if groups else deployment,
         hpa=port.observe("HorizontalPodAutoscaler", namespace, name),
+        retired=deployment if groups else group_set,
     )
     plan = plan_deployment(sdep, body, engines, observed, port.settings)
     applied = await _apply(port, body, plan, observed)
@@ -97,7 +103,7 @@ class _Progress:
     """What the apply has found so far (a failure keeps what came before it)."""
 
     engines: list[EngineObservation]
-    deployment: Obj | None
+    workload: Obj | None
     current: bool = False
     rollout_started: bool = False
     autoscaler: dict[str, Any] | None = None
@@ -110,7 +116,7 @@ async def _apply(
     """Apply `plan` step by step; None when the namespace is being deleted (nothing to create or report)."""
     meta = body["metadata"]
     namespace, name = str(meta.get("namespace") or ""), str(meta["name"])
-    progress = _Progress(observed.engine_observations(plan.engines), observed.deployment)
+    progress = _Progress(observed.engine_observations(plan.engines), observed.workload)
     step = "engines"
     try:
         progress.engines = await _apply_engines(port, plan.engines)
@@ -140,7 +146,7 @@ async def _apply(
             # The failure came before the Deployment was looked at: whether it is current is read from it,
             # so that a refused repair of another child does not report a Ready deployment as rolling out.
             progress.current = children is not None and deployment_current(
-                progress.deployment, children.deployment
+                progress.workload, children.workload
             )
         return _outcome(progress, error, sync_reason), None
     return _outcome(progress, None, Reason.RECONCILE_ERROR), progress.retry
@@ -149,7 +155,7 @@ async def _apply(
 def _outcome(progress: _Progress, error: str | None, sync_reason: Reason) -> Outcome:
     return Outcome(
         engines=progress.engines,
-        deployment=progress.deployment,
+        workload=progress.workload,
         current=progress.current,
         rollout_started=progress.rollout_started,
         autoscaler=progress.autoscaler,
@@ -172,19 +178,25 @@ async def _apply_engines(port: ClusterPort, engines: tuple[EngineBuild, ...]) ->
 
 async def _apply_serving(port: ClusterPort, body: Obj, plan: ServingPlan, progress: _Progress) -> None:
     """ConfigMap, Service, PDB and Deployment once every engine is built; until then the replica count."""
-    before = progress.deployment
+    before = progress.workload
     if plan.children is None:
         if before is not None and plan.replicas is not None:
-            progress.deployment = await port.patch(ref_of(before), {"spec": {"replicas": plan.replicas}})
+            progress.workload = await port.patch(ref_of(before), {"spec": {"replicas": plan.replicas}})
         return
     children = plan.children
     for child in (children.configmap, children.service, children.pdb):
         await port.ensure(child)
-    progress.deployment, applied = await port.ensure(children.deployment)
-    progress.rollout_started = applied and template_changed(before, children.deployment)
+    progress.workload, applied = await port.ensure(children.workload)
+    progress.rollout_started = applied and template_changed(before, children.workload)
     if progress.rollout_started:
         await port.event(body, plan.rollout)
-    progress.current = deployment_current(progress.deployment, children.deployment)
+    progress.current = deployment_current(progress.workload, children.workload) and not (
+        progress.rollout_started and children.workload["kind"] == "LeaderWorkerSet"
+    )
+    retired, workload = plan.retire, progress.workload
+    if retired is not None and workload is not None and may_retire(workload, progress.current):
+        await port.delete(ref_of(retired), (retired.get("metadata") or {}).get("uid"))
+        await port.event(body, retired_event(retired, workload))
 
 
 async def _apply_autoscaler(

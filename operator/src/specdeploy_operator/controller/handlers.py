@@ -90,6 +90,7 @@ def _key(kw: Mapping[str, Any]) -> tuple[str, str]:
 
 SDEP: Final = (GROUP, VERSION, "speculativedeployments")
 ENGINE: Final = (GROUP, VERSION, "enginebuilds")
+LWS: Final = ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")
 
 
 def register_indexes(registry: kopf.OperatorRegistry) -> None:
@@ -110,6 +111,8 @@ def register_indexes(registry: kopf.OperatorRegistry) -> None:
     for id_, resource, parts in (
         ("jobs", ("batch", "v1", "jobs"), ("metadata", "status")),
         ("deployments", ("apps", "v1", "deployments"), ("metadata", "spec", "status")),
+        # Served only where the LeaderWorkerSet controller is installed: kopf watches it once its CRD exists.
+        ("leaderworkersets", LWS, ("metadata", "spec", "status")),
         ("configmaps", ("", "v1", "configmaps"), ("metadata", "data")),
         ("services", ("", "v1", "services"), ("metadata", "spec")),
         ("pdbs", ("policy", "v1", "poddisruptionbudgets"), ("metadata", "spec")),
@@ -190,6 +193,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
 
     for group, version, plural in (
         ("apps", "v1", "deployments"),
+        LWS,
         ("", "v1", "configmaps"),
         ("", "v1", "services"),
         ("policy", "v1", "poddisruptionbudgets"),

@@ -41,6 +41,7 @@ PLURALS: Final[Mapping[tuple[str, str], str]] = {
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkersets",
 }
 
 

@@ -89,7 +89,7 @@ class ServingObservation:
     """The serving Deployment (None before the first rollout) and its pods; `current` says whether the
     Deployment already carries the desired pod template."""
 
-    deployment: Obj | None
+    workload: Obj | None
     current: bool
     pods: Sequence[Obj] = field(default_factory=tuple)
 
@@ -139,9 +139,9 @@ def previous_engines(old: Obj | None, new: Obj, keep: int) -> list[str]:
 def _available(serving: ServingObservation, ready: int, desired: int) -> ConditionSpec:
     """Available follows the Deployment's own condition (it accounts for maxUnavailable)."""
     available = ConditionType.AVAILABLE
-    if serving.deployment is None:
+    if serving.workload is None:
         return ConditionSpec(available, FALSE, Reason.NOT_DEPLOYED, "no serving pods yet")
-    cond = find_condition(serving.deployment.get("status"), KubeCondition.DEPLOYMENT_AVAILABLE)
+    cond = find_condition(serving.workload.get("status"), KubeCondition.DEPLOYMENT_AVAILABLE)
     text = f"{ready} of {desired} replicas ready"
     if cond.get("status") == TRUE:
         return ConditionSpec(available, TRUE, Reason.MINIMUM_REPLICAS_AVAILABLE, text)
@@ -223,7 +223,7 @@ def _building_verdict(
         phase = DeploymentPhase.DEGRADED if ready > 0 else DeploymentPhase.FAILED
         progressing = _progressing(FALSE, Reason.BUILD_FAILED, engines_cond.message)
         return phase, progressing, _degraded(TRUE, Reason.BUILD_FAILED, engines_cond.message)
-    pending = engine_phase == DeploymentPhase.PENDING and serving.deployment is None
+    pending = engine_phase == DeploymentPhase.PENDING and serving.workload is None
     phase = engine_phase if pending else DeploymentPhase.BUILDING
     progressing = _progressing(TRUE, Reason.BUILDING, engines_cond.message)
     if engines_cond.reason in CREATION_REASONS:  # a build pod cannot be created
@@ -257,7 +257,7 @@ def deployment_status(
     ones are kept (an operator that restarted has measured nothing yet)."""
     previous = previous or {}
     engines_cond, engine_phase = _engines_condition(engines)
-    dep_status: Obj = (serving.deployment or {}).get("status") or {}
+    dep_status: Obj = (serving.workload or {}).get("status") or {}
     total = int(dep_status.get("replicas") or 0)
     ready = int(dep_status.get("readyReplicas") or 0)
     updated = int(dep_status.get("updatedReplicas") or 0) if serving.current else 0
@@ -285,7 +285,7 @@ def deployment_status(
             problems,
             capacity,
             [m for m in (termination_message(p) for p in by_creation(pods)) if m],
-            creation=deployment_creation_problem(serving.deployment),
+            creation=deployment_creation_problem(serving.workload),
             rollout_done=serving.current and _rollout_done(desired_replicas, total, updated, ready, settled),
             counts=(desired_replicas, updated, ready),
             gpus=f"{gpus_per_replica} {gpu_resource} each" if gpus_per_replica > 0 else "CPU and memory",
