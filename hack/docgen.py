@@ -194,7 +194,13 @@ def _job_steps(obj: dict[str, Any]) -> str:
 
 def _pdb(obj: dict[str, Any], sdep: SpeculativeDeployment) -> str:
     replicas = sdep.spec.replicas
-    return f"minAvailable {obj['spec']['minAvailable']} with {replicas} replica{'s' if replicas != 1 else ''}"
+    budget = obj["spec"]
+    limit = (
+        f"minAvailable {budget['minAvailable']}"
+        if "minAvailable" in budget
+        else (f"maxUnavailable {budget['maxUnavailable']} pod")
+    )
+    return f"{limit} with {replicas} replica{'s' if replicas != 1 else ''}"
 
 
 def _hpa(obj: dict[str, Any], _: SpeculativeDeployment) -> str:
@@ -213,6 +219,12 @@ DETAILS: dict[str, Callable[[dict[str, Any], SpeculativeDeployment], str]] = {
     "ConfigMap": lambda o, _: ", ".join(f"`{k}`" for k in o["data"]),
     "Deployment": lambda o, _: "rolling update, maxSurge {maxSurge} / maxUnavailable {maxUnavailable}".format(
         **o["spec"]["strategy"]["rollingUpdate"]
+    ),
+    "LeaderWorkerSet": lambda o, _: (
+        "groups of {size} pods (leader + workers), {restartPolicy}; rolling update, maxSurge {maxSurge} / "
+        "maxUnavailable {maxUnavailable}"
+    ).format(
+        **o["spec"]["leaderWorkerTemplate"], **o["spec"]["rolloutStrategy"]["rollingUpdateConfiguration"]
     ),
     "Service": lambda o, _: (
         o["spec"]["type"] + ", port " + ", ".join(str(p["port"]) for p in o["spec"]["ports"])

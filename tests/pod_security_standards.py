@@ -53,6 +53,10 @@ def pod_specs(obj: Obj) -> Iterator[tuple[str, Obj]]:
         yield f"Pod/{name}", obj.get("spec") or {}
     elif kind in WORKLOADS:
         yield f"{kind}/{name}", ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+    elif kind == "LeaderWorkerSet":
+        template = (obj.get("spec") or {}).get("leaderWorkerTemplate") or {}
+        for role in ("leaderTemplate", "workerTemplate"):
+            yield f"LeaderWorkerSet/{name}/{role}", (template.get(role) or {}).get("spec") or {}
     elif kind == "CronJob":
         job = ((obj.get("spec") or {}).get("jobTemplate") or {}).get("spec") or {}
         yield f"CronJob/{name}", (job.get("template") or {}).get("spec") or {}

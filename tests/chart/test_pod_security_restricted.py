@@ -59,7 +59,9 @@ def test_the_charts_pods_pass_restricted(helm: Helm, values: Path | None) -> Non
 def test_every_pod_the_operator_renders_passes_restricted(example: Path) -> None:
     objects = rendered(example)
     jobs = [o for o in objects if o["kind"] == "Job"]
-    assert assert_restricted(objects) == len(jobs) + 1  # the build Jobs and the Deployment
+    groups = [o for o in objects if o["kind"] == "LeaderWorkerSet"]
+    # the build Jobs, and the Deployment or a LeaderWorkerSet's leader and worker templates
+    assert assert_restricted(objects) == len(jobs) + (2 if groups else 1)
     for obj in objects:
         for _, spec in pod_specs(obj):
             assert spec["automountServiceAccountToken"] is False
@@ -185,7 +187,21 @@ def test_the_serving_network_policy_admits_clients_and_monitoring_on_the_http_po
         assert kubernetes_validate.validate(policy, KUBE_VERSION, strict=True)
         spec = policy["spec"]
         assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "server"
-        clients, operator, monitoring = spec["ingress"]
+        clients, workers, operator, monitoring = spec["ingress"]
+        # A leader's own workers reach its ranks on every port (NCCL and Open MPI choose them at run time).
+        assert workers == {
+            "from": [
+                {
+                    "podSelector": {
+                        "matchLabels": {
+                            "app.kubernetes.io/name": "specdeploy",
+                            "app.kubernetes.io/component": "worker",
+                            "app.kubernetes.io/managed-by": "specdeploy",
+                        }
+                    }
+                }
+            ]
+        }
         assert clients["from"][0] == {"podSelector": {}}
         # The operator's own pods, which scrape /metrics for status.speculation.
         [from_operator] = operator["from"]

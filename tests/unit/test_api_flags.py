@@ -217,15 +217,18 @@ def test_flag_name() -> None:
         ("08-autoscaling-llama8b-1b-h100.yaml", 1),  # scenario 2, autoscaled
         ("09-transformers-cpu-tiny.yaml", 0),  # on CPUs
         ("10-transformers-gpu-llama8b-1b.yaml", 1),
+        ("11-mtp-deepseek-r1-2x8xh100.yaml", 16),  # two nodes of eight
+        ("12-draft-target-llama405b-8b-2x8xh100.yaml", 16),  # two nodes, the draft on the same GPUs
     ],
 )
 def test_examples_gpus_per_replica(file: str, gpus: int) -> None:
     assert example(file).spec.gpus_per_replica == gpus
+    assert example(file).spec.nodes_per_replica == (2 if gpus == 16 else 1)
 
 
 def test_every_example_is_covered_and_valid() -> None:
     files = sorted(path.name for path in EXAMPLES.glob("*.yaml"))
-    assert len(files) == 11
+    assert len(files) == 13
     for name in files:
         example(name)
 

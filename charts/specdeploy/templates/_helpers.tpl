@@ -106,9 +106,15 @@ one Role per watched namespace. Writes are server-side apply (PATCH; creating th
 - apiGroups: [""]
   resources: [configmaps, services, persistentvolumeclaims]
   verbs: [get, list, watch, create, patch]
+# delete: a change between one node and several per replica replaces the Deployment by a LeaderWorkerSet (and
+# back) once the new one serves every replica.
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [get, list, watch, create, patch]
+  verbs: [get, list, watch, create, patch, delete]
+# LeaderWorkerSets: the replicas that span nodes; harmless where the LeaderWorkerSet controller is not installed.
+- apiGroups: [leaderworkerset.x-k8s.io]
+  resources: [leaderworkersets]
+  verbs: [get, list, watch, create, patch, delete]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]
   verbs: [get, list, watch, create, patch]

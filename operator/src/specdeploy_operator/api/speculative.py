@@ -82,6 +82,13 @@ SPECULATIVE_DEPLOYMENT = ResourceInfo(
         ),
         PrinterColumn("GPUs/replica", "integer", ".status.gpusPerReplica", "GPUs each replica requests"),
         PrinterColumn("Age", "date", ".metadata.creationTimestamp", "Time since creation"),
+        PrinterColumn(
+            "Nodes/replica",
+            "integer",
+            ".status.nodesPerReplica",
+            "Nodes a replica spans, when several",
+            priority=1,
+        ),
         PrinterColumn("Backend", "string", ".spec.backend", "Inference backend", priority=1),
         PrinterColumn("Endpoint", "string", ".status.endpoint", "OpenAI-compatible base URL", priority=1),
     ),

@@ -118,9 +118,12 @@ class SpeculativeDeploymentStatus(ApiModel):
     """OpenAI-compatible base URL, `http://<service>.<namespace>.svc:<port>/v1`."""
     gpus_per_replica: Annotated[int, Field(ge=0)] | None = None
     """GPUs each replica requests."""
+    nodes_per_replica: Annotated[int, Field(ge=1)] | None = None
+    """Nodes each replica spans, when more than one: each replica is then a group of that many pods (a
+    LeaderWorkerSet group), and `replicas`, `readyReplicas` and `updatedReplicas` count groups."""
     capacity_pending_replicas: Annotated[int, Field(ge=0)] | None = None
     """Replicas waiting for GPU capacity (pending because no node has the free GPUs; a cluster autoscaler
-    adds nodes for them); unset when none wait."""
+    adds nodes for them), a group counted once; unset when none wait."""
     autoscaler: AutoscalerRef | None = None
     """The autoscaler of `spec.autoscaling`; unset without one."""
     speculation: SpeculationFigures | None = None

@@ -16,6 +16,7 @@ from specdeploy_operator.api import (
 )
 
 from .common import child_metadata, deployment_name
+from .leaderworkerset import group_set_name
 from .settings import OperatorSettings
 
 __all__ = [
@@ -136,6 +137,8 @@ def keda_query(sdep: SpeculativeDeployment) -> str:
         return auto.keda.query
     namespace = sdep.metadata.namespace or "default"
     pods = serving_pod_pattern(deployment_name(sdep))
+    if sdep.spec.nodes_per_replica > 1:  # the leaders of the groups, `<set>-<group index>`, serve
+        pods = f"{group_set_name(sdep)}-[0-9]+"
     return f'sum({METRIC_NAMES[auto.metric]}{{namespace="{namespace}",pod=~"{pods}"}})'
 
 

@@ -83,7 +83,8 @@ StrictModes no
 UsePAM no
 EOF
 echo "sshd on port {SSH_PORT}, rank host $(hostname)"
-exec /usr/sbin/sshd -D -e -f "$dir/sshd_config"
+# sshd is in /usr/sbin, which a non-root user's PATH usually lacks.
+exec "$(command -v sshd || echo /usr/sbin/sshd)" -D -e -f "$dir/sshd_config"
 """
 
 
@@ -92,7 +93,10 @@ def _leader_script(sdep: SpeculativeDeployment, server: list[str]) -> str:
     slots = spec.gpus_per_pod
     world = spec.gpus_per_replica
     command = " ".join(shlex.quote(part) for part in ["trtllm-llmapi-launch", *server])
-    forwarded = " ".join(f"-x {e['name']}" for e in nccl_env(sdep))
+    # The ranks on the workers start under sshd, with its default environment: they get the leader's.
+    forwarded = " ".join(
+        f"-x {name}" for name in ("PATH", "LD_LIBRARY_PATH", *(e["name"] for e in nccl_env(sdep)))
+    )
     return f"""#!/bin/sh
 # The leader of a group: rank 0 (the server) here, ranks {slots}..{world - 1} on the workers, {slots} a node.
 set -eu
@@ -116,7 +120,9 @@ for host in $(tail -n +2 "$dir/hostfile" | cut -d' ' -f1); do
   until $ssh_command -o ConnectTimeout=5 "$host" true; do sleep 2; done
 done
 echo "starting {world} ranks on $LWS_GROUP_SIZE nodes"
-exec mpirun --hostfile "$dir/hostfile" -np {world} --bind-to none \\
+# mpirun by its absolute path: Open MPI then starts its daemons on the workers from the same prefix.
+export LD_LIBRARY_PATH="${{LD_LIBRARY_PATH:-}}"
+exec "$(command -v mpirun)" --hostfile "$dir/hostfile" -np {world} --bind-to none \\
   --mca plm_rsh_agent ssh --mca plm_rsh_args "-p {SSH_PORT} -i $dir/id {_SSH_OPTIONS}" \\
   --mca orte_keep_fqdn_hostnames true {forwarded} \\
   {command}

@@ -23,8 +23,8 @@ def render_children(
     sdep: SpeculativeDeployment, settings: OperatorSettings | None = None
 ) -> list[dict[str, Any]]:
     """The engine-cache claim when the operator creates one, EngineBuilds, their Jobs, then ConfigMap,
-    Deployment (LeaderWorkerSet when a replica spans nodes), Service, PodDisruptionBudget and the autoscaler (HorizontalPodAutoscaler or ScaledObject)
-    when `spec.autoscaling` is set."""
+    Deployment (a LeaderWorkerSet when a replica spans nodes), Service, PodDisruptionBudget and the autoscaler
+    (HorizontalPodAutoscaler or ScaledObject) when `spec.autoscaling` is set."""
     settings = settings or OperatorSettings()
     engines = engine_builds(sdep, settings)
     objects: list[dict[str, Any]] = []

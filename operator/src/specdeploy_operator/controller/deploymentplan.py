@@ -290,6 +290,7 @@ def deployment_report(
         selector=status_selector(sdep),
         endpoint=endpoint(sdep),
         gpus_per_replica=sdep.spec.gpus_per_replica,
+        nodes_per_replica=sdep.spec.nodes_per_replica,
         gpu_resource=sdep.spec.placement.gpu_resource,
         autoscaler=outcome.autoscaler,
         previous=previous,

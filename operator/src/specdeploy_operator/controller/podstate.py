@@ -4,13 +4,16 @@ why they terminated. Pure functions over pod objects."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Final
 
 from specdeploy_operator.api import ConditionStatus, KubeCondition, KubeReason
 
-__all__ = ["by_creation", "scheduling_problem", "termination_message"]
+__all__ = ["GROUP_INDEX_LABEL", "by_creation", "replicas_of", "scheduling_problem", "termination_message"]
 
 Obj = Mapping[str, Any]
+
+GROUP_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-index"
+"""The LeaderWorkerSet controller's label of a group's pods: the index of the group (replica)."""
 
 
 def scheduling_problem(pod: Obj) -> str | None:
@@ -41,3 +44,16 @@ def termination_message(pod: Obj) -> str | None:
 def by_creation(pods: Sequence[Obj]) -> list[Obj]:
     """`pods`, oldest first (ties by name)."""
     return sorted(pods, key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]))
+
+
+def replicas_of(pods: Sequence[Obj]) -> list[str]:
+    """The replicas `pods` belong to, each once, in the order of `pods`: `group <index>` for the pods of a
+    LeaderWorkerSet group, the pod's name for a pod that is a replica by itself."""
+    replicas: list[str] = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        group = (meta.get("labels") or {}).get(GROUP_INDEX_LABEL)
+        replica = f"group {group}" if group is not None else str(meta.get("name"))
+        if replica not in replicas:
+            replicas.append(replica)
+    return replicas

@@ -26,7 +26,7 @@ from specdeploy_operator.api import (
 from .buildstatus import engine_build_status
 from .conditions import ConditionSpec, find_condition, merge_conditions, rfc3339
 from .podcreation import PodCreationProblem, deployment_creation_problem
-from .podstate import by_creation, scheduling_problem, termination_message
+from .podstate import by_creation, replicas_of, scheduling_problem, termination_message
 
 __all__ = [
     "ConditionSpec",
@@ -167,6 +167,7 @@ def _serving_verdict(
     rollout_done: bool,
     counts: tuple[int, int, int],
     gpus: str,
+    waiting: Sequence[str] = (),
 ) -> tuple[DeploymentPhase, ConditionSpec, ConditionSpec]:
     """Phase, Progressing and Degraded once the engines are built. `problems`: scheduler messages of pods
     that cannot be scheduled, `capacity`: those of them that only lack GPUs; `counts`: desired, updated and
@@ -188,8 +189,10 @@ def _serving_verdict(
             _degraded(TRUE, Reason.UNSCHEDULABLE, text),
         )
     if capacity:
+        groups = [w for w in waiting if w.startswith("group ")]
+        named = f" ({', '.join(groups)})" if groups else ""
         text = (
-            f"{len(capacity)} of {desired} replicas wait for capacity ({gpus}); "
+            f"{len(waiting) or len(capacity)} of {desired} replicas{named} wait for capacity ({gpus}); "
             f"the scheduler says: {capacity[0]}"
         )
         return (
@@ -231,6 +234,14 @@ def _building_verdict(
     return phase, progressing, _degraded(FALSE, Reason.AS_EXPECTED, "")
 
 
+def _what_replicas_need(gpus: int, nodes: int, resource: str) -> str:
+    if gpus == 0:
+        return "CPU and memory"
+    if nodes == 1:
+        return f"{gpus} {resource} each"
+    return f"{gpus} {resource} each, on {nodes} nodes of {gpus // nodes}"
+
+
 def deployment_status(
     *,
     generation: int | None,
@@ -240,6 +251,7 @@ def deployment_status(
     selector: str,
     endpoint: str,
     gpus_per_replica: int,
+    nodes_per_replica: int = 1,
     gpu_resource: str = "nvidia.com/gpu",
     autoscaler: Obj | None = None,
     previous: Obj | None,
@@ -272,6 +284,10 @@ def deployment_status(
         else ("Insufficient cpu", "Insufficient memory")
     )
     capacity = [m for m in problems if any(word in m for word in lacking)]
+    # A replica that spans nodes waits as a group: its pods are counted once, and the groups are named.
+    waiting = replicas_of(
+        [p for p in by_creation(pods) if any(word in (scheduling_problem(p) or "") for word in lacking)]
+    )
     available = _available(serving, ready, desired_replicas)
 
     if engine_phase is not None:
@@ -288,7 +304,8 @@ def deployment_status(
             creation=deployment_creation_problem(serving.workload),
             rollout_done=serving.current and _rollout_done(desired_replicas, total, updated, ready, settled),
             counts=(desired_replicas, updated, ready),
-            gpus=f"{gpus_per_replica} {gpu_resource} each" if gpus_per_replica > 0 else "CPU and memory",
+            gpus=_what_replicas_need(gpus_per_replica, nodes_per_replica, gpu_resource),
+            waiting=waiting,
         )
 
     status: dict[str, Any] = {"phase": str(phase)}
@@ -328,8 +345,10 @@ def deployment_status(
             "gpusPerReplica": gpus_per_replica,
         }
     )
-    if capacity:
-        status["capacityPendingReplicas"] = len(capacity)
+    if nodes_per_replica > 1:
+        status["nodesPerReplica"] = nodes_per_replica
+    if waiting:
+        status["capacityPendingReplicas"] = len(waiting)
     if autoscaler is not None:
         status["autoscaler"] = dict(autoscaler)
     figures = speculation if speculation is not None else previous.get("speculation")
