@@ -9,7 +9,13 @@ from typing import Any
 
 import yaml
 from specdeploy_operator.api import SpeculativeDeployment, parse_object
-from specdeploy_operator.builders import OperatorSettings, group_set_name, serving_children
+from specdeploy_operator.builders import (
+    OperatorSettings,
+    build_job,
+    engine_builds,
+    group_set_name,
+    serving_children,
+)
 from specdeploy_operator.controller.deploymentplan import may_retire, template_changed
 from specdeploy_operator.controller.status import EngineObservation, ServingObservation, deployment_status
 
@@ -136,3 +142,17 @@ def test_a_group_waiting_for_gpus_counts_once_and_is_named() -> None:
     assert progressing["reason"] == "CapacityPending"
     assert "1 of 2 replicas (group 1) wait for capacity" in progressing["message"]
     assert "16 nvidia.com/gpu each, on 2 nodes of 8" in progressing["message"]
+
+
+def test_a_target_that_spans_nodes_is_quantized_on_one_nodes_gpus() -> None:
+    body = yaml.safe_load((ROOT / "examples/11-mtp-deepseek-r1-2x8xh100.yaml").read_text())
+    body["spec"]["target"]["quantization"] = {"format": "fp8"}
+    sdep = parse_object(body)
+    assert isinstance(sdep, SpeculativeDeployment)
+    (engine,) = engine_builds(sdep, OperatorSettings())
+    assert engine.spec.build_gpus == 8
+    assert engine.spec.parallelism.tensor_parallel == 16
+    assert engine.spec.hash == engine.spec.model_copy(update={"build_gpus": None}).content_hash()
+    pod = build_job(engine)["spec"]["template"]["spec"]
+    quantize = next(c for c in pod["initContainers"] if c["name"] == "quantize")
+    assert quantize["resources"]["requests"]["nvidia.com/gpu"] == "8"

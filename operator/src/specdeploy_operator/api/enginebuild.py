@@ -106,6 +106,10 @@ class EngineBuildSpec(ApiModel):
     gpu_resource: QualifiedName | None = None
     """Extended resource the build pod requests its GPUs as (the deployment's `placement.gpuResource`, e.g.
     `nvidia.com/mig-3g.40gb`); unset means `nvidia.com/gpu`. Where to build, not what: not in the hash."""
+    build_gpus: Annotated[int, Field(ge=1, le=64)] | None = None
+    """GPUs the build pod requests when a node has fewer than the parallelism needs (a model that spans
+    nodes): its checkpoint is quantized for every rank on one node's GPUs. Unset: tensor x pipeline
+    parallel. Where the build runs, not what it makes: not in the hash."""
     tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = None
     """Tolerations of the build pod besides the GPU taint's (the deployment's `placement.tolerations`); not in
     the hash. An engine shared by several deployments is scheduled as the first of them asked."""
@@ -126,6 +130,7 @@ class EngineBuildSpec(ApiModel):
         content["model"].pop("credentialsSecret", None)
         # Where the build runs does not change the engine either (the product does, and is kept).
         content.pop("gpuResource", None)
+        content.pop("buildGpus", None)
         content.pop("tolerations", None)
         canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]

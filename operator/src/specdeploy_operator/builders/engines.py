@@ -93,6 +93,7 @@ def _engine_build(
     spec = sdep.spec
     flags = render_build_flags(spec, role) if spec.backend == "tensorrt" else []
     staged = is_staged(sdep)
+    per_node = spec.placement.gpus_per_node
     draft = EngineBuildSpec(
         model=model.model,
         role=role,
@@ -110,6 +111,7 @@ def _engine_build(
         gpu_resource=None
         if staged or spec.placement.gpu_resource == DEFAULT_GPU_RESOURCE
         else spec.placement.gpu_resource,
+        build_gpus=None if staged or model.gpus <= per_node else per_node,
         tolerations=None if staged else spec.placement.tolerations,
         cache=EngineCacheLocation(pvc_name=cache_pvc_name(sdep, settings), path="pending"),
         pod_security=spec.pod_security,

@@ -167,14 +167,14 @@ def build_commands(engine: EngineBuild | Mapping[str, Any], settings: OperatorSe
 
 
 def build_scheduling(spec: EngineBuildSpec) -> GpuScheduling:
-    """Where the build of an EngineBuild spec runs: its parallelism's GPUs, of the deployment's GPU
-    resource (a MIG slice where the deployment serves on MIG), on its GPU product, with the deployment's
-    tolerations."""
+    """Where the build of an EngineBuild spec runs: its parallelism's GPUs (`buildGpus` when a node has
+    fewer), of the deployment's GPU resource (a MIG slice where the deployment serves on MIG), on its GPU
+    product, with the deployment's tolerations."""
     if spec.gpu_product is None:
         raise ValueError("an EngineBuild that builds needs spec.gpuProduct")
     return GpuScheduling(
         product=spec.gpu_product,
-        count=spec.parallelism.tensor_parallel * spec.parallelism.pipeline_parallel,
+        count=spec.build_gpus or spec.parallelism.tensor_parallel * spec.parallelism.pipeline_parallel,
         resource=spec.gpu_resource or DEFAULT_GPU_RESOURCE,
         tolerations=tuple(t.to_dict() for t in spec.tolerations or ()),
     )
