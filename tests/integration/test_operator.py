@@ -204,7 +204,7 @@ def test_example_goes_from_building_to_ready_with_its_jobs_gpus_and_endpoint(
             continue
         node = cluster.core.read_node(pod.spec.node_name)
         assert node.metadata.labels["nvidia.com/gpu.product"] == product
-        assert requests["nvidia.com/gpu"] == str(sdep.spec.gpus_per_replica)
+        assert requests["nvidia.com/gpu"] == str(sdep.spec.gpus_per_pod)
     assert status["endpoint"] == f"http://{name}.{cluster.namespace}.svc:{sdep.spec.serving.port}/v1"
     assert status["readyReplicas"] == status["replicas"] == status["updatedReplicas"] == sdep.spec.replicas
     assert status["readyText"] == f"{sdep.spec.replicas}/{sdep.spec.replicas}"
@@ -212,7 +212,9 @@ def test_example_goes_from_building_to_ready_with_its_jobs_gpus_and_endpoint(
     assert condition(status, "Available")["status"] == "True"
     assert condition(status, "EnginesReady")["status"] == "True"
     assert condition(status, "Progressing")["reason"] == "RolloutComplete"
-    for kind in ("configmap", "service", "poddisruptionbudget", "deployment"):
+    # A replica that spans nodes is a LeaderWorkerSet group (tests/integration/test_multinode.py).
+    workload = "deployment" if sdep.spec.nodes_per_replica == 1 else "leaderworkerset"
+    for kind in ("configmap", "service", "poddisruptionbudget", workload):
         out = cluster.kubectl(
             "get",
             kind,
