@@ -133,7 +133,7 @@ def test_status_and_scale_subresources(kubectl: Kubectl, namespace: str) -> None
     table = kubectl("get", "sdep", name, "-n", namespace, "-o", "wide").stdout.splitlines()
     assert table[0].split() == [
         "NAME", "PHASE", "METHOD", "TARGET", "DRAFT", "READY", "ACCEPTANCE", "TOKENS/STEP", "GPUS/REPLICA",
-        "AGE", "BACKEND", "ENDPOINT",
+        "AGE", "BACKEND", "ENDPOINT", "NODES/REPLICA",
     ]  # fmt: skip
     row = table[1].split()
     assert row[:7] == [

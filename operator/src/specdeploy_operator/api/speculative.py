@@ -82,6 +82,8 @@ SPECULATIVE_DEPLOYMENT = ResourceInfo(
         ),
         PrinterColumn("GPUs/replica", "integer", ".status.gpusPerReplica", "GPUs each replica requests"),
         PrinterColumn("Age", "date", ".metadata.creationTimestamp", "Time since creation"),
+        PrinterColumn("Backend", "string", ".spec.backend", "Inference backend", priority=1),
+        PrinterColumn("Endpoint", "string", ".status.endpoint", "OpenAI-compatible base URL", priority=1),
         PrinterColumn(
             "Nodes/replica",
             "integer",
@@ -89,8 +91,6 @@ SPECULATIVE_DEPLOYMENT = ResourceInfo(
             "Nodes a replica spans, when several",
             priority=1,
         ),
-        PrinterColumn("Backend", "string", ".spec.backend", "Inference backend", priority=1),
-        PrinterColumn("Endpoint", "string", ".status.endpoint", "OpenAI-compatible base URL", priority=1),
     ),
     scale=(".spec.replicas", ".status.replicas", ".status.selector"),
     # The Service carries the deployment's name, so it must be a DNS-1035 label.
