@@ -17,6 +17,7 @@ from specdeploy_operator.builders import (
     serving_children,
 )
 from specdeploy_operator.controller.deploymentplan import may_retire, template_changed
+from specdeploy_operator.controller.podcreation import events_creation_problem, group_sets_to_ask
 from specdeploy_operator.controller.status import EngineObservation, ServingObservation, deployment_status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,3 +157,40 @@ def test_a_target_that_spans_nodes_is_quantized_on_one_nodes_gpus() -> None:
     pod = build_job(engine)["spec"]["template"]["spec"]
     quantize = next(c for c in pod["initContainers"] if c["name"] == "quantize")
     assert quantize["resources"]["requests"]["nvidia.com/gpu"] == "8"
+
+
+def _member(group: int, worker: int) -> dict[str, Any]:
+    labels = {
+        "leaderworkerset.sigs.k8s.io/group-index": str(group),
+        "leaderworkerset.sigs.k8s.io/worker-index": str(worker),
+    }
+    return {"metadata": {"name": f"g{group}-{worker}", "labels": labels}, "status": {"phase": "Running"}}
+
+
+def test_the_statefulsets_of_groups_missing_pods_are_asked_why() -> None:
+    lws = {
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "d-lws"},
+        "spec": {"replicas": 2, "leaderWorkerTemplate": {"size": 2}},
+    }
+    whole = [_member(0, 0), _member(0, 1), _member(1, 0), _member(1, 1)]
+    assert group_sets_to_ask(lws, whole) == []
+    assert group_sets_to_ask(lws, whole[:3]) == ["d-lws-1"]  # group 1's worker is missing
+    assert group_sets_to_ask(lws, whole[:2]) == ["d-lws"]  # group 1's leader is missing
+    assert group_sets_to_ask({"kind": "Deployment", "metadata": {"name": "d"}}, []) == []
+
+
+def test_a_refused_group_pod_is_the_newest_failed_create_event() -> None:
+    refused = {
+        "reason": "FailedCreate",
+        "lastTimestamp": "2026-11-27T11:00:02Z",
+        "message": 'create Pod d-lws-1 in StatefulSet d-lws failed error: pods "d-lws-1" is forbidden: '
+        "exceeded quota: gpus, requested: requests.nvidia.com/gpu=8, used: requests.nvidia.com/gpu=16, "
+        "limited: requests.nvidia.com/gpu=16",
+    }
+    created = {"reason": "SuccessfulCreate", "lastTimestamp": "2026-11-27T11:00:01Z", "message": "ok"}
+    problem = events_creation_problem([created, refused])
+    assert problem is not None
+    assert problem.reason == "QuotaExceeded"
+    later = {**created, "lastTimestamp": "2026-11-27T11:00:03Z"}
+    assert events_creation_problem([refused, later]) is None

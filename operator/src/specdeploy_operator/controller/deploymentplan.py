@@ -50,6 +50,7 @@ from .conditions import ConditionSpec, find_condition, merge_conditions
 from .events import Event, acceptance_event, sync_event
 from .kube import ObjectRef
 from .livestate import contains
+from .podcreation import PodCreationProblem
 from .status import EngineObservation, ServingObservation, deployment_status
 
 __all__ = [
@@ -263,6 +264,7 @@ def deployment_report(
     *,
     outcome: Outcome,
     pods: Sequence[Obj],
+    creation: PodCreationProblem | None = None,
     speculation: tuple[Obj | None, ConditionSpec | None],
     settings: OperatorSettings,
     now: datetime,
@@ -286,7 +288,7 @@ def deployment_report(
         generation=generation,
         desired_replicas=sdep.spec.replicas,
         engines=outcome.engines,
-        serving=ServingObservation(outcome.workload, outcome.current, pods),
+        serving=ServingObservation(outcome.workload, outcome.current, pods, creation),
         selector=status_selector(sdep),
         endpoint=endpoint(sdep),
         gpus_per_replica=sdep.spec.gpus_per_replica,

@@ -34,6 +34,7 @@ from .deploymentplan import (
 )
 from .events import Event
 from .kube import ApiError, ref_of
+from .podcreation import events_creation_problem, group_sets_to_ask
 from .port import ClusterPort, Obj, write_status
 from .status import EngineObservation, hpa_report
 
@@ -80,11 +81,18 @@ async def reconcile_deployment(port: ClusterPort, namespace: str, name: str) -> 
     if applied is None:
         return None
     outcome, retry = applied
+    pods = port.pods(namespace, "serving", name)
+    creation = None
+    asked = group_sets_to_ask(outcome.workload, pods)  # only while a group's pods are missing
+    if asked:
+        events = [e for s in asked for e in await port.events_about(namespace, "StatefulSet", s)]
+        creation = events_creation_problem(events)
     report = deployment_report(
         sdep,
         body,
         outcome=outcome,
-        pods=port.pods(namespace, "serving", name),
+        pods=pods,
+        creation=creation,
         speculation=port.speculation_figures(namespace, name),
         settings=port.settings,
         now=port.now(),

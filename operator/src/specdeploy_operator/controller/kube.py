@@ -274,7 +274,8 @@ class Kube:
 
     async def events_about(self, namespace: str, kind: str, name: str) -> list[dict[str, Any]]:
         """The core/v1 Events about one object (`involvedObject` field selector): the one read the operator
-        makes outside kopf's watches, for the pod-creation failures a Job reports only as events."""
+        makes outside kopf's watches, for the pod-creation failures a Job (or a LeaderWorkerSet's
+        StatefulSets) reports only as events."""
         result = await self.request(
             "GET",
             f"/api/v1/namespaces/{namespace}/events",

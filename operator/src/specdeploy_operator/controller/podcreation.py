@@ -6,7 +6,9 @@ refusal), no pod exists to look at. Its controller says so instead:
 - a Deployment copies its ReplicaSet's `ReplicaFailure` condition (reason `FailedCreate`, the API server's
   message) into its own status, and removes it once a pod is created again;
 - a Job has no such condition: the Job controller posts a `FailedCreate` event on the Job (and
-  `SuccessfulCreate` when a pod is created), so the newest of those events tells.
+  `SuccessfulCreate` when a pod is created), so the newest of those events tells;
+- a LeaderWorkerSet neither: its StatefulSets (the leaders' one, named like the set, and each group's workers'
+  one, `<set>-<group index>`) get the StatefulSet controller's `FailedCreate`/`SuccessfulCreate` events.
 
 The reason names the cause: `QuotaExceeded` for a ResourceQuota, `PodCreationForbidden` for any other refusal
 (`... is forbidden: ...`: PodSecurity, LimitRange, a webhook), `PodCreationFailed` for the rest.
@@ -35,6 +37,8 @@ __all__ = [
     "classify",
     "creation_event",
     "deployment_creation_problem",
+    "events_creation_problem",
+    "group_sets_to_ask",
     "job_creation_problem",
     "job_events_needed",
 ]
@@ -119,7 +123,41 @@ def job_creation_problem(
     since (a `SuccessfulCreate` event as new or newer) or a pod of the Job lives."""
     if not job_events_needed(job, pods):
         return None
-    uid = ((job or {}).get("metadata") or {}).get("uid")
+    return events_creation_problem(events, ((job or {}).get("metadata") or {}).get("uid"))
+
+
+_GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
+_WORKER_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+
+
+def group_sets_to_ask(workload: Obj | None, pods: Sequence[Obj]) -> list[str]:
+    """The StatefulSets of a LeaderWorkerSet `workload` whose events must be read: the leaders' while fewer
+    leaders live than there are groups, and a group's workers' while its leader lives with fewer workers than
+    the group needs. None for a Deployment, or while every pod the groups need lives."""
+    if workload is None or workload.get("kind") != "LeaderWorkerSet":
+        return []
+    spec = workload.get("spec") or {}
+    groups = int(spec.get("replicas") or 0)
+    size = int((spec.get("leaderWorkerTemplate") or {}).get("size") or 1)
+    name = str((workload.get("metadata") or {}).get("name") or "")
+    leaders: set[str] = set()
+    workers: dict[str, int] = {}
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        group = labels.get(_GROUP_LABEL)
+        if group is None or not _live(pod):
+            continue
+        if labels.get(_WORKER_LABEL) == "0":
+            leaders.add(group)
+        else:
+            workers[group] = workers.get(group, 0) + 1
+    sets = [name] if len(leaders) < groups else []
+    return sets + [f"{name}-{g}" for g in sorted(leaders, key=int) if workers.get(g, 0) < size - 1]
+
+
+def events_creation_problem(events: Sequence[Obj], uid: str | None = None) -> PodCreationProblem | None:
+    """The newest `FailedCreate` of `events` (about one controller: of `uid`, when given), unless a pod was
+    created as recently (`SuccessfulCreate`)."""
     relevant = [
         e
         for e in events

@@ -92,6 +92,9 @@ class ServingObservation:
     workload: Obj | None
     current: bool
     pods: Sequence[Obj] = field(default_factory=tuple)
+    creation: PodCreationProblem | None = None
+    """Why pods cannot be created, when the workload's controller says so only in events (a
+    LeaderWorkerSet's StatefulSets); a Deployment says it in its own status."""
 
 
 def _engines_condition(engines: Sequence[EngineObservation]) -> tuple[ConditionSpec, DeploymentPhase | None]:
@@ -301,7 +304,7 @@ def deployment_status(
             problems,
             capacity,
             [m for m in (termination_message(p) for p in by_creation(pods)) if m],
-            creation=deployment_creation_problem(serving.workload),
+            creation=serving.creation or deployment_creation_problem(serving.workload),
             rollout_done=serving.current and _rollout_done(desired_replicas, total, updated, ready, settled),
             counts=(desired_replicas, updated, ready),
             gpus=_what_replicas_need(gpus_per_replica, nodes_per_replica, gpu_resource),
