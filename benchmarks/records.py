@@ -169,6 +169,13 @@ def blocks() -> list[Block]:
             "python -m benchmarks.operator --count 1000",
         ),
         Block(
+            "operator-multinode",
+            OPERATOR_DOC,
+            ("operator-multinode",),
+            "benchmarks.operator.report:render",
+            "python -m benchmarks.operator --multinode",
+        ),
+        Block(
             "memory",
             CLUSTER_DOC,
             ("memory",),

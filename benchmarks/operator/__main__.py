@@ -6,6 +6,7 @@ benchmarks/records.py).
 python -m benchmarks.operator                      # 100 deployments, 2 min steady state (~4 min)
 python -m benchmarks.operator --count 1000         # 1 000 deployments (record operator-1000; ~20 min)
 python -m benchmarks.operator --count 20 --steady 20 --no-write   # a smoke run: no record, docs untouched
+python -m benchmarks.operator --multinode          # 100 deployments whose replicas span two nodes each
 
 What one run does is in benchmarks/operator/run.py. API requests come from the apiserver's audit log (only
 the operator's identity is audited) split by verb and resource, and from the operator's own counter
@@ -25,6 +26,7 @@ from benchmarks.operator.run import OPERATOR_ENV, run
 
 RECORDS = {100: "operator", 1000: "operator-1000"}
 """The counts that have a record and a block of docs/benchmarks.md; other counts run with --no-write."""
+MULTINODE_RECORDS = {100: "operator-multinode"}
 
 
 def default_timeout(count: int) -> float:
@@ -46,8 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, help="seconds to wait for Ready (default: by --count)")
     parser.add_argument("--no-write", action="store_true", help="print only: no record, docs untouched")
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory (logs)")
+    parser.add_argument(
+        "--multinode",
+        action="store_true",
+        help="replicas that span two 8-GPU nodes (LeaderWorkerSet groups; record operator-multinode at 100)",
+    )
     args = parser.parse_args(argv)
-    name = RECORDS.get(args.count)
+    name = (MULTINODE_RECORDS if args.multinode else RECORDS).get(args.count)
     if name is None and not args.no_write:
         counts = ", ".join(map(str, RECORDS))
         parser.error(f"--count {args.count} has no record ({counts} do): add --no-write")
@@ -58,9 +65,15 @@ def main(argv: list[str] | None = None) -> int:
         records.command_line(["python", "-m", "benchmarks.operator", *argv]),
         started,
         records.machine_facts(),
-        {"count": args.count, "steady": args.steady, "timeout": timeout, "operator_env": OPERATOR_ENV},
+        {
+            "count": args.count,
+            "steady": args.steady,
+            "timeout": timeout,
+            "operator_env": OPERATOR_ENV,
+            "multinode": args.multinode,
+        },
     )
-    results = run(args.count, args.steady, timeout, args.keep)
+    results = run(args.count, args.steady, timeout, args.keep, multinode=args.multinode)
     records.finish(record, started, figures(results))
     print()
     print(render([record]))

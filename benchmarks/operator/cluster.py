@@ -134,6 +134,13 @@ def deployment_ready(obj: dict[str, Any]) -> bool:
     )
 
 
+def group_set_ready(obj: dict[str, Any]) -> bool:
+    """A LeaderWorkerSet with every group ready and updated (its status names no generation)."""
+    spec, status = obj.get("spec") or {}, obj.get("status") or {}
+    want = spec.get("replicas", 1)
+    return bool(status.get("readyReplicas", 0) == want and status.get("updatedReplicas", 0) == want)
+
+
 def sdep_ready(obj: dict[str, Any]) -> bool:
     status = obj.get("status") or {}
     return bool(

@@ -81,6 +81,8 @@ def figures(r: Results) -> dict[str, Any]:
     return {
         "count": r.count,
         "replicas": r.replicas,
+        "workload_kind": r.plan.workload_kind,
+        "nodes_per_replica": r.plan.nodes_per_replica,
         "gpus_by_product": dict(sorted(r.plan.gpus.items())),
         "deployments_per_engine": sorted(r.plan.engines.values(), reverse=True),
         "extra_pools": [

@@ -75,8 +75,10 @@ def report(f: Figures) -> str:
     steady_total = sum(int(row["audit"]) for row in steady)
     steady_status = sum(int(row["audit"]) for row in steady if str(row["resource"]).endswith("/status"))
     startup = f["startup_requests_by_verb"]
+    kind, nodes = f.get("workload_kind", "Deployment"), f.get("nodes_per_replica", 1)
+    shape = "of one GPU" if nodes == 1 else f"of {nodes} nodes each ({kind} groups of {nodes} pods)"
     lines = [
-        f"Workload: {f['count']} SpeculativeDeployments, {f['replicas']} replicas of one GPU, "
+        f"Workload: {f['count']} SpeculativeDeployments, {f['replicas']} replicas {shape}, "
         f"{f['gpus_by_product']} GPUs by product; {len(per_engine)} distinct engines "
         f"(deployments per engine: {', '.join(str(n) for n in per_engine)}). Extra simulated nodes: "
         + ", ".join(f"{p['name']} {p['nodes']} x {p['gpus']} GPUs" for p in f["extra_pools"])
@@ -158,8 +160,10 @@ def interpret(f: Figures) -> str:
     steady = sum(int(row["audit"]) for row in f["requests_steady"])
     reads = sum(v for (verb, _), v in n.items() if verb in ("get", "list"))
     count = f["count"]
+    kind = f.get("workload_kind", "Deployment")
+    workloads = "deployments" if kind == "Deployment" else "leaderworkersets"
     children = sum(
-        n.get(("patch", k), 0) for k in ("configmaps", "services", "poddisruptionbudgets", "deployments")
+        n.get(("patch", k), 0) for k in ("configmaps", "services", "poddisruptionbudgets", workloads)
     )
     parts = [
         "## Interpretation",
@@ -174,7 +178,7 @@ def interpret(f: Figures) -> str:
         "SpeculativeDeployment exists.",
         f"- Requests: {rollout / count:.2f} per deployment while rolling out ({rollout} in all, "
         f"{reads} of them reads: the operator reads from kopf's watch-fed indexes). Per deployment: "
-        f"{children / count:.2f} applies of its serving objects (ConfigMap, Service, PDB, Deployment), "
+        f"{children / count:.2f} applies of its serving objects (ConfigMap, Service, PDB, {kind}), "
         f"{n.get(('patch', 'speculativedeployments/status'), 0) / count:.2f} status writes, "
         f"{n.get(('create', 'events'), 0) / count:.2f} events (milestones). Shared: "
         f"{n.get(('patch', 'enginebuilds'), 0)} EngineBuild applies for {f['engine_builds']} EngineBuilds, "

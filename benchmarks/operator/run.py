@@ -45,6 +45,7 @@ from .cluster import (
     Bench,
     Rollout,
     deployment_ready,
+    group_set_ready,
     inventory,
     sdep_describe,
     sdep_ready,
@@ -52,7 +53,7 @@ from .cluster import (
     wait,
     watch_ready,
 )
-from .workload import Plan, bench_pools, plan, workload
+from .workload import Plan, bench_pools, multinode_workload, plan, workload
 
 __all__ = ["OPERATOR_ENV", "OperatorRun", "Results", "run"]
 
@@ -103,16 +104,22 @@ def measure_reference(
     waited out. (rollout, seconds the clean-up took)"""
     bench.namespace(ref_ns)
     bench.apply_list([build_default_cache_pvc(ref_ns, settings)])
-    deployments = {o["metadata"]["name"] for o in the_plan.serving if o["kind"] == "Deployment"}
-    print(f"reference: {len(the_plan.serving)} objects ({len(deployments)} Deployments) ...", flush=True)
+    kind = the_plan.workload_kind
+    deployments = {o["metadata"]["name"] for o in the_plan.serving if o["kind"] == kind}
+    print(f"reference: {len(the_plan.serving)} objects ({len(deployments)} {kind}s) ...", flush=True)
     t0 = time.monotonic()
     bench.apply_list(the_plan.serving)
     applied = time.monotonic() - t0
+    path = (
+        f"/apis/apps/v1/namespaces/{ref_ns}/deployments"
+        if kind == "Deployment"
+        else f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{ref_ns}/leaderworkersets"
+    )
     reference = watch_ready(
         bench,
-        f"/apis/apps/v1/namespaces/{ref_ns}/deployments",
+        path,
         names=deployments,
-        ready=deployment_ready,
+        ready=deployment_ready if kind == "Deployment" else group_set_ready,
         describe=lambda o: f"ready {(o.get('status') or {}).get('readyReplicas', 0)}/{o['spec']['replicas']}",
         started=t0,
         apply_seconds=applied,
@@ -187,10 +194,10 @@ def measure_operator(
     return OperatorRun(rollout, wall_start, wall_create, wall_ready, wall_end, metrics, usage)
 
 
-def run(count: int, steady: float, timeout: float, keep: bool) -> Results:
+def run(count: int, steady: float, timeout: float, keep: bool, multinode: bool = False) -> Results:
     settings = OperatorSettings()
     ns, ref_ns = "bench", "bench-reference"
-    docs = workload(count, ns)
+    docs = multinode_workload(count, ns) if multinode else workload(count, ns)
     the_plan = plan(docs, settings, ref_ns)
     pools = bench_pools(the_plan.gpus, len(the_plan.engines))
     state = Path(tempfile.mkdtemp(prefix="specdeploy-bench-"))

@@ -15,19 +15,18 @@ from specdeploy_localcluster.nodepools import DEFAULT_NODEPOOLS, NodePool, load_
 from specdeploy_operator.api import SpeculativeDeployment
 from specdeploy_operator.builders import (
     OperatorSettings,
-    build_configmap,
-    build_deployment,
     build_engine_builds,
-    build_pdb,
-    build_service,
+    engine_builds,
+    serving_children,
 )
 
 from benchmarks.operator import REPO
 
-__all__ = ["Plan", "bench_pools", "plan", "workload"]
+__all__ = ["Plan", "bench_pools", "multinode_workload", "plan", "workload"]
 
 EXAMPLE_DRAFT = REPO / "examples" / "02-draft-target-llama8b-1b-h100.yaml"
 EXAMPLE_LOOKUP = REPO / "examples" / "05-prompt-lookup-llama13b.yaml"
+EXAMPLE_MULTINODE = REPO / "examples" / "11-mtp-deepseek-r1-2x8xh100.yaml"
 H100, H200 = "NVIDIA-H100-80GB-HBM3", "NVIDIA-H200"
 
 
@@ -66,13 +65,35 @@ def workload(count: int, namespace: str) -> list[dict[str, Any]]:
     return docs
 
 
+def multinode_workload(count: int, namespace: str) -> list[dict[str, Any]]:
+    """`count` SpeculativeDeployments whose replicas span two 8-GPU H100 nodes (example 11: DeepSeek-R1 with
+    MTP, TP16, backend pytorch), each with its own runtime and maximum draft length; every tenth has 2
+    replicas. The checkpoint is an `hf://` download (simulated, like every container here) rather than the
+    example's claim, so nothing but the serving objects is needed."""
+    base = yaml.safe_load(EXAMPLE_MULTINODE.read_text())
+    docs: list[dict[str, Any]] = []
+    for i in range(count):
+        doc = copy.deepcopy(base)
+        doc["metadata"] = {"name": f"deepseek-r1-mtp-{i:03d}", "namespace": namespace}
+        doc["spec"]["target"]["model"] = {"uri": "hf://deepseek-ai/DeepSeek-R1"}
+        doc["spec"]["speculative"]["maxDraftLen"] = 1 + i % 3
+        doc["spec"]["runtime"]["kvCacheFreeGpuMemFraction"] = (0.8, 0.85, 0.9)[i % 3]
+        doc["spec"]["runtime"]["maxBatchSize"] = (32, 64)[i % 2]
+        if i % 10 == 9:
+            doc["spec"]["replicas"] = 2
+        docs.append(doc)
+    return docs
+
+
 @dataclass(frozen=True)
 class Plan:
     """What the workload needs, rendered offline by the operator's own builders."""
 
     engines: dict[str, int]  # EngineBuild name -> deployments using it
     gpus: dict[str, int]  # GPU product -> GPUs the serving pods request
-    serving: list[dict[str, Any]]  # ConfigMap, Service, PDB, Deployment of every deployment (reference)
+    serving: list[dict[str, Any]]  # ConfigMap, Service, PDB, Deployment or LeaderWorkerSet (reference)
+    workload_kind: str = "Deployment"  # LeaderWorkerSet when replicas span nodes
+    nodes_per_replica: int = 1
 
 
 def plan(docs: Iterable[dict[str, Any]], settings: OperatorSettings, ref_namespace: str) -> Plan:
@@ -88,16 +109,13 @@ def plan(docs: Iterable[dict[str, Any]], settings: OperatorSettings, ref_namespa
         ref_doc = copy.deepcopy(doc)
         ref_doc["metadata"]["namespace"] = ref_namespace
         ref = SpeculativeDeployment.model_validate(ref_doc)
-        ref_builds = build_engine_builds(ref, settings)
-        for obj in (
-            build_configmap(ref, ref_builds, settings),
-            build_service(ref),
-            build_pdb(ref),
-            build_deployment(ref, ref_builds, settings),
-        ):
+        children = serving_children(ref, engine_builds(ref, settings), settings)
+        for obj in (children.configmap, children.service, children.pdb, children.workload):
             obj["metadata"].pop("ownerReferences", None)  # plain objects: nothing owns them
             serving.append(obj)
-    return Plan(dict(engines), dict(gpus), serving)
+    kind = serving[-1]["kind"] if serving else "Deployment"
+    size = int((serving[-1]["spec"].get("leaderWorkerTemplate") or {}).get("size") or 1) if serving else 1
+    return Plan(dict(engines), dict(gpus), serving, kind, size)
 
 
 def bench_pools(gpus: Mapping[str, int], builds: int) -> list[NodePool]:
