@@ -33,6 +33,9 @@ from specdeploy_server.api.errors import (
 )
 from specdeploy_server.api.limits import DEFAULT_MAX_REQUEST_BODY_BYTES, BodySizeLimit
 from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest
+from specdeploy_server.api.responses_api import document as responses_document
+from specdeploy_server.api.responses_api.protocol import ResponsesRequest
+from specdeploy_server.api.responses_api.serving import ResponsesServing
 from specdeploy_server.api.serving import OpenAIServing, Run, ServingSettings
 from specdeploy_server.engine import EngineClient, ObservableEngine
 from specdeploy_server.metrics import ServerMetrics
@@ -241,6 +244,29 @@ def _install_routes(app: FastAPI, state: AppState) -> None:
             run = serving.start(await serving.prepare_chat(body))
             return _sse_response(serving.stream_chat(run), run)
         return _answer(await _unless_disconnected(request, serving.chat(body)))
+
+    responses_serving = ResponsesServing(serving)
+
+    @app.post("/v1/responses", response_model=None, responses=responses_document.CREATE_RESPONSES)
+    async def create_response(body: ResponsesRequest, request: Request) -> Response:
+        admit(request)
+        if body.stream:
+            pending = await responses_serving.prepare(body)
+            run = responses_serving.start(pending)
+            return _sse_response(responses_serving.stream(pending, run), run)
+        return _answer(await _unless_disconnected(request, responses_serving.create(body)))
+
+    @app.get("/v1/responses/{response_id}", response_model=None, responses=responses_document.GET_RESPONSES)
+    async def get_response(response_id: str, request: Request) -> Response:
+        authorize(request)
+        return _answer(responses_serving.retrieve(response_id))
+
+    @app.delete(
+        "/v1/responses/{response_id}", response_model=None, responses=responses_document.DELETE_RESPONSES
+    )
+    async def delete_response(response_id: str, request: Request) -> Response:
+        authorize(request)
+        return _answer(responses_serving.delete(response_id))
 
     @app.get("/health/live", response_model=None, responses=openapi.HEALTH_RESPONSES)
     async def live() -> Response:
