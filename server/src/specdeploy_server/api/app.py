@@ -12,8 +12,10 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specdeploy_server.api import contract, openapi
@@ -155,14 +157,14 @@ def _install_error_handlers(app: FastAPI, state: AppState) -> None:
         assert isinstance(exc, RequestValidationError)
         return respond(_validation_error(exc))
 
-    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         if exc.status_code == 404:
             return respond(RouteNotFoundError("no such endpoint"))
-        if exc.status_code == 405:  # Starlette names the allowed methods in `Allow`
-            return respond(
-                MethodNotAllowedError("method not allowed for this endpoint"), dict(exc.headers or {})
-            )
+        if exc.status_code == 405:  # Starlette's `Allow` names the first route's methods: name every route's
+            allow = ", ".join(sorted(_allowed_methods(app, request)))
+            headers = {**(exc.headers or {}), **({"Allow": allow} if allow else {})}
+            return respond(MethodNotAllowedError("method not allowed for this endpoint"), headers)
         if exc.status_code == 413:
             return respond(PayloadTooLargeError(str(exc.detail)), {"Connection": "close"})
         error = APIError(str(exc.detail))
@@ -178,6 +180,15 @@ def _install_error_handlers(app: FastAPI, state: AppState) -> None:
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(Exception, on_unexpected)
+
+
+def _allowed_methods(app: FastAPI, request: Request) -> set[str]:
+    """The methods of every route of the request's path (a path may have a route per method)."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods or set()
+    return methods
 
 
 def _validation_error(exc: RequestValidationError) -> BadRequestError:
