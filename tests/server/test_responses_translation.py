@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from specdeploy_server.api.contract import ToolCall
+from specdeploy_server.api.contract import ErrorDetail, ToolCall
 from specdeploy_server.api.errors import BadRequestError
 from specdeploy_server.api.responses_api.events import EventTranslator
 from specdeploy_server.api.responses_api.output import Echo, output_items, response
@@ -266,3 +266,27 @@ def test_the_store_forgets_responses_after_their_ttl_and_beyond_its_bounds() -> 
     small = ResponseStore(max_chars=10)
     small.put(made[0], [])
     assert small.get(made[0].id) is None  # larger than the whole budget
+
+
+def test_a_failure_after_the_stream_began_is_an_error_event_then_a_failed_response() -> None:
+    translator = EventTranslator(Echo.of(_request()))
+    translator.start()
+    translator.chunk(_chunk({"content": "partial"}))
+    detail = ErrorDetail(
+        message="generation failed: boom", type="server_error", param=None, code="executor_error"
+    )
+    error, failed = [json.loads(e.model_dump_json()) for e in translator.failed(detail)]
+    assert error == {
+        "sequence_number": 5,  # after created, in_progress, item added, part added, the delta
+        "type": "error",
+        "code": "executor_error",
+        "message": "generation failed: boom",
+        "param": None,
+    }
+    assert failed["type"] == "response.failed"
+    assert failed["sequence_number"] == 6
+    assert failed["response"]["status"] == "failed"
+    assert failed["response"]["error"] == {"code": "executor_error", "message": "generation failed: boom"}
+    message = failed["response"]["output"][0]
+    assert message["content"][0]["text"] == "partial"
+    assert message["status"] == "incomplete"

@@ -271,6 +271,9 @@ class EventTranslator:
 
     def failed(self, detail: ErrorDetail) -> list[BaseModel]:
         """A failure after the stream began: an ``error`` event, then ``response.failed``."""
+        for item in self._items:
+            if isinstance(item, _Message) and item.status == "in_progress":
+                item.status = "incomplete"
         usage = response_usage(self.usage) if self.usage is not None else None
         error = ResponseError(code=detail.code or "server_error", message=detail.message)
         self.final = response(self.echo, self.output(), None, usage, status="failed", error=error)
