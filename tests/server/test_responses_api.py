@@ -12,6 +12,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from pydantic import BaseModel, Field
 from specdeploy_server.api.app import create_app
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.config import ServerConfig
@@ -213,6 +214,19 @@ def test_a_json_schema_text_format_constrains_the_output(client: openai.OpenAI) 
     assert result.text is not None
     assert result.text.format is not None
     assert result.text.format.type == "json_schema"
+
+
+class Word(BaseModel):
+    word: str = Field(max_length=6)
+
+
+def test_the_parse_helper_gets_an_instance_of_the_model_it_sent(client: openai.OpenAI) -> None:
+    parsed = client.responses.parse(
+        model="tiny", input="one word", text_format=Word, max_output_tokens=60, temperature=0
+    )
+    assert parsed.status == "completed"
+    assert isinstance(parsed.output_parsed, Word)
+    assert Word.model_validate_json(parsed.output_text) == parsed.output_parsed
 
 
 def test_streamed_events_are_numbered_typed_and_add_up_to_the_whole_response(client: openai.OpenAI) -> None:

@@ -290,3 +290,14 @@ def test_a_failure_after_the_stream_began_is_an_error_event_then_a_failed_respon
     message = failed["response"]["output"][0]
     assert message["content"][0]["text"] == "partial"
     assert message["status"] == "incomplete"
+
+
+def test_a_call_cut_by_the_token_budget_is_incomplete_whole_or_streamed() -> None:
+    call = ToolCall.model_validate(
+        {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    )
+    assert output_items(None, [call], "length", parallel=True)[0].status == "incomplete"
+    events, _ = _translate([_chunk(_call_delta(0, '{"a"', id="c", name="f")), _chunk({}, "length")])
+    assert events[-2]["item"]["status"] == "incomplete"
+    assert events[-1]["type"] == "response.incomplete"
+    assert events[-1]["response"]["output"][0]["status"] == "incomplete"

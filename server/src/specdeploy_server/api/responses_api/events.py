@@ -246,7 +246,9 @@ class EventTranslator:
                         type="response.output_item.done",
                         sequence_number=self._next(),
                         output_index=index,
-                        item=function_call_item(item.id, item.call_id, item.name, arguments, "completed"),
+                        item=function_call_item(
+                            item.id, item.call_id, item.name, arguments, item_status(self.finish)
+                        ),
                     )
                 )
         return events
@@ -258,7 +260,13 @@ class EventTranslator:
                 items.append(message_item(item.id, "".join(item.text), item.status))
             else:
                 items.append(
-                    function_call_item(item.id, item.call_id, item.name, "".join(item.arguments), "completed")
+                    function_call_item(
+                        item.id,
+                        item.call_id,
+                        item.name,
+                        "".join(item.arguments),
+                        item_status(self.finish) if item.done else "incomplete",
+                    )
                 )
         return items
 

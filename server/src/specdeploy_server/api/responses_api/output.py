@@ -129,7 +129,7 @@ def output_items(
     for call in calls[: None if parallel else 1]:
         function = call.function
         items.append(
-            function_call_item(new_id("fc"), call.id, function.name, function.arguments, "completed")
+            function_call_item(new_id("fc"), call.id, function.name, function.arguments, item_status(finish))
         )
     return items
 
