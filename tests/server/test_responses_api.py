@@ -353,3 +353,16 @@ def test_unknown_fields_and_models_are_refused(server: LiveServer, client: opena
     assert answer.json()["error"]["param"] == "frobnicate"
     with pytest.raises(openai.NotFoundError):
         client.responses.create(model="nope", input="hi")
+
+
+def test_stored_response_requests_are_counted_under_one_endpoint_whatever_the_id(
+    server: LiveServer, client: openai.OpenAI
+) -> None:
+    made = client.responses.create(model="tiny", input="hello", max_output_tokens=2)
+    client.responses.retrieve(made.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve("resp_missing")
+    text = httpx.get(f"{server.base_url}/metrics").text
+    assert 'endpoint="/v1/responses/{response_id}",model="tiny",status="200"' in text
+    assert 'endpoint="/v1/responses/{response_id}",model="tiny",status="404"' in text
+    assert "resp_" not in text

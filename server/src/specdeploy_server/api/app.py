@@ -267,14 +267,12 @@ def _install_routes(app: FastAPI, state: AppState) -> None:
             return _sse_response(responses_serving.stream(pending, run), run)
         return _answer(await _unless_disconnected(request, responses_serving.create(body)))
 
-    @app.get("/v1/responses/{response_id}", response_model=None, responses=responses_document.GET_RESPONSES)
+    @app.get(RESPONSE_PATH, response_model=None, responses=responses_document.GET_RESPONSES)
     async def get_response(response_id: str, request: Request) -> Response:
         authorize(request)
         return _answer(responses_serving.retrieve(response_id))
 
-    @app.delete(
-        "/v1/responses/{response_id}", response_model=None, responses=responses_document.DELETE_RESPONSES
-    )
+    @app.delete(RESPONSE_PATH, response_model=None, responses=responses_document.DELETE_RESPONSES)
     async def delete_response(response_id: str, request: Request) -> Response:
         authorize(request)
         return _answer(responses_serving.delete(response_id))
@@ -295,6 +293,8 @@ def _install_routes(app: FastAPI, state: AppState) -> None:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
+#: a stored response's path: counted under this name, not one series per id
+RESPONSE_PATH = "/v1/responses/{response_id}"
 #: (path, status) pairs whose request counters the middleware keeps at hand
 MAX_COUNTED_PATHS = 256
 
@@ -320,6 +320,8 @@ class _RequestCounter:
                 status = int(message["status"])
             await send(message)
 
+        if path.startswith("/v1/responses/"):
+            path = RESPONSE_PATH
         try:
             await self.app(scope, receive, capture)
         finally:
