@@ -79,7 +79,6 @@ def test_tools_tool_choice_and_text_format_become_their_chat_fields() -> None:
         _request(
             tools=[WEATHER],
             tool_choice={"type": "function", "name": "get_weather"},
-            text={"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}},
         ),
         [],
     )
@@ -90,7 +89,8 @@ def test_tools_tool_choice_and_text_format_become_their_chat_fields() -> None:
     assert chat.tool_choice is not None
     assert not isinstance(chat.tool_choice, str)
     assert chat.tool_choice.function.name == "get_weather"
-    assert chat.response_format == {
+    text = {"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}}
+    assert chat_request(_request(text=text), []).response_format == {
         "type": "json_schema",
         "json_schema": {"name": "answer", "schema": schema, "strict": True},
     }
@@ -101,6 +101,14 @@ def test_tools_tool_choice_and_text_format_become_their_chat_fields() -> None:
     assert streamed.stream is True
     assert streamed.stream_options is not None
     assert streamed.stream_options.include_usage
+
+
+def test_a_text_format_applies_to_text_so_a_forced_call_goes_without_it() -> None:
+    fmt = {"format": {"type": "json_object"}}
+    assert (
+        chat_request(_request(tools=[WEATHER], tool_choice="required", text=fmt), []).response_format is None
+    )
+    assert chat_request(_request(tools=[WEATHER], text=fmt), []).response_format == {"type": "json_object"}
 
 
 @pytest.mark.parametrize(

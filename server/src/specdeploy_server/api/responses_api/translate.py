@@ -201,7 +201,8 @@ def chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> ChatCo
     if choice is not None:
         body["tool_choice"] = choice
     fmt = _response_format(req)
-    if fmt is not None:
+    forced_call = bool(tools) and choice not in (None, "auto", "none")
+    if fmt is not None and not forced_call:  # a forced call's output is the call: no text to format
         body["response_format"] = fmt
     if req.stream:
         body["stream"] = True
