@@ -91,8 +91,11 @@ class ResponsesRequest(_Strict):
     stream_options: StreamOptions | None = None
     metadata: dict[str, str] | None = None
     user: str | None = None
+    # hints that change nothing in what is generated: accepted
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    # accepted with the values this server honours (unsupported() refuses the others)
     include: list[str] | None = None
     truncation: Literal["disabled", "auto"] | None = None
     reasoning: Reasoning | None = None
@@ -103,7 +106,6 @@ class ResponsesRequest(_Strict):
     prompt: dict[str, Any] | None = None
     max_tool_calls: int | None = None
     top_logprobs: int | None = None
-    prompt_cache_retention: str | None = None
     # vLLM / SGLang extensions the chat path honours, passed on as they are
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
