@@ -366,3 +366,14 @@ def test_stored_response_requests_are_counted_under_one_endpoint_whatever_the_id
     assert 'endpoint="/v1/responses/{response_id}",model="tiny",status="200"' in text
     assert 'endpoint="/v1/responses/{response_id}",model="tiny",status="404"' in text
     assert "resp_" not in text
+
+
+def test_the_stream_helper_accumulates_a_function_call(client: openai.OpenAI) -> None:
+    with client.responses.stream(
+        model="tiny", input="weather?", tools=[WEATHER], tool_choice="required", max_output_tokens=100
+    ) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.function_call_arguments.delta"]
+        final = stream.get_final_response()
+    call = _only_call(final)
+    assert call.arguments == "".join(deltas)
+    jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMETERS)
