@@ -377,3 +377,19 @@ def test_the_stream_helper_accumulates_a_function_call(client: openai.OpenAI) ->
     call = _only_call(final)
     assert call.arguments == "".join(deltas)
     jsonschema.validate(json.loads(call.arguments), WEATHER_PARAMETERS)
+
+
+def test_the_openapi_document_describes_the_responses_routes_and_events(server: LiveServer) -> None:
+    document = httpx.get(f"{server.base_url}/openapi.json").json()
+    create = document["paths"]["/v1/responses"]["post"]
+    ok = create["responses"]["200"]["content"]
+    assert ok["application/json"]["schema"] == {"$ref": "#/components/schemas/Response"}
+    events = ok["text/event-stream"]["schema"]["properties"]["data"]["contentSchema"]["anyOf"]
+    names = {ref["$ref"].rsplit("/", 1)[1] for ref in events}
+    assert {"OutputTextDeltaEvent", "FunctionCallArgumentsDeltaEvent", "ResponseLifecycleEvent"} <= names
+    assert names <= set(document["components"]["schemas"])
+    assert {"400", "401", "404", "413", "500", "503"} <= set(create["responses"])
+    assert "ResponsesRequest" in create["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    stored = document["paths"]["/v1/responses/{response_id}"]
+    assert set(stored) == {"get", "delete"}
+    assert {"200", "404"} <= set(stored["get"]["responses"]) & set(stored["delete"]["responses"])
