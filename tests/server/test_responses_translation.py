@@ -118,6 +118,11 @@ def test_a_text_format_applies_to_text_so_a_forced_call_goes_without_it() -> Non
         ({"tools": [{"type": "function", "name": "bad name"}]}, "tools", "tools[0].name"),
         ({"tool_choice": {"type": "allowed_tools", "tools": []}}, "tool_choice", "allowed_tools"),
         (
+            {"tools": [WEATHER], "tool_choice": {"type": "function"}},
+            "tool_choice",
+            "needs the function's name",
+        ),
+        (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
             "input",
             "[0]",

@@ -156,6 +156,8 @@ def _chat_tool_choice(req: ResponsesRequest) -> str | dict[str, Any] | None:
         return choice
     if isinstance(choice, FunctionToolChoice):
         return {"type": "function", "function": {"name": choice.name}}
+    if choice.get("type") == "function":
+        raise _bad('tool_choice {"type": "function"} needs the function\'s name (a string)', "tool_choice")
     raise _bad(
         f"tool_choice type {choice.get('type')!r} is not supported; use none, auto, required or "
         '{"type": "function", "name": ...}',
