@@ -5,7 +5,7 @@ calls go round trip; ``previous_response_id`` continues a stored conversation; e
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import httpx
@@ -15,7 +15,10 @@ import pytest
 from pydantic import BaseModel, Field
 from specdeploy_server.api.app import create_app
 from specdeploy_server.backends.factory import build_engine
+from specdeploy_server.backends.standin import standin_engine
 from specdeploy_server.config import ServerConfig
+from specdeploy_server.core.executors import ExecutorError, RequestErrors, VerifyRequest
+from specdeploy_server.core.scheduler import SchedulerSettings
 
 from tests.server.conftest import LiveServer, TinyModels, run_live
 
@@ -393,3 +396,36 @@ def test_the_openapi_document_describes_the_responses_routes_and_events(server: 
     stored = document["paths"]["/v1/responses/{response_id}"]
     assert set(stored) == {"get", "delete"}
     assert {"200", "404"} <= set(stored["get"]["responses"]) & set(stored["delete"]["responses"])
+
+
+def test_an_executor_failure_mid_stream_is_an_error_event_then_a_failed_response() -> None:
+    engine, target = standin_engine(0.001, None, alpha=0.0, settings=SchedulerSettings(draft_len=0))
+    original = target.verify
+    calls = 0
+
+    async def failing_after_three_steps(batch: Sequence[VerifyRequest]) -> list[list[int]]:
+        nonlocal calls
+        calls += 1
+        if calls > 3:
+            raise RequestErrors({r.seq.request_id: ExecutorError("target", "injected fault") for r in batch})
+        return await original(batch)
+
+    target.verify = failing_after_three_steps  # type: ignore[method-assign]
+    with run_live(create_app(engine)) as live:
+        client = openai.OpenAI(base_url=f"{live.base_url}/v1", api_key="unused", max_retries=0, timeout=60)
+        model = engine.info.served_model_name
+        events = list(client.responses.create(model=model, input="hello", max_output_tokens=50, stream=True))
+    assert [e.type for e in events][-2:] == ["error", "response.failed"]
+    error = events[-2]
+    assert error.type == "error"
+    assert error.code == "executor_error"
+    assert "injected fault" in error.message
+    failed = events[-1]
+    assert failed.type == "response.failed"
+    assert failed.response.status == "failed"
+    assert failed.response.error is not None
+    assert failed.response.error.code == "server_error"
+    assert "injected fault" in failed.response.error.message
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert failed.response.output_text == deltas
+    assert [e.sequence_number for e in events] == list(range(len(events)))

@@ -299,7 +299,7 @@ def test_a_failure_after_the_stream_began_is_an_error_event_then_a_failed_respon
     assert failed["type"] == "response.failed"
     assert failed["sequence_number"] == 6
     assert failed["response"]["status"] == "failed"
-    assert failed["response"]["error"] == {"code": "executor_error", "message": "generation failed: boom"}
+    assert failed["response"]["error"] == {"code": "server_error", "message": "generation failed: boom"}
     message = failed["response"]["output"][0]
     assert message["content"][0]["text"] == "partial"
     assert message["status"] == "incomplete"

@@ -283,7 +283,8 @@ class EventTranslator:
             if isinstance(item, _Message) and item.status == "in_progress":
                 item.status = "incomplete"
         usage = response_usage(self.usage) if self.usage is not None else None
-        error = ResponseError(code=detail.code or "server_error", message=detail.message)
+        # the response's error code is one of OpenAI's (server_error); the error event names the precise one
+        error = ResponseError(code="server_error", message=detail.message)
         self.final = response(self.echo, self.output(), None, usage, status="failed", error=error)
         return [
             error_event(detail, self._next()),
