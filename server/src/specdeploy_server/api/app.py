@@ -12,8 +12,10 @@ from typing import Any, TypeVar
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from specdeploy_server.api import contract, openapi
@@ -33,6 +35,9 @@ from specdeploy_server.api.errors import (
 )
 from specdeploy_server.api.limits import DEFAULT_MAX_REQUEST_BODY_BYTES, BodySizeLimit
 from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest
+from specdeploy_server.api.responses_api import document as responses_document
+from specdeploy_server.api.responses_api.protocol import ResponsesRequest
+from specdeploy_server.api.responses_api.serving import ResponsesServing
 from specdeploy_server.api.serving import OpenAIServing, Run, ServingSettings
 from specdeploy_server.engine import EngineClient, ObservableEngine
 from specdeploy_server.metrics import ServerMetrics
@@ -152,14 +157,14 @@ def _install_error_handlers(app: FastAPI, state: AppState) -> None:
         assert isinstance(exc, RequestValidationError)
         return respond(_validation_error(exc))
 
-    async def on_http(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         if exc.status_code == 404:
             return respond(RouteNotFoundError("no such endpoint"))
-        if exc.status_code == 405:  # Starlette names the allowed methods in `Allow`
-            return respond(
-                MethodNotAllowedError("method not allowed for this endpoint"), dict(exc.headers or {})
-            )
+        if exc.status_code == 405:  # Starlette's `Allow` names the first route's methods: name every route's
+            allow = ", ".join(sorted(_allowed_methods(app, request)))
+            headers = {**(exc.headers or {}), **({"Allow": allow} if allow else {})}
+            return respond(MethodNotAllowedError("method not allowed for this endpoint"), headers)
         if exc.status_code == 413:
             return respond(PayloadTooLargeError(str(exc.detail)), {"Connection": "close"})
         error = APIError(str(exc.detail))
@@ -175,6 +180,15 @@ def _install_error_handlers(app: FastAPI, state: AppState) -> None:
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(Exception, on_unexpected)
+
+
+def _allowed_methods(app: FastAPI, request: Request) -> set[str]:
+    """The methods of every route of the request's path (a path may have a route per method)."""
+    methods: set[str] = set()
+    for route in app.router.routes:
+        if isinstance(route, APIRoute) and route.matches(request.scope)[0] != Match.NONE:
+            methods |= route.methods or set()
+    return methods
 
 
 def _validation_error(exc: RequestValidationError) -> BadRequestError:
@@ -242,6 +256,27 @@ def _install_routes(app: FastAPI, state: AppState) -> None:
             return _sse_response(serving.stream_chat(run), run)
         return _answer(await _unless_disconnected(request, serving.chat(body)))
 
+    responses_serving = ResponsesServing(serving)
+
+    @app.post("/v1/responses", response_model=None, responses=responses_document.CREATE_RESPONSES)
+    async def create_response(body: ResponsesRequest, request: Request) -> Response:
+        admit(request)
+        if body.stream:
+            pending = await responses_serving.prepare(body)
+            run = responses_serving.start(pending)
+            return _sse_response(responses_serving.stream(pending, run), run)
+        return _answer(await _unless_disconnected(request, responses_serving.create(body)))
+
+    @app.get(RESPONSE_PATH, response_model=None, responses=responses_document.GET_RESPONSES)
+    async def get_response(response_id: str, request: Request) -> Response:
+        authorize(request)
+        return _answer(responses_serving.retrieve(response_id))
+
+    @app.delete(RESPONSE_PATH, response_model=None, responses=responses_document.DELETE_RESPONSES)
+    async def delete_response(response_id: str, request: Request) -> Response:
+        authorize(request)
+        return _answer(responses_serving.delete(response_id))
+
     @app.get("/health/live", response_model=None, responses=openapi.HEALTH_RESPONSES)
     async def live() -> Response:
         ok = state.engine.ready or state.draining
@@ -258,6 +293,8 @@ def _install_routes(app: FastAPI, state: AppState) -> None:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
+#: a stored response's path: counted under this name, not one series per id
+RESPONSE_PATH = "/v1/responses/{response_id}"
 #: (path, status) pairs whose request counters the middleware keeps at hand
 MAX_COUNTED_PATHS = 256
 
@@ -283,6 +320,8 @@ class _RequestCounter:
                 status = int(message["status"])
             await send(message)
 
+        if path.startswith("/v1/responses/"):
+            path = RESPONSE_PATH
         try:
             await self.app(scope, receive, capture)
         finally:

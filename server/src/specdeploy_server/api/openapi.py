@@ -18,6 +18,7 @@ from specdeploy_server.api.contract import (
     ModelCard,
     ModelList,
 )
+from specdeploy_server.api.responses_api.contract import EVENT_MODELS
 
 
 def _event_stream(chunk: type[BaseModel]) -> dict[str, Any]:
@@ -101,7 +102,7 @@ METRICS_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-STREAM_CHUNKS = (CompletionChunk, ChatCompletionChunk)
+STREAM_CHUNKS: tuple[type[BaseModel], ...] = (CompletionChunk, ChatCompletionChunk, *EVENT_MODELS)
 
 
 def _definitions(model: type[BaseModel]) -> dict[str, Any]:
