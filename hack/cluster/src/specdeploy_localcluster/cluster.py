@@ -274,6 +274,7 @@ class LocalCluster:
             deadline=deadline,
         )
         start.control_plane(api, ports, pod_cidr, kwok_fallback_cidr, self.audit_log)
+        lws_crds = start.lws_objects(api) if self.lws else []
         start.node_agents(api)
         for name in COMPONENTS:
             self.processes.expect_alive(name)
@@ -287,7 +288,7 @@ class LocalCluster:
         )
         self.wait_nodes_ready(timeout=max(5.0, deadline - time.monotonic()))
         if self.lws:
-            start.lws_controller(api, ports["lws_webhook"])
+            start.lws_controller(api, ports["lws_webhook"], lws_crds)
         if self.autoscaling:
             start.autoscaling(api, ports, load_autoscaled_pools(self.nodepools_file))
 

@@ -189,17 +189,23 @@ class Startup:
             ],
         )
 
-    def lws_controller(self, api: AdminApi, webhook_port: int) -> None:
-        """The LeaderWorkerSet controller: its CRDs and RBAC, then the process (webhooks on 127.0.0.1 with a
-        serving certificate of the cluster CA), then its webhook configurations; waited for until the
-        apiserver gets answers from its LeaderWorkerSet and pod webhooks (dry-run creates)."""
-        import yaml  # noqa: PLC0415 - only `up` needs PyYAML
-
+    def lws_objects(self, api: AdminApi) -> list[str]:
+        """The LeaderWorkerSet controller's CRDs and RBAC, applied as soon as the apiserver serves: the CRDs
+        (over 1 MB each) are Established while the rest of the cluster starts. Returns the CRDs' names."""
         objects = lws_objects(self.bins)
         for obj in objects:
             api.apply(obj)
+        return [o["metadata"]["name"] for o in objects if o["kind"] == "CustomResourceDefinition"]
+
+    def lws_controller(self, api: AdminApi, webhook_port: int, crds: Iterable[str]) -> None:
+        """The LeaderWorkerSet controller once its `crds` are Established (`lws_objects`): the process
+        (webhooks on 127.0.0.1 with a serving certificate of the cluster CA), then its webhook configurations;
+        waited for until the apiserver gets answers from its LeaderWorkerSet and pod webhooks (dry-run
+        creates)."""
+        import yaml  # noqa: PLC0415 - only `up` needs PyYAML
+
         # Established before the controller starts: it would otherwise wait 10 s to watch them again.
-        for crd in (o["metadata"]["name"] for o in objects if o["kind"] == "CustomResourceDefinition"):
+        for crd in crds:
             self.processes.wait(
                 functools.partial(crd_established, api, crd), self.deadline, "kube-apiserver", f"CRD {crd}"
             )
