@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import yaml
-from specdeploy_localcluster.nodepools import DEFAULT_NODEPOOLS, NodePool, load_nodepools
+from specdeploy_localcluster.nodepools import DEFAULT_NODEPOOLS, MULTINODE_LABEL, NodePool, load_nodepools
 from specdeploy_operator.api import SpeculativeDeployment
 from specdeploy_operator.builders import (
     OperatorSettings,
@@ -124,7 +124,9 @@ def bench_pools(gpus: Mapping[str, int], builds: int) -> list[NodePool]:
     defaults = {
         p.gpu.product: p
         for p in load_nodepools(DEFAULT_NODEPOOLS)
-        if p.gpu and p.gpu.resource == "nvidia.com/gpu"  # whole GPUs: not the MIG pool of the same product
+        # Whole GPUs: not the MIG pool of the same product, nor the multinode pools (their taint keeps these
+        # replicas off them).
+        if p.gpu and p.gpu.resource == "nvidia.com/gpu" and MULTINODE_LABEL not in p.labels
     }
     pools = []
     for product, needed in sorted(gpus.items()):

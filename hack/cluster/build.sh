@@ -4,6 +4,7 @@
 #   etcd (go.etcd.io/etcd/server/v3), kwok (sigs.k8s.io/kwok), helm (helm.sh/helm/v3)
 #   prometheus (github.com/prometheus/prometheus, Kubernetes service discovery only),
 #   prometheus-adapter (sigs.k8s.io/prometheus-adapter), cluster-autoscaler (k8s.io/autoscaler, -tags kwok)
+#   lws-controller (sigs.k8s.io/lws), under a key of its own: bin/lws-<key>/, linked as bin/<key>/lws
 # Binaries land in ${SPECDEPLOY_CACHE:-~/.cache/specdeploy}/bin/<key>/, key = hash of the pinned versions,
 # the wrapper modules and the Go toolchain. A warm start builds nothing. Prints the bin directory on stdout.
 set -euo pipefail
@@ -11,25 +12,72 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=versions.env
 source "$here/versions.env"
 cache="${SPECDEPLOY_CACHE:-$HOME/.cache/specdeploy}"
-key="$( { cat "$here/versions.env" "$here"/gomod/*/go.mod "$here"/gomod/*/go.sum "$here"/gomod/*/main.go; go version; } \
-        | sha256sum | cut -c1-16)"
+# The LeaderWorkerSet controller is keyed on its own (bin/lws-<key>/, from the versions.env lines after the
+# "Keyed on their own" line, and gomod/lws): pinning or bumping it rebuilds it alone, not the other binaries.
+own_key_marker='^# --- Keyed on their own'
+main_versions() { sed "/$own_key_marker/,\$d" "$here/versions.env"; }
+main_wrappers=()
+for d in "$here"/gomod/*/; do [[ "$(basename "$d")" == lws ]] || main_wrappers+=("${d%/}"); done
+key="$( { main_versions; for f in go.mod go.sum main.go; do for d in "${main_wrappers[@]}"; do
+          [[ -f "$d/$f" ]] && cat "$d/$f"; done; done; go version; } | sha256sum | cut -c1-16)"
 bin="$cache/bin/$key"
+lws_key="$( { sed -n "/$own_key_marker/,\$p" "$here/versions.env"; cat "$here/gomod/lws/go.mod" "$here/gomod/lws/go.sum"
+              go version; } | sha256sum | cut -c1-16)"
+lws_bin="$cache/bin/lws-$lws_key"
 # KEDA's CRDs (its Go module ships them): the ScaledObject schema the tests validate against and install. Fetched
 # here, with everything else this project downloads, so that no test reaches the module proxy. Not part of the key.
 KEDA_VERSION="${KEDA_VERSION:-v2.18.1}"
+log() { printf '[build] %s\n' "$*" >&2; }
+# The LeaderWorkerSet controller (sigs.k8s.io/lws cmd, a tool of gomod/lws) with what the harness installs from
+# the same module version: its CRDs, its ClusterRole and its webhook configurations (the harness points them
+# at the controller on loopback). One build per key at a time, like the main one below.
+if [[ ! -f "$lws_bin/.complete" ]]; then
+  mkdir -p "$lws_bin"
+  (
+    exec 8>"$lws_bin.lock"
+    flock 8
+    [[ -f "$lws_bin/.complete" ]] && exit 0
+    export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+    lws_start=$SECONDS
+    grep -Eq "^(require )?[[:space:]]*sigs.k8s.io/lws $LWS_VERSION( // indirect)?\$" "$here/gomod/lws/go.mod" \
+      || { log "gomod/lws/go.mod does not require sigs.k8s.io/lws $LWS_VERSION"; exit 1; }
+    lws_info="$(go mod download -json "sigs.k8s.io/lws@$LWS_VERSION")"
+    lws_src="$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p' <<<"$lws_info")"
+    lws_commit="$(sed -n 's/^[[:space:]]*"Hash": "\(.*\)",\{0,1\}$/\1/p' <<<"$lws_info")"
+    log "lws $LWS_VERSION (LeaderWorkerSet controller)"
+    lws_ldflags="-s -w -X sigs.k8s.io/lws/pkg/version.GitVersion=$LWS_VERSION"
+    lws_ldflags+=" -X sigs.k8s.io/lws/pkg/version.GitCommit=${lws_commit:-unknown}"
+    (cd "$here/gomod/lws" \
+      && go build -trimpath -ldflags "$lws_ldflags" -o "$lws_bin/lws-controller.tmp" sigs.k8s.io/lws/cmd \
+      && mv "$lws_bin/lws-controller.tmp" "$lws_bin/lws-controller")
+    rm -rf "$lws_bin/crds" "$lws_bin/rbac" "$lws_bin/webhook" && mkdir -p "$lws_bin/crds" "$lws_bin/rbac" "$lws_bin/webhook"
+    cp "$lws_src"/config/crd/bases/*.yaml "$lws_bin/crds/"
+    cp "$lws_src/config/rbac/role.yaml" "$lws_bin/rbac/"
+    cp "$lws_src"/config/webhook/{manifests,mutating-patch,validating-patch}.yaml "$lws_bin/webhook/"
+    [[ -f "$lws_bin/crds/leaderworkerset.x-k8s.io_leaderworkersets.yaml" ]] || { log "no LWS CRD in $lws_src"; exit 1; }
+    chmod -R u+w "$lws_bin"
+    log "lws built in $((SECONDS - lws_start))s into $lws_bin"
+    echo "$LWS_VERSION" > "$lws_bin/.complete"
+  )
+fi
+# The main bin directory names the LeaderWorkerSet build it goes with (a relative link: the cache can move).
+link_lws() {
+  [[ "$(readlink "$bin/lws" 2>/dev/null)" == "../lws-$lws_key" ]] || ln -sfn "../lws-$lws_key" "$bin/lws"
+}
 # Caches made before helm got its release ldflags, or before kwok's CRDs were kept, complete those alone.
 if [[ -f "$bin/.complete" && -f "$bin/.helm-release-ldflags" && -f "$bin/kwok-crds/.complete" ]] \
   && [[ "$(cat "$bin/keda-crds/.complete" 2>/dev/null)" == "$KEDA_VERSION" ]]; then
+  link_lws
   echo "$bin"
   exit 0
 fi
-log() { printf '[build] %s\n' "$*" >&2; }
 mkdir -p "$bin"
 # One build per cache key at a time (two checkouts, or a test that calls this while `make` does).
 exec 9>"$bin.lock"
 flock 9
 if [[ -f "$bin/.complete" && -f "$bin/.helm-release-ldflags" && -f "$bin/kwok-crds/.complete" ]] \
   && [[ "$(cat "$bin/keda-crds/.complete" 2>/dev/null)" == "$KEDA_VERSION" ]]; then
+  link_lws
   echo "$bin"
   exit 0
 fi
@@ -128,4 +176,5 @@ if [[ "$(cat "$bin/keda-crds/.complete" 2>/dev/null)" != "$KEDA_VERSION" ]]; the
 fi
 log "built in $((SECONDS - start))s into $bin"
 touch "$bin/.complete"
+link_lws
 echo "$bin"

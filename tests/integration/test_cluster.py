@@ -2,7 +2,8 @@
 
 These tests run against whatever ``kubeconfig`` names (the local cluster by default) and need the default
 node pools of ``hack/cluster/nodepools.yaml``: 2 x 8 H100 nodes, 1 x 8 H200 node, 1 H100 node split into 16
-MIG 3g.40gb slices, 1 CPU node.
+MIG 3g.40gb slices, 1 CPU node (and 2 x 8 H100 nodes for replicas that span nodes, kept apart by their own
+label and taint: tests/integration/test_leaderworkerset_cluster.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from specdeploy_localcluster.nodepools import NODE_GROUP_LABEL
+from specdeploy_localcluster.nodepools import MULTINODE_LABEL, NODE_GROUP_LABEL
 
 from tests.conftest import Kubectl, wait_for
 
@@ -91,8 +92,10 @@ def test_apiserver_reports_the_pinned_kubernetes_version(api_client: client.ApiC
 
 
 def test_default_gpu_pools_expose_capacity_labels_and_taint(core: client.CoreV1Api) -> None:
-    # The static pools; nodes the Cluster Autoscaler added for another test may still be on their way out.
-    nodes = {n.metadata.name: n for n in core.list_node(label_selector=f"!{NODE_GROUP_LABEL}").items}
+    # The static pools but the multinode one (its own test); nodes the Cluster Autoscaler added for another
+    # test may still be on their way out.
+    selector = f"!{NODE_GROUP_LABEL},!{MULTINODE_LABEL}"
+    nodes = {n.metadata.name: n for n in core.list_node(label_selector=selector).items}
     gpu_nodes = [n for n in nodes.values() if "nvidia.com/gpu" in (n.status.capacity or {})]
     products = sorted(n.metadata.labels["nvidia.com/gpu.product"] for n in gpu_nodes)
     assert products == [H100, H100, H200]

@@ -41,6 +41,9 @@ def test_up_twice_is_harmless_and_down_leaves_no_process_or_port() -> None:
             assert {"prometheus", "metrics-adapter", "cluster-autoscaler"} <= set(pids)
             for port in ("prometheus", "metrics_adapter", "cluster_autoscaler"):
                 assert _listening(ports[port]), port
+        if cluster.lws:  # its webhook server, which the apiserver reaches on 127.0.0.1
+            assert "lws-controller" in pids
+            assert _listening(ports["lws_webhook"])
 
         cluster.up(timeout=60)  # already healthy: nothing restarts
         assert cluster._running() == pids

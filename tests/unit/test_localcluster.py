@@ -15,6 +15,8 @@ from specdeploy_localcluster.nodepools import (
     DEFAULT_NODEPOOLS,
     GPU_TAINT,
     KWOK_ANNOTATION,
+    MULTINODE_LABEL,
+    MULTINODE_TOLERATION,
     NODE_GROUP_LABEL,
     AutoscaledPool,
     NodePool,
@@ -27,10 +29,20 @@ from specdeploy_localcluster.nodepools import (
 )
 
 
-def test_default_pools_are_two_h100_nodes_one_h200_node_one_mig_node_and_a_cpu_node() -> None:
+def test_default_pools_are_two_h100_nodes_one_h200_node_one_mig_node_a_cpu_node_and_two_multinode_nodes() -> (
+    None
+):
     nodes = node_manifests(load_nodepools(DEFAULT_NODEPOOLS))
     by_name = {n["metadata"]["name"]: n for n in nodes}
-    assert sorted(by_name) == ["cpu-0", "h100-0", "h100-1", "h100-mig-0", "h200-0"]
+    assert sorted(by_name) == [
+        "cpu-0",
+        "h100-0",
+        "h100-1",
+        "h100-mig-0",
+        "h100-multinode-0",
+        "h100-multinode-1",
+        "h200-0",
+    ]
     mig = by_name["h100-mig-0"]
     assert mig["status"]["capacity"]["nvidia.com/mig-3g.40gb"] == "16"
     assert "nvidia.com/gpu" not in mig["status"]["capacity"]
@@ -47,6 +59,16 @@ def test_default_pools_are_two_h100_nodes_one_h200_node_one_mig_node_and_a_cpu_n
     assert "nvidia.com/gpu" not in cpu["status"]["capacity"]
     assert "nvidia.com/gpu.product" not in cpu["metadata"]["labels"]
     assert cpu["spec"] == {}
+    assert MULTINODE_LABEL not in h100["metadata"]["labels"]
+    for name in ("h100-multinode-0", "h100-multinode-1"):
+        multinode = by_name[name]
+        assert multinode["metadata"]["labels"][MULTINODE_LABEL] == "true"
+        assert multinode["metadata"]["labels"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+        assert multinode["status"]["capacity"]["nvidia.com/gpu"] == "8"
+        assert multinode["spec"]["taints"] == [
+            GPU_TAINT,
+            {k: v for k, v in MULTINODE_TOLERATION.items() if k != "operator"},
+        ]
 
 
 def test_pool_can_override_taints_labels_and_gpu_resource() -> None:
@@ -89,13 +111,27 @@ def test_duplicate_pool_names_are_refused(tmp_path: Path) -> None:
 
 def test_default_autoscaled_pools_are_h100_up_to_four_h200_up_to_two_and_small_cpu_nodes_up_to_two() -> None:
     pools = {p.name: p for p in load_autoscaled_pools(DEFAULT_NODEPOOLS)}
-    assert sorted(pools) == ["cpu-autoscaled", "h100-autoscaled", "h200-autoscaled"]
+    assert sorted(pools) == [
+        "cpu-autoscaled",
+        "h100-autoscaled",
+        "h100-multinode-autoscaled",
+        "h200-autoscaled",
+    ]
     assert (pools["cpu-autoscaled"].min_nodes, pools["cpu-autoscaled"].max_nodes) == (0, 2)
     assert pools["cpu-autoscaled"].pool.gpu is None
     assert (pools["h100-autoscaled"].min_nodes, pools["h100-autoscaled"].max_nodes) == (0, 4)
     assert (pools["h200-autoscaled"].min_nodes, pools["h200-autoscaled"].max_nodes) == (0, 2)
+    multinode = pools["h100-multinode-autoscaled"]
+    assert (multinode.min_nodes, multinode.max_nodes) == (0, 4)
+    assert multinode.pool.labels == {MULTINODE_LABEL: "true"}
     # The static pools are what they were: autoscaled pools add no node at start.
-    assert [p.name for p in load_nodepools(DEFAULT_NODEPOOLS)] == ["h100", "h200", "h100-mig", "cpu"]
+    assert [p.name for p in load_nodepools(DEFAULT_NODEPOOLS)] == [
+        "h100",
+        "h200",
+        "h100-mig",
+        "cpu",
+        "h100-multinode",
+    ]
 
 
 def test_node_templates_look_like_static_nodes_of_the_same_product_plus_group_label_and_bounds() -> None:

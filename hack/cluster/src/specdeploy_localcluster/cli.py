@@ -14,17 +14,19 @@ import urllib.error
 from pathlib import Path
 
 from specdeploy_localcluster import cluster as cluster_module
-from specdeploy_localcluster.cluster import AUTOSCALING_ENV, ClusterError, LocalCluster
+from specdeploy_localcluster.cluster import AUTOSCALING_ENV, LWS_ENV, ClusterError, LocalCluster
 from specdeploy_localcluster.controlplane import kwok_stages
 from specdeploy_localcluster.nodepools import DEFAULT_NODEPOOLS, NodePoolError, load_nodepools, node_manifests
 
 
-def status(cluster: LocalCluster, autoscaling: bool | None) -> int:
+def status(cluster: LocalCluster, autoscaling: bool | None, lws: bool | None) -> int:
     """Print each component, running or stopped; 0 when the cluster is healthy."""
     running = cluster._running()
-    # A running cluster's own setting (state.json), whatever this environment says.
+    # A running cluster's own settings (state.json), whatever this environment says.
     if autoscaling is None and "autoscaling" in cluster.state():
         cluster.autoscaling = bool(cluster.state()["autoscaling"])
+    if lws is None and "lws" in cluster.state():
+        cluster.lws = bool(cluster.state()["lws"])
     for name in cluster.components:
         print(f"{name:<24} {'running pid ' + str(running[name]) if name in running else 'stopped'}")
     return 0 if cluster.healthy() else 1
@@ -48,9 +50,15 @@ def main(argv: list[str] | None = None) -> int:
         help="run the custom metrics adapter and the Cluster Autoscaler "
         f"(default: on unless {AUTOSCALING_ENV}=0)",
     )
+    parser.add_argument(
+        "--lws",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"run the LeaderWorkerSet controller (default: on unless {LWS_ENV}=0)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    cluster = LocalCluster(args.dir, nodepools=args.nodepools, autoscaling=args.autoscaling)
+    cluster = LocalCluster(args.dir, nodepools=args.nodepools, autoscaling=args.autoscaling, lws=args.lws)
     try:
         if args.command == "up":
             started = time.monotonic()
@@ -60,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "down":
             cluster.down()
         elif args.command == "status":
-            return status(cluster, args.autoscaling)
+            return status(cluster, args.autoscaling, args.lws)
         elif args.command == "manifests":
             items = node_manifests(load_nodepools(args.nodepools))
             print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=2))

@@ -1,9 +1,9 @@
 """A real local Kubernetes control plane with simulated GPU node pools, without Docker.
 
-Runs etcd, kube-apiserver (TLS, RBAC, client-certificate admin), kube-controller-manager, kube-scheduler
-and kwok as background processes on 127.0.0.1, from binaries that ``build.sh`` builds from published Go
-modules. Node pools (GPU capacity, GPU labels, the GPU taint) come from a YAML file; kwok plays the kubelet
-of every node with the Stages in ``stages/``.
+Runs etcd, kube-apiserver (TLS, RBAC, client-certificate admin), kube-controller-manager, kube-scheduler,
+kwok and the LeaderWorkerSet controller as background processes on 127.0.0.1, from binaries that
+``build.sh`` builds from published Go modules. Node pools (GPU capacity, GPU labels, the GPU taint) come
+from a YAML file; kwok plays the kubelet of every node with the Stages in ``stages/``.
 
 `LocalCluster` is one cluster and its directory: what the tests' fixture (tests/conftest.py) and the
 benchmarks use, and what ``python -m specdeploy_localcluster up|down|status`` (cli.py) drives. startup.py
@@ -34,6 +34,7 @@ from specdeploy_localcluster.adminapi import FIELD_MANAGER, AdminApi
 from specdeploy_localcluster.autoscalingstack import AUTOSCALING_CLIENTS, METRICS_ADAPTER_SERVING
 from specdeploy_localcluster.components import ClusterError, ComponentProcesses
 from specdeploy_localcluster.controlplane import APISERVER_SERVING, CONTROL_PLANE_CLIENTS
+from specdeploy_localcluster.lwscontroller import LWS_CLIENT, LWS_WEBHOOK_SERVING
 from specdeploy_localcluster.metricsstack import prometheus_query, prometheus_targets
 from specdeploy_localcluster.nodepools import (
     DEFAULT_NODEPOOLS,
@@ -50,15 +51,25 @@ from specdeploy_localcluster.processes import port_open, retry_on_taken_port
 from specdeploy_localcluster.startup import (
     AUTOSCALING_COMPONENTS,
     COMPONENTS,
+    LWS_COMPONENTS,
     Startup,
     choose_ports,
     stop,
 )
 
-__all__ = ["AUTOSCALING_ENV", "ClusterError", "LocalCluster", "autoscaling_from_env"]
+__all__ = [
+    "AUTOSCALING_ENV",
+    "LWS_ENV",
+    "ClusterError",
+    "LocalCluster",
+    "autoscaling_from_env",
+    "lws_from_env",
+]
 
 AUTOSCALING_ENV = "SPECDEPLOY_AUTOSCALING"
-IDENTITIES = CONTROL_PLANE_CLIENTS + AUTOSCALING_CLIENTS
+LWS_ENV = "SPECDEPLOY_LWS"
+IDENTITIES = (*CONTROL_PLANE_CLIENTS, LWS_CLIENT, *AUTOSCALING_CLIENTS)
+_OFF = ("0", "false", "no", "off")
 
 log = logging.getLogger("localcluster")
 
@@ -66,7 +77,13 @@ log = logging.getLogger("localcluster")
 def autoscaling_from_env() -> bool:
     """Whether local clusters run the metrics adapter and the Cluster Autoscaler: yes unless
     ``SPECDEPLOY_AUTOSCALING`` is ``0``, ``false``, ``no`` or ``off``."""
-    return os.environ.get(AUTOSCALING_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return os.environ.get(AUTOSCALING_ENV, "1").strip().lower() not in _OFF
+
+
+def lws_from_env() -> bool:
+    """Whether local clusters run the LeaderWorkerSet controller: yes unless ``SPECDEPLOY_LWS`` is ``0``,
+    ``false``, ``no`` or ``off``."""
+    return os.environ.get(LWS_ENV, "1").strip().lower() not in _OFF
 
 
 class LocalCluster:
@@ -75,7 +92,10 @@ class LocalCluster:
     ``autoscaling`` (default: on unless the environment says ``SPECDEPLOY_AUTOSCALING=0``) adds the custom
     metrics stack (Prometheus scraping the serving pods, prometheus-adapter behind the APIServices
     ``v1beta1``/``v1beta2.custom.metrics.k8s.io``, both configured from the chart: metricsstack.py) and the
-    Cluster Autoscaler (kwok cloud provider, node groups from the node-pools file's ``autoscaledPools``)."""
+    Cluster Autoscaler (kwok cloud provider, node groups from the node-pools file's ``autoscaledPools``).
+
+    ``lws`` (default: on unless ``SPECDEPLOY_LWS=0``) runs the LeaderWorkerSet controller with its CRDs and
+    its webhooks, which the apiserver reaches on 127.0.0.1 (lwscontroller.py)."""
 
     def __init__(
         self,
@@ -83,11 +103,13 @@ class LocalCluster:
         nodepools: Path | None = None,
         bin_dir: Path | None = None,
         autoscaling: bool | None = None,
+        lws: bool | None = None,
     ) -> None:
         self.dir = directory.resolve()
         self.nodepools_file = nodepools or DEFAULT_NODEPOOLS
         self._bin_dir = bin_dir
         self.autoscaling = autoscaling_from_env() if autoscaling is None else autoscaling
+        self.lws = lws_from_env() if lws is None else lws
         self.processes = ComponentProcesses(self.dir)
         self.pki = self.dir / "pki"
         self.logs = self.processes.logs
@@ -126,7 +148,11 @@ class LocalCluster:
     @property
     def components(self) -> tuple[str, ...]:
         """The processes this cluster runs, in start order."""
-        return COMPONENTS + (AUTOSCALING_COMPONENTS if self.autoscaling else ())
+        return (
+            COMPONENTS
+            + (LWS_COMPONENTS if self.lws else ())
+            + (AUTOSCALING_COMPONENTS if self.autoscaling else ())
+        )
 
     @property
     def bin_dir(self) -> Path:
@@ -175,7 +201,7 @@ class LocalCluster:
 
     def _running(self) -> dict[str, int]:
         """The pid of each of the cluster's processes that runs now."""
-        return self.processes.running(COMPONENTS + AUTOSCALING_COMPONENTS)
+        return self.processes.running(COMPONENTS + LWS_COMPONENTS + AUTOSCALING_COMPONENTS)
 
     def healthy(self) -> bool:
         running = self._running()
@@ -214,14 +240,19 @@ class LocalCluster:
     def _start_once(self, bins: Path, deadline: float) -> None:
         for sub in (self.logs, self.pids, self.kubeconfigs):
             sub.mkdir(parents=True, exist_ok=True)
-        write_pki(self.pki, servers=(APISERVER_SERVING, METRICS_ADAPTER_SERVING), clients=IDENTITIES)
-        ports = choose_ports(self.autoscaling)
+        write_pki(
+            self.pki,
+            servers=(APISERVER_SERVING, METRICS_ADAPTER_SERVING, LWS_WEBHOOK_SERVING),
+            clients=IDENTITIES,
+        )
+        ports = choose_ports(self.autoscaling, self.lws)
         slot = claim_slot(self.dir)
         pod_cidr, kwok_fallback_cidr = slot_ranges(slot)
         state = {
             "ports": ports,
             "bin_dir": str(bins),
             "autoscaling": self.autoscaling,
+            "lws": self.lws,
             "pod_network_slot": slot,
             "pod_cidr": pod_cidr,
         }
@@ -243,6 +274,7 @@ class LocalCluster:
             deadline=deadline,
         )
         start.control_plane(api, ports, pod_cidr, kwok_fallback_cidr, self.audit_log)
+        lws_crds = start.lws_objects(api) if self.lws else []
         start.node_agents(api)
         for name in COMPONENTS:
             self.processes.expect_alive(name)
@@ -255,6 +287,8 @@ class LocalCluster:
             "the default ServiceAccount (controller-manager)",
         )
         self.wait_nodes_ready(timeout=max(5.0, deadline - time.monotonic()))
+        if self.lws:
+            start.lws_controller(api, ports["lws_webhook"], lws_crds)
         if self.autoscaling:
             start.autoscaling(api, ports, load_autoscaled_pools(self.nodepools_file))
 

@@ -24,6 +24,10 @@ CA_MIN_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/min-count"
 CA_MAX_ANNOTATION = "cluster-autoscaler.kwok.nodegroup/max-count"
 # The kwok provider's ConfigMap of node templates (it lives beside the autoscaler's other ConfigMaps).
 CA_TEMPLATES_CONFIGMAP = "kwok-provider-templates"
+# The default pools for replicas that span nodes (nodepools.yaml: h100-multinode, h100-multinode-autoscaled)
+# carry this label ("true") and a NoSchedule taint of the same key: only pods that ask for them land there.
+MULTINODE_LABEL = "specdeploy.dev/multinode"
+MULTINODE_TOLERATION = {"key": MULTINODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
 
 
 class NodePoolError(ValueError):

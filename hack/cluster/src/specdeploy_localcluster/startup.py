@@ -1,8 +1,8 @@
 """Starting a local cluster's processes in order, each waited for, and stopping them in reverse: the control
 plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok), the node agents (the provisioner
-and the pod runner, both ours) and the autoscaling chain (Prometheus, prometheus-adapter, the Cluster
-Autoscaler). LocalCluster (cluster.py) prepares the cluster's directory first (PKI, ports, kubeconfigs) and
-applies the node pools once the control plane serves."""
+and the pod runner, both ours), the LeaderWorkerSet controller and the autoscaling chain (Prometheus,
+prometheus-adapter, the Cluster Autoscaler). LocalCluster (cluster.py) prepares the cluster's directory first
+(PKI, ports, kubeconfigs) and applies the node pools once the control plane serves."""
 
 from __future__ import annotations
 
@@ -36,6 +36,16 @@ from specdeploy_localcluster.controlplane import (
     kwok_stages,
     scheduler_argv,
 )
+from specdeploy_localcluster.lwscontroller import (
+    LWS_WEBHOOK_SERVING,
+    lws_argv,
+    lws_config,
+    lws_objects,
+    probe_leader_pod,
+    probe_leaderworkerset,
+    webhook_configurations,
+    webhooks_answered,
+)
 from specdeploy_localcluster.metricsstack import (
     adapter_argv,
     prometheus_argv,
@@ -59,18 +69,28 @@ COMPONENTS = (
 )
 # Started after the control plane unless autoscaling is switched off (`SPECDEPLOY_AUTOSCALING=0`).
 AUTOSCALING_COMPONENTS = ("prometheus", "metrics-adapter", "cluster-autoscaler")
+# Started after the node agents unless switched off (`SPECDEPLOY_LWS=0`).
+LWS_COMPONENTS = ("lws-controller",)
 # The autoscaler first, while the API is up (on exit it deletes the nodes it made), then everything that talks
 # to etcd, then etcd: an apiserver that loses etcd mid-shutdown hangs.
-STOP_WAVES = (AUTOSCALING_COMPONENTS, tuple(n for n in COMPONENTS if n != "etcd"), ("etcd",))
+STOP_WAVES = (
+    AUTOSCALING_COMPONENTS + LWS_COMPONENTS,
+    tuple(n for n in COMPONENTS if n != "etcd"),
+    ("etcd",),
+)
 # What the start writes into the cluster's directory besides logs, pids, PKI and kubeconfigs.
-_STARTUP_STATE = ("etcd-data", "apiserver-certs", "prometheus", "kwok-stages.yaml")
+_STARTUP_STATE = ("etcd-data", "apiserver-certs", "prometheus", "kwok-stages.yaml", "lws")
+# The name of the dry-run LeaderWorkerSet and leader pod that prove the LWS webhooks answer (never stored).
+_LWS_PROBE = "specdeploy-webhook-probe"
 
 
-def choose_ports(autoscaling: bool) -> dict[str, int]:
+def choose_ports(autoscaling: bool, lws: bool = False) -> dict[str, int]:
     """A free loopback port for each listener of the cluster (taken ones are found at start: `PortTaken`)."""
     names = ["etcd", "etcd_peer", "apiserver", "kwok"]
     if autoscaling:
         names += ["prometheus", "metrics_adapter", "cluster_autoscaler"]
+    if lws:
+        names += ["lws_webhook"]
     return {name: free_port() for name in names}
 
 
@@ -169,6 +189,45 @@ class Startup:
             ],
         )
 
+    def lws_objects(self, api: AdminApi) -> list[str]:
+        """The LeaderWorkerSet controller's CRDs and RBAC, applied as soon as the apiserver serves: the CRDs
+        (over 1 MB each) are Established while the rest of the cluster starts. Returns the CRDs' names."""
+        objects = lws_objects(self.bins)
+        for obj in objects:
+            api.apply(obj)
+        return [o["metadata"]["name"] for o in objects if o["kind"] == "CustomResourceDefinition"]
+
+    def lws_controller(self, api: AdminApi, webhook_port: int, crds: Iterable[str]) -> None:
+        """The LeaderWorkerSet controller once its `crds` are Established (`lws_objects`): the process
+        (webhooks on 127.0.0.1 with a serving certificate of the cluster CA), then its webhook configurations;
+        waited for until the apiserver gets answers from its LeaderWorkerSet and pod webhooks (dry-run
+        creates)."""
+        import yaml  # noqa: PLC0415 - only `up` needs PyYAML
+
+        # Established before the controller starts: it would otherwise wait 10 s to watch them again.
+        for crd in crds:
+            self.processes.wait(
+                functools.partial(crd_established, api, crd), self.deadline, "kube-apiserver", f"CRD {crd}"
+            )
+        lws_dir = self.dir / "lws"
+        cert_dir = lws_dir / "certs"
+        cert_dir.mkdir(parents=True, exist_ok=True)
+        for suffix in ("crt", "key"):
+            target = cert_dir / f"tls.{suffix}"
+            target.write_bytes((self.pki / f"{LWS_WEBHOOK_SERVING.file}.{suffix}").read_bytes())
+            target.chmod(0o600)
+        config = lws_dir / "config.yaml"
+        config.write_text(yaml.safe_dump(lws_config(cert_dir, webhook_port), sort_keys=False))
+        self.processes.start(
+            "lws-controller", lws_argv(self.bins, config, self.kubeconfigs / "lws-controller.kubeconfig")
+        )
+        wait = self.processes.wait
+        wait(lambda: port_open(webhook_port), self.deadline, "lws-controller", "the LWS webhooks to listen")
+        ca_bundle = base64.b64encode((self.pki / "ca.crt").read_bytes()).decode()
+        for obj in webhook_configurations(self.bins, webhook_port, ca_bundle):
+            api.apply(obj)
+        wait(functools.partial(lws_webhooks_answer, api), self.deadline, "lws-controller", "the LWS webhooks")
+
     def autoscaling(self, api: AdminApi, ports: Mapping[str, int], pools: Iterable[AutoscaledPool]) -> None:
         """Prometheus (configured from the chart's PodMonitor), prometheus-adapter (from the chart's rules)
         behind the custom metrics APIServices, and the Cluster Autoscaler, each waited for."""
@@ -239,6 +298,31 @@ def prometheus_ready(url: str) -> bool:
             return bool(resp.status == 200)
     except (OSError, urllib.error.URLError):
         return False
+
+
+def crd_established(api: AdminApi, name: str) -> bool:
+    try:
+        crd = api.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+    except urllib.error.HTTPError:
+        return False
+    conditions = (crd.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+
+def lws_webhooks_answer(api: AdminApi, namespace: str = "default") -> bool:
+    """Whether the apiserver reaches the LWS controller's LeaderWorkerSet and pod webhooks: dry-run creates
+    come back mutated by them (a CRD not yet established, or a webhook not yet reached, is an error)."""
+    dry = "?dryRun=All"
+    try:
+        lws = api.request(
+            "POST",
+            f"/apis/leaderworkerset.x-k8s.io/v1/namespaces/{namespace}/leaderworkersets{dry}",
+            probe_leaderworkerset(_LWS_PROBE),
+        )
+        pod = api.request("POST", f"/api/v1/namespaces/{namespace}/pods{dry}", probe_leader_pod(_LWS_PROBE))
+    except (OSError, urllib.error.URLError):
+        return False
+    return webhooks_answered(lws, pod)
 
 
 def apiservice_available(api: AdminApi, name: str) -> bool:
