@@ -209,3 +209,21 @@ def test_one_node_to_two_and_back_replaces_the_workload_once_the_new_one_serves(
     finally:
         cluster.kubectl("delete", f"sdep/{name}", "-n", cluster.namespace, "--wait=false")
         wait_for(lambda: not autoscaled(autoscaling_cluster), timeout=180, what="the autoscaled nodes gone")
+
+
+def test_exclusive_topology_keeps_a_group_on_one_value_of_the_label(cluster: Cluster) -> None:
+    # The node-pool label as the topology: a group's pods share a pool (LeaderWorkerSet's pod webhook adds
+    # the affinity that says so, and keeps other groups out of it).
+    name = cluster.apply(deepseek(multiNode={"exclusiveTopology": "specdeploy.dev/node-pool"}))
+    cluster.wait_phase(name, "Ready", timeout=180)
+    annotations = group_set(cluster, name)["metadata"]["annotations"]
+    assert annotations["leaderworkerset.sigs.k8s.io/exclusive-topology"] == "specdeploy.dev/node-pool"
+    pods = group_pods(cluster, name)
+    assert len(pods) == 2
+    pools = {
+        cluster.core.read_node(p.spec.node_name).metadata.labels["specdeploy.dev/node-pool"] for p in pods
+    }
+    assert len(pools) == 1
+    leader = next(p for p in pods if p.metadata.labels["app.kubernetes.io/component"] == "server")
+    required = leader.spec.affinity.pod_affinity.required_during_scheduling_ignored_during_execution
+    assert [term.topology_key for term in required] == ["specdeploy.dev/node-pool"]
