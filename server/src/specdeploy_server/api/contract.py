@@ -187,6 +187,8 @@ class ModelCard(_Open):
     created: int
     owned_by: str
     max_model_len: int
+    #: whether ``response_format`` and ``tools`` can be served: the grammar engine can index the tokenizer
+    structured_output: bool
 
 
 class ModelList(BaseModel):
