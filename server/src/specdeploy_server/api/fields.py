@@ -46,7 +46,7 @@ REFUSED: Mapping[str, tuple[str, Any]] = {
     "audio": ("audio output is not supported", None),
     "modalities": ("only text output is supported", ["text"]),
     "functions": ("the deprecated 'functions' is not supported; use 'tools'", None),
-    "function_call": ("the deprecated 'function_call' is not supported; use 'tool_choice'", None),
+    "function_call": ("the deprecated 'function_call' is not supported; use 'tool_choice'", "none"),
     "web_search_options": ("web search is not supported", None),
     "reasoning_effort": ("the served model has no reasoning-effort setting", None),
     "verbosity": ("the served model has no verbosity setting", None),
