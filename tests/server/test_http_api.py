@@ -83,7 +83,7 @@ def test_malformed_json_is_a_bad_request(http: httpx.Client) -> None:
         ("frequency_penalty", False),
         ("echo", 0.0),
         ("seed", "7"),
-        ("max_tokens", 5.0),
+        ("max_tokens", 5.5),  # 5.0 is an integer (JSON Schema), 5.5 is not
     ],
 )
 def test_a_wrong_type_is_a_bad_request_naming_the_field(

@@ -351,25 +351,71 @@ def test_a_required_or_named_tool_call_comes_back_as_tool_calls(
     jsonschema.validate(json.loads(call.function.arguments), schema)
 
 
-def test_a_streamed_tool_call_arrives_whole_in_one_delta(client: openai.OpenAI) -> None:
-    chunks = list(
-        client.chat.completions.create(
-            model="tiny",
-            messages=[{"role": "user", "content": "weather?"}],
-            max_tokens=100,
-            temperature=0,
-            tools=[WEATHER],
-            tool_choice="required",
-            stream=True,
-        )
-    )
-    calls = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
-    assert len(calls) == 1
-    function = calls[0][0].function
-    assert function is not None
-    assert function.name == "get_weather"
-    json.loads(function.arguments or "")
+def test_a_streamed_tool_call_arrives_incrementally_as_openai_streams_it(client: openai.OpenAI) -> None:
+    kwargs: dict[str, Any] = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "weather?"}],
+        "max_tokens": 100,
+        "temperature": 0,
+        "tools": [WEATHER],
+        "tool_choice": "required",
+    }
+    whole = client.chat.completions.create(**kwargs)
+    whole_calls = whole.choices[0].message.tool_calls
+    assert whole_calls is not None
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert len(deltas) > 2  # the arguments arrive in fragments, as they are generated
+    first, *rest = deltas
+    assert first.id is not None
+    assert first.type == "function"
+    assert first.function is not None
+    assert first.function.name == "get_weather"
+    assert first.function.arguments == ""
+    assert all(d.id is None and d.function is not None and d.function.name is None for d in rest)
+    arguments = "".join(d.function.arguments or "" for d in rest if d.function is not None)
+    assert arguments == whole_calls[0].function.arguments
+    jsonschema.validate(json.loads(arguments), WEATHER["function"]["parameters"])
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("cut", ["name", "arguments"])
+def test_a_forced_tool_call_cut_by_max_tokens_is_still_a_call_with_finish_reason_length(
+    client: openai.OpenAI, stream: bool, cut: str
+) -> None:
+    kwargs: dict[str, Any] = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "weather?"}],
+        "temperature": 0,
+        "tools": [WEATHER],
+        "tool_choice": "required",
+    }
+    whole = client.chat.completions.create(**kwargs, max_tokens=100)
+    full = whole.choices[0].message.tool_calls
+    assert full is not None
+    assert whole.usage is not None
+    kwargs["max_tokens"] = 4 if cut == "name" else whole.usage.completion_tokens - 3
+    if stream:
+        chunks = list(client.chat.completions.create(**kwargs, stream=True))
+        deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+        assert deltas[0].function is not None
+        name = deltas[0].function.name
+        arguments = "".join(d.function.arguments or "" for d in deltas if d.function is not None)
+        finish = chunks[-1].choices[0].finish_reason
+        assert all(c.choices[0].delta.content in (None, "") for c in chunks if c.choices)
+    else:
+        choice = client.chat.completions.create(**kwargs).choices[0]
+        assert choice.message.content is None
+        assert choice.message.tool_calls is not None
+        name = choice.message.tool_calls[0].function.name
+        arguments = choice.message.tool_calls[0].function.arguments
+        finish = choice.finish_reason
+    assert finish == "length"
+    assert name == "get_weather"
+    assert full[0].function.arguments.startswith(arguments)
+    assert len(arguments) < len(full[0].function.arguments)
+    assert (arguments == "") == (cut == "name")
 
 
 def test_a_streamed_tool_call_carries_the_logprobs_of_all_its_tokens(client: openai.OpenAI) -> None:

@@ -198,3 +198,35 @@ def test_grammar_constrained_sampling_with_cut_draft_tokens_samples_the_masked_d
     second = np.bincount([o[1] for o in outputs if len(o) == 2], minlength=vocab).astype(float)
     assert _pooled_chi_square(first, p1) > 1e-3
     assert _pooled_chi_square(second, np.asarray(p2)) > 1e-3
+
+
+def test_min_tokens_samples_the_target_distribution_with_the_stop_tokens_masked(
+    tiny_models: TinyModels,
+) -> None:
+    """The draft model masks the stop tokens as the target does (its draft distribution is the masked one), so
+    rejection sampling stays exact: the first two tokens follow the masked target distribution."""
+    plain = PlainDecoder(tiny_models.target)
+    prompt_ids = plain.tokenizer.encode(PROMPT)
+    likeliest = int(np.argmax(plain.logits(prompt_ids)))
+    stops = sorted({likeliest, plain.eos})
+    params = SamplingParams(temperature=1.0, min_tokens=2, stop_token_ids=frozenset({likeliest}))
+    outputs, sampled_prompt, drafted, accepted, _ = _sample_first_two(tiny_models, params)
+    assert sampled_prompt == prompt_ids
+    assert all(len(o) == 2 for o in outputs)
+    assert not any(t in stops for o in outputs for t in o)
+    assert 0 < accepted < drafted
+
+    def masked(ids: list[int]) -> np.ndarray:
+        row = plain.logits(ids)
+        row[stops] = -np.inf
+        return process_logits(row, params)
+
+    p1 = masked(prompt_ids)
+    p2 = np.zeros_like(p1)
+    for x in np.flatnonzero(p1):
+        p2 += p1[x] * masked([*prompt_ids, int(x)])
+    vocab = len(p1)
+    first = np.bincount([o[0] for o in outputs], minlength=vocab).astype(float)
+    second = np.bincount([o[1] for o in outputs], minlength=vocab).astype(float)
+    assert _pooled_chi_square(first, p1) > 1e-3
+    assert _pooled_chi_square(second, p2) > 1e-3

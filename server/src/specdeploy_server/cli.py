@@ -87,6 +87,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat-template", help="Jinja chat template file")
     g.add_argument("--shutdown-timeout", type=float, help="seconds in-flight requests get on shutdown")
     g.add_argument("--max-request-body-bytes", type=int, help="larger request bodies get 413")
+    g.add_argument(
+        "--unknown-fields",
+        choices=["warn", "refuse"],
+        help="request fields the server does not implement: accept and log them (warn), or 400 (refuse)",
+    )
     g = p.add_argument_group("logging")
     g.add_argument("--debug", action="store_true", help="debug logging (per-step acceptance)")
     g.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
@@ -138,6 +143,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     put("serving.chatTemplate", args.chat_template)
     put("serving.shutdownTimeoutSeconds", args.shutdown_timeout)
     put("serving.maxRequestBodyBytes", args.max_request_body_bytes)
+    put("serving.unknownFields", args.unknown_fields)
     put("logging.level", "DEBUG" if args.debug else args.log_level)
     put("logging.format", args.log_format)
     return out
@@ -169,6 +175,7 @@ class _JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        payload.update(getattr(record, "fields", {}))
         if record.exc_info:
             payload["exc"] = self.formatException(record.exc_info)
         return json.dumps(payload)
@@ -180,7 +187,7 @@ def _without_probes(record: logging.LogRecord) -> bool:
     return not (len(args) > 2 and str(args[2]).startswith(_PROBE_PATHS))
 
 
-_PROBE_PATHS = ("/health/ready", "/health/live")
+_PROBE_PATHS = ("/health",)
 
 
 def setup_logging(config: ServerConfig) -> None:
@@ -222,6 +229,7 @@ def serve(config: ServerConfig) -> None:
         default_max_tokens=config.serving.default_max_tokens,
         shutdown_timeout=config.serving.shutdown_timeout_seconds,
         max_request_body_bytes=config.serving.max_request_body_bytes,
+        unknown_fields=config.serving.unknown_fields,
     )
     state = app_state(app)
     state.metrics.set_config(config.dump())

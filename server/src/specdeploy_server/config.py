@@ -209,6 +209,11 @@ class ServingConfig(_Model):
         ge=1,
         description="Largest request body; a larger one gets 413 without being read whole.",
     )
+    unknown_fields: Literal["warn", "refuse"] = Field(
+        default="warn",
+        description="Request fields the server does not implement: warn = accept and log their names, "
+        "refuse = 400 naming the field (docs/server.md).",
+    )
 
 
 class LoggingConfig(_Model):

@@ -44,6 +44,8 @@ class Feature:
     PROMPT_LOGPROBS = "prompt_logprobs"  # echo with logprobs
     GRAMMAR = "grammar"  # response_format json_object / json_schema / lark_grammar, tools
     GRAMMAR_LLGUIDANCE = "grammar_llguidance"  # response_format llguidance (a raw llguidance grammar)
+    MIN_TOKENS = "min_tokens"  # stop tokens masked until min_tokens are generated
+    STOP_TOKENS = "stop_tokens"  # stop_token_ids, ignore_eos: which tokens end a sequence
 
 
 #: every feature: the reference backend applies all of them in the speculative core
@@ -56,6 +58,8 @@ ALL_FEATURES = frozenset(
         Feature.PROMPT_LOGPROBS,
         Feature.GRAMMAR,
         Feature.GRAMMAR_LLGUIDANCE,
+        Feature.MIN_TOKENS,
+        Feature.STOP_TOKENS,
     }
 )
 
@@ -71,6 +75,10 @@ def features_needed(params: SamplingParams, constraint: TokenConstraint | None) 
         needed.add(Feature.FILTERS)
     if params.logprobs is not None:
         needed.add(Feature.LOGPROBS)
+    if params.min_tokens > 0:
+        needed.add(Feature.MIN_TOKENS)
+    if params.stop_token_ids or params.ignore_eos:
+        needed.add(Feature.STOP_TOKENS)
     if constraint is not None:
         needed.add(Feature.GRAMMAR)
         guide = getattr(constraint, "guide", None)
@@ -228,7 +236,7 @@ class Engine:
             prompt_ids=prompt_ids,
             max_tokens=max_tokens,
             params=params,
-            stop_token_ids=self.tokenizer.eos_token_ids,
+            stop_token_ids=params.stops(self.tokenizer.eos_token_ids),
             constraint=constraint,
         )
         self.scheduler.add(seq)

@@ -32,7 +32,7 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def decode(self, token_ids: Sequence[int]) -> str: ...
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
 
     def render_chat(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
@@ -147,8 +147,8 @@ class HFTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return str(self._tok.decode(list(token_ids), skip_special_tokens=True))
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
     @property
     def hf(self) -> Any:

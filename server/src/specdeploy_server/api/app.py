@@ -24,7 +24,6 @@ from specdeploy_server.api.errors import (
     APIError,
     AuthenticationError,
     BadRequestError,
-    InternalServerError,
     MethodNotAllowedError,
     OverloadedError,
     PayloadTooLargeError,
@@ -33,6 +32,8 @@ from specdeploy_server.api.errors import (
     queue_full_error,
     shutting_down_error,
 )
+from specdeploy_server.api.failsafe import InternalErrors
+from specdeploy_server.api.fields import DEFAULT_UNKNOWN_FIELDS, UnknownFields, UnknownFieldsPolicy
 from specdeploy_server.api.limits import DEFAULT_MAX_REQUEST_BODY_BYTES, BodySizeLimit
 from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest
 from specdeploy_server.api.responses_api import document as responses_document
@@ -92,6 +93,7 @@ def create_app(
     shutdown_timeout: float = 30.0,
     *,
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
+    unknown_fields: UnknownFields = DEFAULT_UNKNOWN_FIELDS,
 ) -> FastAPI:
     name = served_model_name or engine.info.served_model_name
     metrics = ServerMetrics(name)
@@ -121,9 +123,10 @@ def create_app(
 
     app = FastAPI(title="specdeploy-server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.specdeploy = state
-    app.openapi = lambda: openapi.openapi_document(app)  # type: ignore[method-assign]
+    app.openapi = lambda: openapi.openapi_document(app, name)  # type: ignore[method-assign]
     _install_error_handlers(app, state)
     _install_routes(app, state)
+    app.add_middleware(UnknownFieldsPolicy, policy=unknown_fields)
     app.add_middleware(
         BodySizeLimit,
         max_bytes=max_request_body_bytes,
@@ -134,6 +137,9 @@ def create_app(
         refusal=state.refusal,
         api_key=api_key,
         on_refused=lambda error: metrics.errors.labels(metrics.model, error.type).inc(),
+    )
+    app.add_middleware(  # answers what nothing else handled, keeping the connection usable
+        InternalErrors, on_error=lambda error: metrics.errors.labels(metrics.model, error.type).inc()
     )
     app.add_middleware(_RequestCounter, metrics=state.metrics)  # outermost: counts the 413s and 503s too
     return app
@@ -172,14 +178,9 @@ def _install_error_handlers(app: FastAPI, state: AppState) -> None:
         error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return respond(error)
 
-    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error", exc_info=exc)
-        return respond(InternalServerError("the server had an error while processing the request"))
-
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
-    app.add_exception_handler(Exception, on_unexpected)
 
 
 def _allowed_methods(app: FastAPI, request: Request) -> set[str]:
@@ -282,6 +283,7 @@ def _install_routes(app: FastAPI, state: AppState) -> None:
         ok = state.engine.ready or state.draining
         return _answer(contract.Health(status="ok" if ok else "engine stopped"), 200 if ok else 503)
 
+    @app.get("/health", response_model=None, responses=openapi.HEALTH_RESPONSES)
     @app.get("/health/ready", response_model=None, responses=openapi.HEALTH_RESPONSES)
     async def ready() -> Response:
         ok = state.engine.ready and not state.draining

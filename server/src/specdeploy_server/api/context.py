@@ -18,11 +18,15 @@ class ResponseContext:
         self.metrics = metrics
         #: the text of single token ids, memoised for the streams' incremental decoders and the logprobs
         self.single_token_text: dict[int, str] = {}
+        #: the same with special tokens kept (``skip_special_tokens: false``)
+        self.single_token_text_special: dict[int, str] = {}
         self.logprobs = LogprobFormatter(tokenizer, self.single_token_text)
 
-    def decoder(self) -> IncrementalDecoder:
+    def decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
         """A new incremental decoder for one choice's tokens."""
-        return IncrementalDecoder(self.tokenizer, self.single_token_text)
+        if skip_special_tokens:
+            return IncrementalDecoder(self.tokenizer, self.single_token_text)
+        return IncrementalDecoder(self.tokenizer, self.single_token_text_special, skip_special_tokens=False)
 
     def request_metrics(self) -> RequestMetrics:
         return self.metrics.for_requests(self.model)

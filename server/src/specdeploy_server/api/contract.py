@@ -146,13 +146,20 @@ class ChatCompletion(_Open):
     speculative: SpeculativeUsage
 
 
+class FunctionCallDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None  # a fragment of the arguments' JSON text
+
+
 class ToolCallDelta(BaseModel):
-    """A tool call in a stream: sent whole, once the choice's text is complete, with its position."""
+    """A tool call in a stream, by its position: the first delta of a call has its ``id``, ``type`` and
+    ``function.name`` (and ``arguments: ""``), later ones fragments of ``function.arguments`` (OpenAI's
+    shape). A call found in the text of ``tool_choice: auto`` comes whole, once the text is complete."""
 
     index: int = Field(ge=0)
-    id: str
-    type: Literal["function"]
-    function: FunctionCall
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
 
 
 class ChunkDelta(_Open):
@@ -187,6 +194,8 @@ class ModelCard(_Open):
     created: int
     owned_by: str
     max_model_len: int
+    #: whether ``response_format`` and ``tools`` can be served: the grammar engine can index the tokenizer
+    structured_output: bool
 
 
 class ModelList(BaseModel):

@@ -111,9 +111,11 @@ def _definitions(model: type[BaseModel]) -> dict[str, Any]:
     return {**nested, model.__name__: schema}
 
 
-def openapi_document(app: FastAPI) -> dict[str, Any]:
+def openapi_document(app: FastAPI, served_model_name: str | None = None) -> dict[str, Any]:
     """FastAPI's document without what this server never answers: 422 (validation errors are 400 here)
-    and the JSON body FastAPI assumes for a route that returns a plain ``Response`` (``/metrics``)."""
+    and the JSON body FastAPI assumes for a route that returns a plain ``Response`` (``/metrics``); with the
+    served model's name as the one value of every request body's ``model`` (a schema-driven client then
+    reaches the generation path instead of a 404 for a made-up name)."""
     if app.openapi_schema is not None:
         return app.openapi_schema
     document = get_openapi(title=app.title, version=app.version, routes=app.routes)
@@ -129,5 +131,22 @@ def openapi_document(app: FastAPI) -> dict[str, Any]:
         schemas.update(_definitions(model))
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
+    if served_model_name is not None:
+        for name in _request_bodies(document):
+            model = schemas.get(name, {}).get("properties", {}).get("model")
+            if isinstance(model, dict) and model.get("type") == "string":
+                model["enum"] = [served_model_name]
     app.openapi_schema = document
     return document
+
+
+def _request_bodies(document: dict[str, Any]) -> set[str]:
+    """The component names of every operation's JSON request body."""
+    out: set[str] = set()
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            content = operation.get("requestBody", {}).get("content", {})
+            ref = content.get("application/json", {}).get("schema", {}).get("$ref", "")
+            if ref.startswith("#/components/schemas/"):
+                out.add(ref.rsplit("/", 1)[1])
+    return out

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from specdeploy_server.api import fields
 
 
 class _Strict(BaseModel):
@@ -17,9 +19,27 @@ class _Strict(BaseModel):
 
 
 class _Request(_Strict):
-    # Unknown fields are tolerated (clients send vendor extensions); known-but-unsupported ones are checked.
+    """The base of every endpoint's request model. Fields it does not declare are kept as extras and screened
+    once validated (``api/fields.py``: accepted, refused, or logged as ignored, by the server's policy)."""
+
     model_config = ConfigDict(extra="allow", strict=True)
 
+    @model_validator(mode="after")
+    def _screen_undeclared_fields(self) -> Self:
+        fields.screen(type(self).__name__, self.model_extra or {})
+        return self
+
+
+def _integral(value: Any) -> Any:
+    """A float with an integral value (``1.0``) as the integer it is: JSON Schema counts it as an integer,
+    and the document declares these fields as integers. Anything else is left for strict validation."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+#: an integer field that takes ``1.0`` as ``1`` (JSON Schema's integer), and still no boolean or string
+Integer = Annotated[int, BeforeValidator(_integral)]
 
 #: most choices per request (n), and most alternatives per token (top_logprobs; OpenAI allows 20)
 MAX_N = 16
@@ -34,20 +54,26 @@ class _Sampling(_Request):
     model: str
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    n: int = Field(default=1, ge=1, le=MAX_N)
+    n: Integer = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: Integer | None = None
     user: str | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     # vLLM / SGLang / trtllm-serve extensions
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: Integer | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
+    # Stop and output extensions of vLLM, SGLang and trtllm-serve, with their meaning (docs/server.md).
+    ignore_eos: bool = False
+    min_tokens: Integer = Field(default=0, ge=0)
+    stop_token_ids: list[Integer] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:
@@ -72,10 +98,10 @@ class _Sampling(_Request):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = None
+    max_tokens: Integer | None = None
     echo: bool = False
-    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
-    best_of: int | None = None
+    logprobs: Integer | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    best_of: Integer | None = None
     suffix: str | None = None
 
     def unsupported(self) -> list[str]:
@@ -162,10 +188,10 @@ class NamedToolChoice(_Strict):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    max_tokens: Integer | None = None
+    max_completion_tokens: Integer | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: Integer | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
 

@@ -20,6 +20,7 @@ from specdeploy_server.api.contract import (
     ToolCall,
 )
 from specdeploy_server.api.errors import ExecutorFailedError
+from specdeploy_server.api.forcedcall import cut_call, forced_tool_call, parse_forced_call
 from specdeploy_server.api.runs import Prepared, Run
 from specdeploy_server.api.structured import auto_tool_calls, tool_calls_from
 from specdeploy_server.core.executors import ExecutorError
@@ -105,6 +106,10 @@ def assistant_message(
 ) -> tuple[AssistantMessage, FinishReasonName | None]:
     """The assistant message, with ``tool_calls`` when the text is (forced) or holds (auto) tool calls."""
     if prepared.tool_mode == "forced":
+        call = parse_forced_call(text) or cut_call(text, prepared.tool_names)
+        if call is not None:  # a call (complete, or cut by max_tokens: finish_reason length)
+            message = AssistantMessage(role="assistant", content=None, tool_calls=[forced_tool_call(call)])
+            return message, "tool_calls" if call.complete else finish
         calls = tool_calls_from(text)
         if calls is not None:
             return AssistantMessage(

@@ -43,6 +43,10 @@ class Prepared:
     #: the prompt's own logprobs (``echo`` with ``logprobs``), first token None
     prompt_logprobs: list[TokenLogprob | None] | None = None
     prompt_text: str = ""
+    #: ``skip_special_tokens``: special tokens (end of sequence, ...) are left out of the text
+    skip_special_tokens: bool = True
+    #: ``include_stop_str_in_output``: the stop string that ended a choice stays in its text
+    include_stop_str: bool = False
 
 
 @dataclass
@@ -74,15 +78,17 @@ class ChoiceRun:
         metrics = self._run.metrics
         ttft = metrics.ttft
         itl = self._itl = LatencyTally(metrics.itl)
-        decoder = self._run.context.decoder()
+        prepared = self._run.prepared
+        decoder = self._run.context.decoder(prepared.skip_special_tokens)
         feed, decoder_flush = decoder.feed, decoder.flush
-        stopper = StopMatcher(self._run.prepared.stops)
+        stopper = StopMatcher(prepared.stops, prepared.include_stop_str)
         stop_feed = stopper.feed
 
         def stopped() -> bool:  # a call, not an attribute read, for mypy: feeding the stopper changes it
             return stopper.stopped
 
         stops = bool(stopper.stops)
+        min_tokens = prepared.params.min_tokens
         started = self._run.started
         last = started
         clock = time.perf_counter
@@ -95,6 +101,9 @@ class ChoiceRun:
             if n:
                 if stops:  # token by token: the stop string's last token is the last one that counts
                     for i, token in enumerate(ids):
+                        if self.completion_tokens + i < min_tokens:  # stop strings count after min_tokens
+                            text += feed((token,))
+                            continue
                         text += stop_feed(feed((token,)))
                         if stopped():
                             n = i + 1

@@ -53,7 +53,19 @@ def sampling_params(req: Request, vocab_size: int | None) -> SamplingParams:
         repetition_penalty=req.repetition_penalty or 1.0,
         logit_bias=_logit_bias(req, vocab_size),
         logprobs=req.top_logprobs_wanted(),
+        min_tokens=req.min_tokens,
+        stop_token_ids=_stop_token_ids(req, vocab_size),
+        ignore_eos=req.ignore_eos,
     )
+
+
+def _stop_token_ids(req: Request, vocab_size: int | None) -> frozenset[int]:
+    out = frozenset(req.stop_token_ids or ())
+    if out and (min(out) < 0 or (vocab_size is not None and max(out) >= vocab_size)):
+        raise BadRequestError(
+            f"stop_token_ids must be token ids in [0, {vocab_size})", param="stop_token_ids"
+        )
+    return out
 
 
 def required_features(req: Request, grammar: bool) -> list[tuple[str, str]]:
@@ -71,6 +83,12 @@ def required_features(req: Request, grammar: bool) -> list[tuple[str, str]]:
         out.append(("top_k", Feature.FILTERS))
     if req.min_p:
         out.append(("min_p", Feature.FILTERS))
+    if req.min_tokens:
+        out.append(("min_tokens", Feature.MIN_TOKENS))
+    if req.stop_token_ids:
+        out.append(("stop_token_ids", Feature.STOP_TOKENS))
+    if req.ignore_eos:
+        out.append(("ignore_eos", Feature.STOP_TOKENS))
     if req.top_logprobs_wanted() is not None:
         out.append(("logprobs", Feature.LOGPROBS))
         if isinstance(req, CompletionRequest) and req.echo:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import dataclasses
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -23,6 +24,8 @@ from specdeploy_server.engine import EngineClient, Generation, ScoresPrompts
 from specdeploy_server.grammar import GrammarCompiler, GrammarConstraint, GrammarError
 from specdeploy_server.metrics import ServerMetrics
 from specdeploy_server.tokenizer import ChatTemplateError
+
+log = logging.getLogger(__name__)
 
 __all__ = ["OFFLOAD_CHARS", "Delta", "OpenAIServing", "Prepared", "Run", "ServingSettings"]
 #: text longer than this is tokenised (or its chat template rendered) on the tokenizer threads, not the loop;
@@ -44,7 +47,7 @@ class OpenAIServing:
         self.settings = settings
         self.context = ResponseContext(settings.served_model_name, engine.tokenizer, metrics)
         self._tokenizer_pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._compiler: GrammarCompiler | None = None
+        self._compiler, self.structured_output_problem = structured_output(engine)
 
     async def _off_loop(self, size: int, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)`` on the tokenizer threads when ``size`` (characters) makes it worth it, so a long
@@ -92,6 +95,7 @@ class OpenAIServing:
             created=info.created,
             owned_by="specdeploy",
             max_model_len=info.max_model_len,
+            structured_output=self.structured_output_problem is None,
         )
 
     # ----------------------------------------------------------------- validation
@@ -167,23 +171,27 @@ class OpenAIServing:
         guide = requested_guide(req)
         if guide is None:
             return None
+        for name in ("min_tokens", "ignore_eos"):
+            if getattr(req, name):
+                raise BadRequestError(
+                    f"'{name}' cannot be combined with structured output (response_format, tools): "
+                    "the grammar decides where the output ends",
+                    param=name,
+                )
         param = "tool_choice" if isinstance(req, ChatCompletionRequest) and req.calls_tools() else None
         self._check_common(req, grammar=True)
-        compiler = self._grammar_compiler()
+        compiler = self._grammar_compiler(param or "response_format")
         try:
             return await asyncio.to_thread(lambda: compiler.compile(guide.grammar(), guide))
         except GrammarError as exc:
             raise BadRequestError(f"invalid grammar: {exc}", param=param or "response_format") from exc
 
-    def _grammar_compiler(self) -> GrammarCompiler:
+    def _grammar_compiler(self, param: str) -> GrammarCompiler:
         if self._compiler is None:
-            hf = getattr(self.engine.tokenizer, "hf", None)
-            vocab = self.engine.info.vocab_size
-            if hf is None or vocab is None:
-                raise BadRequestError(
-                    "structured output needs a Hugging Face tokenizer", param="response_format"
-                )
-            self._compiler = GrammarCompiler(hf, vocab, self.engine.tokenizer.eos_token_ids)
+            raise BadRequestError(
+                f"structured output is not available on this server: {self.structured_output_problem}",
+                param=param,
+            )
         return self._compiler
 
     async def prepare_completion(self, req: CompletionRequest) -> Prepared:
@@ -192,6 +200,7 @@ class OpenAIServing:
         ids = await self._prompt_ids(req.prompt)
         default = self.settings.default_max_tokens
         max_tokens = self._budget(ids, req.max_tokens, default, "max_tokens", "prompt", echo=req.echo)
+        _check_min_tokens(req, max_tokens)
         params = sampling_params(req, self.engine.info.vocab_size)
         prompt_logprobs: list[TokenLogprob | None] | None = None
         prompt_text = ""
@@ -211,6 +220,8 @@ class OpenAIServing:
             echo=req.echo,
             prompt_logprobs=prompt_logprobs,
             prompt_text=prompt_text,
+            skip_special_tokens=req.skip_special_tokens,
+            include_stop_str=req.include_stop_str_in_output,
         )
 
     async def _encode(self, text: str) -> list[int]:
@@ -257,6 +268,7 @@ class OpenAIServing:
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = self._budget(ids, requested, None, param, "messages")
+        _check_min_tokens(req, max_tokens)
         return Prepared(
             ids,
             max_tokens,
@@ -267,6 +279,8 @@ class OpenAIServing:
             constraint=constraint,
             tool_mode=tool_mode,
             tool_names=frozenset(t.function.name for t in req.tools or []),
+            skip_special_tokens=req.skip_special_tokens,
+            include_stop_str=req.include_stop_str_in_output,
         )
 
     @staticmethod
@@ -311,6 +325,34 @@ class OpenAIServing:
 
     def stream_chat(self, run: Run) -> AsyncIterator[str]:
         return streams.stream_chat(self.context, run)
+
+
+def structured_output(engine: EngineClient) -> tuple[GrammarCompiler | None, str | None]:
+    """The grammar compiler for the served tokenizer, or why structured output is not available: decided
+    once, at start-up (the grammar engine indexes the vocabulary then), and logged once."""
+    hf = getattr(engine.tokenizer, "hf", None)
+    vocab = engine.info.vocab_size
+    if hf is None or vocab is None:
+        problem = "it needs a Hugging Face tokenizer and a known vocabulary size"
+        log.info("structured output (response_format, tools) is not available: %s", problem)
+        return None, problem
+    compiler = GrammarCompiler(hf, vocab, engine.tokenizer.eos_token_ids)
+    try:
+        compiler.tokenizer  # noqa: B018 (builds the grammar engine's index of the vocabulary)
+    except Exception as exc:  # llguidance refuses tokenizers it cannot read, with various errors
+        problem = f"the grammar engine cannot read this tokenizer ({type(exc).__name__}: {exc})"
+        log.warning("structured output (response_format, tools) is not available: %s", problem)
+        return None, problem
+    log.info("structured output (response_format, tools) is available")
+    return compiler, None
+
+
+def _check_min_tokens(req: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> None:
+    if req.min_tokens > max_tokens:
+        raise BadRequestError(
+            f"min_tokens ({req.min_tokens}) must be at most the completion's token budget ({max_tokens})",
+            param="min_tokens",
+        )
 
 
 def _nothing_generated() -> Generation:

@@ -25,11 +25,13 @@ from specdeploy_server.api.contract import (
     CompletionChoice,
     CompletionChunk,
     FinishReasonName,
+    FunctionCallDelta,
     ToolCallDelta,
     Usage,
     body,
 )
 from specdeploy_server.api.errors import ExecutorFailedError, InternalServerError
+from specdeploy_server.api.forcedcall import ForcedCallStream
 from specdeploy_server.api.responses import Envelope, assistant_message, completion_logprobs
 from specdeploy_server.api.runs import Run, kept_outputs
 from specdeploy_server.core.executors import ExecutorError
@@ -141,10 +143,36 @@ def stream_chat(context: ResponseContext, run: Run) -> AsyncIterator[str]:
         for i in range(prepared.n)
     ]
 
+    forced_mode = prepared.tool_mode == "forced"
+    calls = [ForcedCallStream(prepared.tool_names) for _ in range(prepared.n)] if forced_mode else None
+
+    def forced(index: int, text: str, finish: FinishReasonName | None, items: list[TokenLogprob]) -> Choice:
+        """A forced call's arguments go out as they are generated (its logprobs with them)."""
+        assert calls is not None
+        stream = calls[index]
+        deltas = stream.feed(text, finished=finish is not None)
+        if wants_logprobs:
+            held_logprobs[index] += items
+        if finish is not None and stream.call is None:  # not a call after all (cut before its name)
+            message, finish = assistant_message(stream.text, finish, prepared)
+            deltas_or_text = ChunkDelta(content=message.content) if message.content else ChunkDelta()
+        elif finish is not None:
+            deltas_or_text = ChunkDelta(tool_calls=deltas) if deltas else ChunkDelta()
+            finish = "tool_calls" if stream.call is not None and stream.call.complete else finish
+        elif deltas:
+            deltas_or_text = ChunkDelta(tool_calls=deltas)
+        else:
+            return None
+        logprobs = context.logprobs.chat(held_logprobs[index]) if wants_logprobs else None
+        held_logprobs[index] = []
+        return ChunkChoice(index=index, delta=deltas_or_text, logprobs=logprobs, finish_reason=finish)
+
     def chunk(
         index: int, text: str, finish: FinishReasonName | None, ids: list[int], items: list[TokenLogprob]
     ) -> Choice:
-        if prepared.tool_mode is not None:  # calls are sent whole once the text is complete
+        if calls is not None:
+            return forced(index, text, finish, items)
+        if prepared.tool_mode is not None:  # calls in free text are sent whole once the text is complete
             held[index] += text
             if wants_logprobs:
                 held_logprobs[index] += items
@@ -155,7 +183,14 @@ def stream_chat(context: ResponseContext, run: Run) -> AsyncIterator[str]:
             delta: dict[str, Any] = {"content": message.content} if message.content else {}
             if message.tool_calls is not None:
                 delta["tool_calls"] = [
-                    ToolCallDelta(index=i, id=call.id, type=call.type, function=call.function)
+                    ToolCallDelta(
+                        index=i,
+                        id=call.id,
+                        type=call.type,
+                        function=FunctionCallDelta(
+                            name=call.function.name, arguments=call.function.arguments
+                        ),
+                    )
                     for i, call in enumerate(message.tool_calls)
                 ]
             return ChunkChoice(

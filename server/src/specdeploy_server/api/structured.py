@@ -5,6 +5,13 @@ Accepted ``response_format`` types (as llgtrt): ``text``; ``json_object`` (any J
 (``{"lark_grammar": "<Lark source>"}``, llguidance's Lark dialect); ``llguidance`` (``{"grammar": {...}}``,
 a top-level llguidance grammar). ``tool_choice: "required"`` or a named function constrains the output to
 ``{"name": <a tool's name>, "arguments": <that tool's parameters>}``.
+
+Objects are closed (:func:`closed_schema`): an object schema that declares ``properties`` and does not say
+``additionalProperties`` gets ``additionalProperties: false``, as vLLM's default grammar backend (xgrammar,
+strict mode) does, so the model cannot invent keys a client's own model then refuses. ``strict: true`` (a
+``json_schema`` response format's, a function's) is OpenAI's: no object may take extra keys, so a schema that
+allows them there is a 400. An object schema without ``properties`` (``{"type": "object"}``, a free-form
+dictionary) stays open either way.
 """
 
 from __future__ import annotations
@@ -45,7 +52,8 @@ def requested_guide(req: CompletionRequest | ChatCompletionRequest) -> Guide | N
             raise BadRequestError(
                 "response_format json_schema needs json_schema.schema (an object)", param="response_format"
             )
-        return Guide("json_schema", json.dumps(schema))
+        strict = spec.get("strict") is True if isinstance(spec, dict) else False
+        return Guide("json_schema", json.dumps(closed_schema(schema, strict, "response_format")))
     if kind == "lark_grammar":
         lark = fmt.get("lark_grammar")
         if not isinstance(lark, str) or not lark.strip():
@@ -66,8 +74,41 @@ def requested_guide(req: CompletionRequest | ChatCompletionRequest) -> Guide | N
     )
 
 
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SUBSCHEMAS = ("items", "additionalItems", "not", "if", "then", "else", "contains", "additionalProperties")
+
+
+def closed_schema(schema: Any, strict: bool, param: str) -> Any:
+    """``schema`` with every object that declares ``properties`` and says nothing of ``additionalProperties``
+    closed (``additionalProperties: false``); with ``strict``, an object that allows extra keys is a 400
+    naming ``param``. A new schema; ``schema`` is left as it was."""
+    if isinstance(schema, list):
+        return [closed_schema(item, strict, param) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: closed_schema(sub, strict, param) for name, sub in value.items()}
+        elif key in _SUBSCHEMA_LISTS or key in _SUBSCHEMAS:
+            out[key] = closed_schema(value, strict, param)
+        else:
+            out[key] = value
+    if "properties" in out and "additionalProperties" not in out:
+        out["additionalProperties"] = False
+    if strict and out.get("additionalProperties", False) is not False and "properties" in out:
+        raise BadRequestError(
+            "with strict: true an object schema must not allow additional properties "
+            "(additionalProperties must be false)",
+            param=param,
+        )
+    return out
+
+
 def _call_schema(tool: Tool) -> dict[str, Any]:
     parameters = tool.function.parameters or {"type": "object", "properties": {}}
+    parameters = closed_schema(parameters, tool.function.strict is True, "tools")
     return {
         "type": "object",
         "properties": {"name": {"const": tool.function.name}, "arguments": parameters},

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 
 from specdeploy_server.tokenizer import Tokenizer
 
@@ -23,8 +24,14 @@ class IncrementalDecoder:
     #: at most this many ids are memoised (a tokenizer's vocabulary is smaller; the bound guards ids beyond)
     MAX_SINGLES = 1 << 18
 
-    def __init__(self, tokenizer: Tokenizer, singles: dict[int, str] | None = None) -> None:
-        self._decode = tokenizer.decode
+    def __init__(
+        self, tokenizer: Tokenizer, singles: dict[int, str] | None = None, skip_special_tokens: bool = True
+    ) -> None:
+        self._decode: Callable[[Sequence[int]], str] = (
+            tokenizer.decode
+            if skip_special_tokens
+            else functools.partial(tokenizer.decode, skip_special_tokens=False)
+        )
         self._singles = singles
         self._ids: list[int] = []
         self._prefix_offset = 0
@@ -64,11 +71,13 @@ class IncrementalDecoder:
 class StopMatcher:
     """Cuts the text at the first stop string, even when it arrives split over several chunks.
 
-    Text that could be the beginning of a stop string is held back until it is known not to be one.
+    Text that could be the beginning of a stop string is held back until it is known not to be one. With
+    ``include`` (``include_stop_str_in_output``) the stop string itself ends the text instead of being cut.
     """
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], include: bool = False) -> None:
         self.stops = [s for s in stops if s]
+        self._include = include
         self._held = ""
         self.stopped = False
 
@@ -79,11 +88,12 @@ class StopMatcher:
         if not self.stops:
             self._held = ""
             return buffer
-        cut = min((i for i in (buffer.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        found = [(i, -len(s)) for s in self.stops if (i := buffer.find(s)) >= 0]
+        if found:
+            cut, minus_length = min(found)
             self.stopped = True
             self._held = ""
-            return buffer[:cut]
+            return buffer[: cut - minus_length] if self._include else buffer[:cut]
         keep = self._partial_suffix(buffer)
         self._held = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep]

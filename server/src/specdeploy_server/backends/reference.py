@@ -43,6 +43,7 @@ from specdeploy_server.core.executors import (
     VerifyRequest,
 )
 from specdeploy_server.core.logits import (
+    banned_stops,
     draft_with_forced,
     process_logits,
     target_logits,
@@ -98,8 +99,13 @@ def max_position_embeddings(path: Path) -> int | None:
 
 
 def _pick(
-    logits: torch.Tensor, params: SamplingParams, rng: np.random.Generator
+    logits: torch.Tensor, params: SamplingParams, rng: np.random.Generator, banned: Sequence[int] = ()
 ) -> tuple[int, FloatArray | None]:
+    """A draft token from the draft model's logits (``banned`` tokens masked out first: the stop tokens the
+    target masks before ``min_tokens``), with the distribution it was sampled from (None: greedy)."""
+    if banned:
+        logits = logits.clone()
+        logits[[t for t in banned if t < logits.shape[-1]]] = float("-inf")
     if params.greedy:
         return int(torch.argmax(logits).item()), None
     probs = process_logits(logits.double().numpy(), params)
@@ -335,7 +341,8 @@ class ReferenceDraftExecutor:
                 if len(tokens[i]) >= req.num_tokens:
                     fed.append(None)
                     continue
-                token, row = _pick(logits[i], params[i], req.seq.rng)
+                banned = banned_stops(req.seq, len(tokens[i]))
+                token, row = _pick(logits[i], params[i], req.seq.rng, banned)
                 tokens[i].append(token)
                 if row is not None:
                     probs[i].append(row)
@@ -352,11 +359,14 @@ class ReferenceDraftExecutor:
         params = seq.params if sample else _GREEDY
         logits = self.model.logits_for(seq.request_id, seq.token_ids, [])[-1]
 
+        drafted = 0
+
         def pick() -> tuple[int, FloatArray | None]:
-            return _pick(logits, params, seq.rng)
+            return _pick(logits, params, seq.rng, banned_stops(seq, drafted))
 
         def feed(tokens: Sequence[int]) -> None:
-            nonlocal logits
+            nonlocal logits, drafted
+            drafted += len(tokens)
             for token in tokens:
                 logits = self.model.append(seq.request_id, token)
 

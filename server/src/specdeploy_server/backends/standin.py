@@ -57,8 +57,8 @@ class CharTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [ord(c) for c in text]
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        return "".join(chr(t) for t in token_ids if t > 0)
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        return "".join(chr(t) for t in token_ids if t > 0 or not skip_special_tokens)
 
     def render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
         return "".join(f"<{m['role']}>{m['content']}\n" for m in messages) + "<assistant>"

@@ -3,7 +3,8 @@
 Two stages, in this order (as vLLM does):
 
 1. :func:`target_logits` changes the logits: repetition penalty, presence and frequency penalties,
-   ``logit_bias``, then the grammar mask of a structured-output request (forbidden tokens get ``-inf``).
+   ``logit_bias``, the stop tokens while fewer than ``min_tokens`` are generated, then the grammar mask of
+   a structured-output request (forbidden tokens get ``-inf``).
    Greedy decoding takes the argmax of these logits; token-match acceptance compares draft tokens with it.
 2. :func:`process_logits` turns logits into probabilities: temperature, then top-k, top-p (nucleus) and
    min-p filtering. Rejection sampling uses these probabilities, so speculation samples exactly the
@@ -39,12 +40,23 @@ def target_logits(seq: SequenceState, draft: Sequence[int], logits: FloatArray) 
         x = x[None, :]
     params = seq.params
     vocab = x.shape[-1]
-    if params.changes_logits:
+    if params.penalises:
         _penalise(x, params, seq.prompt_ids, seq.generated_ids, draft)
+    for i in range(min(x.shape[0], params.min_tokens - seq.num_generated)):
+        x[i, [t for t in banned_stops(seq, i) if t < vocab]] = -np.inf
     if seq.constraint is not None:
         allowed = seq.constraint.masks(draft, vocab)
         x[~allowed[: x.shape[0]]] = -np.inf
     return x
+
+
+def banned_stops(seq: SequenceState, position: int) -> list[int]:
+    """The tokens forbidden at ``position`` tokens after the sequence's generated ones: its stop tokens while
+    fewer than ``min_tokens`` tokens are generated there (vLLM's ``min_tokens``), else none. The target's
+    verification and the draft model mask the same tokens, so drafts propose what the target can accept."""
+    if seq.num_generated + position >= seq.params.min_tokens:
+        return []
+    return sorted(seq.stop_token_ids)
 
 
 def _penalise(

@@ -93,6 +93,13 @@ class SamplingParams:
     logit_bias: Mapping[int, float] = field(default_factory=dict)
     #: report the target's log-probability of each emitted token and this many alternatives (None: none)
     logprobs: int | None = None
+    #: the sequence's stop tokens (end of sequence, ``stop_token_ids``) are masked out of the target's logits
+    #: while fewer than this many tokens were generated (vLLM's ``min_tokens``)
+    min_tokens: int = 0
+    #: tokens that end the sequence besides the model's end-of-sequence tokens (``stop_token_ids``)
+    stop_token_ids: frozenset[int] = frozenset()
+    #: the model's end-of-sequence tokens do not end the sequence (``ignore_eos``)
+    ignore_eos: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -101,12 +108,22 @@ class SamplingParams:
     @property
     def changes_logits(self) -> bool:
         """Whether anything changes the target's logits before temperature and filtering."""
+        return self.penalises or self.min_tokens > 0
+
+    @property
+    def penalises(self) -> bool:
+        """Whether penalties or ``logit_bias`` change the target's logits."""
         return bool(
             self.presence_penalty
             or self.frequency_penalty
             or self.repetition_penalty != 1.0
             or self.logit_bias
         )
+
+    def stops(self, eos_token_ids: frozenset[int]) -> frozenset[int]:
+        """The tokens that end a sequence sampled with these settings, given the model's end-of-sequence
+        tokens."""
+        return (frozenset() if self.ignore_eos else eos_token_ids) | self.stop_token_ids
 
 
 @dataclass(frozen=True)

@@ -114,3 +114,23 @@ def save_tiny_llama(
 ) -> Path:
     """A random-weight Llama checkpoint with ``tokenizer_dir``'s tokenizer copied beside it."""
     return save_with_tokenizer(tiny_llama(tokenizer_dir, seed, shape, dtype), directory, tokenizer_dir)
+
+
+def train_char_tokenizer(directory: Path) -> None:
+    """A character-level tokenizer (one token per character of :func:`corpus`, plus ``<s>``, ``</s>`` and
+    ``<unk>``) whose decoder is a bare ``Fuse``, saved in ``directory``: a tokenizer a grammar engine that
+    needs byte-level or SentencePiece decoding (llguidance) cannot read."""
+    from tokenizers import Tokenizer, decoders, models  # noqa: PLC0415
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+
+    specials = ["<unk>", "<s>", "</s>"]
+    chars = sorted(set("".join(corpus())))
+    vocab = {token: i for i, token in enumerate([*specials, *chars])}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
+        tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(directory))

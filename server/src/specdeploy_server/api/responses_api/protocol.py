@@ -1,6 +1,8 @@
 """The request body of ``POST /v1/responses``: every field OpenAI defines is known here, and a field this
 server cannot honour is refused with a 400 naming it (:meth:`ResponsesRequest.unsupported`); a field OpenAI
-does not define is refused too, since silently dropping it would change what the client asked for.
+does not define follows the server's one policy for unknown fields, as on every endpoint (``api/fields.py``:
+logged by name, or refused with ``serving.unknownFields: refuse``). Nested objects OpenAI defines refuse
+fields they do not know.
 
 ``input`` items are kept as plain objects and read by :mod:`.translate`, which names the exact item and
 field (``input[2].content[0].type``) of anything it cannot use.
@@ -11,6 +13,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from specdeploy_server.api.protocol import Integer, _Request
 
 #: OpenAI's bounds on ``metadata``: at most 16 pairs, keys up to 64 characters, values up to 512
 MAX_METADATA_PAIRS = 16
@@ -74,11 +78,11 @@ class StreamOptions(_Strict):
     include_obfuscation: bool | None = None
 
 
-class ResponsesRequest(_Strict):
+class ResponsesRequest(_Request):
     model: str
     input: str | list[dict[str, Any]]
     instructions: str | None = None
-    max_output_tokens: int | None = None
+    max_output_tokens: Integer | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     text: TextConfig | None = None
@@ -104,13 +108,13 @@ class ResponsesRequest(_Strict):
     background: bool | None = None
     conversation: str | dict[str, Any] | None = None
     prompt: dict[str, Any] | None = None
-    max_tool_calls: int | None = None
-    top_logprobs: int | None = None
+    max_tool_calls: Integer | None = None
+    top_logprobs: Integer | None = None
     # vLLM / SGLang extensions the chat path honours, passed on as they are
-    top_k: int | None = Field(default=None, ge=-1)
+    top_k: Integer | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=10.0)
-    seed: int | None = None
+    seed: Integer | None = None
 
     def unsupported(self) -> tuple[str, str] | None:
         """``(field, reason)`` for the first option set to something this server cannot honour."""
