@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, StringConstraints
 
@@ -112,6 +112,9 @@ class ServingSpec(ApiModel):
     updated (a preStop sleep), then the server stops taking requests (SIGTERM) and drains the in-flight ones
     for up to this minus 10 s, ending the rest with `finish_reason: abort`. Unset: the operator's
     `SPECDEPLOY_TERMINATION_GRACE_PERIOD_SECONDS` (60)."""
+    unknown_fields: Literal["warn", "refuse"] | None = None
+    """What the server does with request fields it does not know (docs/server.md): `warn` serves the request
+    and logs their names (unset means this), `refuse` answers 400 naming the first, as OpenAI does."""
 
 
 def _one_cache_source(s: EngineCacheSpec) -> bool:

@@ -129,6 +129,8 @@ def server_config(sdep: SpeculativeDeployment, pod: ServingPod, settings: Operat
         serving["apiKeyFile"] = pod.api_key_file
     if pod.chat_template_file is not None:
         serving["chatTemplate"] = pod.chat_template_file
+    if spec.serving.unknown_fields is not None:
+        serving["unknownFields"] = spec.serving.unknown_fields
     return {
         "model": model,
         "backend": _BACKENDS[spec.backend],
