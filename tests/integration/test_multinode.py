@@ -5,6 +5,7 @@ and no rank runs. Every test applies SpeculativeDeployments with kubectl, as a u
 from __future__ import annotations
 
 import copy
+import json
 import time
 from typing import Any
 
@@ -227,3 +228,30 @@ def test_exclusive_topology_keeps_a_group_on_one_value_of_the_label(cluster: Clu
     leader = next(p for p in pods if p.metadata.labels["app.kubernetes.io/component"] == "server")
     required = leader.spec.affinity.pod_affinity.required_during_scheduling_ignored_during_execution
     assert [term.topology_key for term in required] == ["specdeploy.dev/node-pool"]
+
+
+def test_a_group_pod_the_quota_refuses_shows_as_quota_exceeded_and_clears_when_raised(
+    cluster: Cluster,
+) -> None:
+    def quota(gpus: int) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "ResourceQuota",
+            "metadata": {"name": "gpus", "namespace": cluster.namespace},
+            "spec": {"hard": {"requests.nvidia.com/gpu": str(gpus)}},
+        }
+
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(quota(8)))
+    name = cluster.apply(deepseek())  # the leader's 8 GPUs fit the quota, the worker's do not
+
+    def refused() -> dict[str, Any] | None:
+        degraded = next(
+            (x for x in cluster.status(name).get("conditions") or () if x["type"] == "Degraded"), {}
+        )
+        return degraded if degraded.get("reason") == "QuotaExceeded" else None
+
+    degraded = wait_for(refused, timeout=90, interval=0.25, what="Degraded QuotaExceeded")
+    assert "exceeded quota: gpus" in degraded["message"]
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(quota(16)))
+    status = cluster.wait_phase(name, "Ready", timeout=180)
+    assert condition(status, "Degraded")["status"] == "False"

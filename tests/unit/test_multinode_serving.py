@@ -17,7 +17,11 @@ from specdeploy_operator.builders import (
     serving_children,
 )
 from specdeploy_operator.controller.deploymentplan import may_retire, template_changed
-from specdeploy_operator.controller.podcreation import events_creation_problem, group_sets_to_ask
+from specdeploy_operator.controller.podcreation import (
+    events_creation_problem,
+    group_events_wait,
+    group_sets_to_ask,
+)
 from specdeploy_operator.controller.status import EngineObservation, ServingObservation, deployment_status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,3 +198,11 @@ def test_a_refused_group_pod_is_the_newest_failed_create_event() -> None:
     assert problem.reason == "QuotaExceeded"
     later = {**created, "lastTimestamp": "2026-11-27T11:00:03Z"}
     assert events_creation_problem([refused, later]) is None
+
+
+def test_missing_group_pods_are_taken_for_pods_on_their_way_for_a_grace_period() -> None:
+    lws = {"metadata": {"creationTimestamp": "2026-11-27T11:59:55Z"}}
+    pod = {"metadata": {"creationTimestamp": "2026-11-27T11:59:58Z"}}
+    assert group_events_wait(lws, [], NOW) == 5.0
+    assert group_events_wait(lws, [pod], NOW) == 8.0  # the newest pod counts
+    assert group_events_wait({"metadata": {"creationTimestamp": "2026-11-27T11:00:00Z"}}, [], NOW) == 0.0

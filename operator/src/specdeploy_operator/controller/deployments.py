@@ -34,7 +34,7 @@ from .deploymentplan import (
 )
 from .events import Event
 from .kube import ApiError, ref_of
-from .podcreation import events_creation_problem, group_sets_to_ask
+from .podcreation import events_creation_problem, group_events_wait, group_sets_to_ask
 from .port import ClusterPort, Obj, write_status
 from .status import EngineObservation, hpa_report
 
@@ -83,10 +83,14 @@ async def reconcile_deployment(port: ClusterPort, namespace: str, name: str) -> 
     outcome, retry = applied
     pods = port.pods(namespace, "serving", name)
     creation = None
-    asked = group_sets_to_ask(outcome.workload, pods)  # only while a group's pods are missing
-    if asked:
-        events = [e for s in asked for e in await port.events_about(namespace, "StatefulSet", s)]
-        creation = events_creation_problem(events)
+    asked = group_sets_to_ask(outcome.workload, pods)  # only while a group's pods are missing ...
+    if asked and outcome.workload is not None:
+        wait = group_events_wait(outcome.workload, pods, port.now())  # ... for longer than they take to come
+        if wait > 0:
+            retry = wait if retry is None else min(retry, wait)
+        else:
+            events = [e for s in asked for e in await port.events_about(namespace, "StatefulSet", s)]
+            creation = events_creation_problem(events)
     report = deployment_report(
         sdep,
         body,

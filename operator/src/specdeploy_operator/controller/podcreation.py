@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import Any, Final
 
 from specdeploy_operator.api import (
     CREATION_REASONS,
@@ -33,11 +34,13 @@ from specdeploy_operator.api import (
 
 __all__ = [
     "CREATION_REASONS",
+    "GROUP_EVENTS_GRACE_SECONDS",
     "PodCreationProblem",
     "classify",
     "creation_event",
     "deployment_creation_problem",
     "events_creation_problem",
+    "group_events_wait",
     "group_sets_to_ask",
     "job_creation_problem",
     "job_events_needed",
@@ -128,6 +131,25 @@ def job_creation_problem(
 
 _GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 _WORKER_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
+
+
+GROUP_EVENTS_GRACE_SECONDS: Final = 10.0
+"""How long a LeaderWorkerSet's missing pods are taken for pods on their way (its controller and the
+StatefulSets' create them within seconds) before the StatefulSets' events are read for a refusal."""
+
+
+def _created(obj: Obj) -> datetime | None:
+    stamp = (obj.get("metadata") or {}).get("creationTimestamp")
+    return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")) if stamp else None
+
+
+def group_events_wait(workload: Obj, pods: Sequence[Obj], now: datetime) -> float:
+    """Seconds until missing pods of the LeaderWorkerSet `workload` count as refused rather than on their way:
+    the grace period from its creation or its newest pod's, whichever came last (0: ask now)."""
+    moments = [m for m in (_created(workload), *(_created(p) for p in pods)) if m is not None]
+    if not moments:
+        return 0.0
+    return max(0.0, GROUP_EVENTS_GRACE_SECONDS - (now - max(moments)).total_seconds())
 
 
 def group_sets_to_ask(workload: Obj | None, pods: Sequence[Obj]) -> list[str]:
