@@ -11,6 +11,8 @@ from typing import Protocol, runtime_checkable
 
 from specdeploy_server.core.scheduler import GlobalStats, SchedulerObserver, SpeculativeScheduler
 from specdeploy_server.core.types import (
+    NO_REQUEST_SPECULATION,
+    RequestSpeculation,
     SamplingParams,
     SeqStats,
     SequenceState,
@@ -44,6 +46,8 @@ class Feature:
     PROMPT_LOGPROBS = "prompt_logprobs"  # echo with logprobs
     GRAMMAR = "grammar"  # response_format json_object / json_schema / lark_grammar, tools
     GRAMMAR_LLGUIDANCE = "grammar_llguidance"  # response_format llguidance (a raw llguidance grammar)
+    PREDICTION = "prediction"  # Predicted Outputs: the request's prediction drafts
+    SPECULATION_CONTROL = "speculation_control"  # a request's own cap on its draft length (0: none)
 
 
 #: every feature: the reference backend applies all of them in the speculative core
@@ -56,6 +60,8 @@ ALL_FEATURES = frozenset(
         Feature.PROMPT_LOGPROBS,
         Feature.GRAMMAR,
         Feature.GRAMMAR_LLGUIDANCE,
+        Feature.PREDICTION,
+        Feature.SPECULATION_CONTROL,
     }
 )
 
@@ -79,10 +85,20 @@ def features_needed(params: SamplingParams, constraint: TokenConstraint | None) 
     return frozenset(needed)
 
 
-def check_features(info: ModelInfo, params: SamplingParams, constraint: TokenConstraint | None) -> None:
+def check_features(
+    info: ModelInfo,
+    params: SamplingParams,
+    constraint: TokenConstraint | None,
+    speculation: RequestSpeculation = NO_REQUEST_SPECULATION,
+) -> None:
     """Refuse (ValueError) settings the engine would otherwise ignore; the serving layer refuses them
     earlier, with a 400 naming the field."""
-    missing = features_needed(params, constraint) - info.features
+    needed = set(features_needed(params, constraint))
+    if speculation.prediction:
+        needed.add(Feature.PREDICTION)
+    if speculation.max_draft_len is not None:
+        needed.add(Feature.SPECULATION_CONTROL)
+    missing = needed - info.features
     if missing:
         raise ValueError(f"backend {info.backend} does not support: {', '.join(sorted(missing))}")
 
@@ -154,6 +170,7 @@ class EngineClient(Protocol):
         max_tokens: int,
         params: SamplingParams,
         constraint: TokenConstraint | None = None,
+        speculation: RequestSpeculation = NO_REQUEST_SPECULATION,
     ) -> Generation: ...
 
     async def start(self) -> None: ...
@@ -219,10 +236,11 @@ class Engine:
         max_tokens: int,
         params: SamplingParams,
         constraint: TokenConstraint | None = None,
+        speculation: RequestSpeculation = NO_REQUEST_SPECULATION,
     ) -> Generation:
         """Queue a request (raises QueueFullError / EngineStoppedError at once) and return its output
         stream."""
-        check_features(self.info, params, constraint)
+        check_features(self.info, params, constraint, speculation)
         seq = SequenceState(
             request_id=uuid.uuid4().hex,
             prompt_ids=prompt_ids,
@@ -230,6 +248,7 @@ class Engine:
             params=params,
             stop_token_ids=self.tokenizer.eos_token_ids,
             constraint=constraint,
+            speculation=speculation,
         )
         self.scheduler.add(seq)
         return Generation(self._stream(seq), seq.stats, lambda: self.scheduler.abort(seq))

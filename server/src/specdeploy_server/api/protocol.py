@@ -7,6 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specdeploy_server.api.speculation_fields import Prediction, SpeculationOptions
+
 
 class _Strict(BaseModel):
     """A field takes a value of its own JSON type only: no `false` for a number, no `0.0` for a boolean, no
@@ -48,6 +50,9 @@ class _Sampling(_Request):
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None
+    # OpenAI's Predicted Outputs, and this server's per-request speculation control (speculation_fields.py)
+    prediction: Prediction | None = None
+    speculation: SpeculationOptions | None = None
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:
