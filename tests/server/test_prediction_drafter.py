@@ -98,3 +98,13 @@ def test_a_request_without_a_prediction_gets_no_proposal() -> None:
     assert isinstance(proposal, Proposal)
     assert proposal.tokens == [3, 4]
     assert proposal.from_prediction
+
+
+def test_an_unrelated_prediction_over_a_small_vocabulary_stops_proposing() -> None:
+    """Short n-grams of a small vocabulary match anywhere; the misses in a row ask for longer ones."""
+    rng = random.Random(8)
+    truth = [rng.randrange(30) for _ in range(400)]
+    prediction = [rng.randrange(30) for _ in range(400)]
+    steps, drafted, accepted = _run(truth, prediction)
+    assert drafted <= 60  # a few short probes, not a draft every step
+    assert steps >= len(truth) - accepted - 1

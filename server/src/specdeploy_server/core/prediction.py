@@ -16,9 +16,10 @@ at the cursor moves the cursor on; one that does not loses the alignment, and it
 A proposal is the prediction from the cursor on, up to the length the caller allows (the backend's largest
 draft, not the deployment's usual draft length: proposing costs nothing) and the request's current window:
 the window doubles after a proposal accepted whole and shrinks after a rejection, so a prediction that keeps
-being rejected costs short drafts only. After a proposal of which nothing was accepted, re-alignment needs
-one token more of evidence per such miss in a row (an unrelated prediction soon proposes nothing), and no
-guess is made; an accepted token resets that.
+being rejected costs short drafts only (down to one token after proposals of which nothing was accepted).
+After such a miss, re-alignment needs two tokens more of evidence per miss in a row (an unrelated prediction
+soon proposes nothing: its short n-grams match any text, its long ones do not), and no guess is made; an
+accepted token resets that.
 
 The proposal is deterministic (a point mass on each token): acceptance treats it as a one-hot draft, which
 keeps greedy output identical and sampled output distributed exactly as without a prediction.
@@ -96,7 +97,8 @@ class PredictionAlignment:
 
     def _realign(self, generated: Sequence[int]) -> int | None:
         hint = self.hint
-        least = 1 + self.misses
+        doubt = 2 * self.misses  # two tokens more of evidence per miss in a row
+        least = 1 + doubt
         for n in range(min(self.max_ngram, len(generated)), least - 1, -1):
             ends = self._index.get(tuple(generated[len(generated) - n :]))
             if not ends:
@@ -104,7 +106,7 @@ class PredictionAlignment:
             at = bisect_left(ends, hint)
             candidates = [ends[i] for i in (at - 1, at) if 0 <= i < len(ends)]
             best = min(candidates, key=lambda end: (abs(end - hint), end < hint))
-            if n >= FAR_NGRAM + self.misses or abs(best - hint) <= NEAR:
+            if n >= FAR_NGRAM + doubt or abs(best - hint) <= NEAR:
                 return best
         return None
 
@@ -116,7 +118,7 @@ class PredictionAlignment:
         elif accepted:
             self.window = max(MIN_WINDOW, accepted + 1)
         else:
-            self.window = max(MIN_WINDOW, self.window // 4)
+            self.window = max(1, self.window // 4)
         self.misses = 0 if accepted else self.misses + 1
 
 
