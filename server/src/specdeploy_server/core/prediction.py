@@ -11,7 +11,8 @@ at the cursor moves the cursor on; one that does not loses the alignment, and it
   ``max_ngram`` tokens) that occurs in the prediction gives the position to continue from: the occurrence
   nearest to where the output left the prediction. That finds the place again after an insertion (the
   output's extra text ends and the prediction's text resumes) and after a deletion (the output skips part of
-  the prediction). A short suffix (fewer than ``far_ngram`` tokens) is trusted only near that place.
+  the prediction). A short suffix (fewer than ``FAR_NGRAM`` tokens) is trusted only near that place, and
+  only while the prediction's last draft was not a miss.
 
 A proposal is the prediction from the cursor on, up to the length the caller allows (the backend's largest
 draft, not the deployment's usual draft length: proposing costs nothing) and the request's current window:
@@ -39,7 +40,7 @@ MAX_NGRAM = 8
 FAR_NGRAM = 3
 NEAR = 64
 #: a request's first proposal window, and the least it shrinks to
-INITIAL_WINDOW = 16
+INITIAL_WINDOW = 8
 MIN_WINDOW = 4
 
 
@@ -106,7 +107,7 @@ class PredictionAlignment:
             at = bisect_left(ends, hint)
             candidates = [ends[i] for i in (at - 1, at) if 0 <= i < len(ends)]
             best = min(candidates, key=lambda end: (abs(end - hint), end < hint))
-            if n >= FAR_NGRAM + doubt or abs(best - hint) <= NEAR:
+            if n >= FAR_NGRAM + doubt or (not doubt and abs(best - hint) <= NEAR):
                 return best
         return None
 
