@@ -120,6 +120,7 @@ SERVER_SECTIONS = (
     "loop-lag",
     "structured",
     "load-sweep",
+    "predicted",
 )
 #: the sections of benchmarks/server/gpu_day.py, whose records are server-gpu-<section>
 GPU_SECTIONS = ("reference-1b", "assisted", "http", "structured", "reference-8b")

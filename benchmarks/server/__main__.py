@@ -1,8 +1,9 @@
 """Run the server benchmarks: each section writes its record, benchmarks/results/server-<section>.json, and
 its block of docs/benchmarks-server.md is rendered from that record (benchmarks/records.py).
 
-python -m benchmarks.server                 # all seven, one run each (about 15 minutes on 2 CPU cores)
+python -m benchmarks.server                 # all eight, one run each (about 17 minutes on 2 CPU cores)
 python -m benchmarks.server --only 7        # the load sweep (stand-ins + reference backend; ~14 minutes)
+python -m benchmarks.server --only 8        # predicted outputs (demo models, reference backend; ~3 minutes)
 python -m benchmarks.server --runs 3        # three runs of each: medians, and each run's key figure
 python -m benchmarks.server --only 1,3      # a subset
 python -m benchmarks.server --quick         # shorter runs, for a smoke check (records say --quick)
@@ -20,7 +21,7 @@ from typing import Any
 
 from benchmarks import records
 
-ALL = "1,2,3,4,5,6,7"
+ALL = "1,2,3,4,5,6,7,8"
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,20 @@ def _load_sweep(quick: bool) -> Sequence[Any]:
     from benchmarks.server import load_sweep  # noqa: PLC0415
 
     return load_sweep.run(quick=quick)
+
+
+def _predicted(quick: bool) -> Sequence[Any]:
+    from benchmarks.server import predicted  # noqa: PLC0415
+
+    return predicted.run(max_new=24 if quick else 48)
+
+
+def _predicted_plot(record: records.Record) -> None:
+    from benchmarks.server import predicted  # noqa: PLC0415
+    from benchmarks.server.render import median_rows  # noqa: PLC0415
+
+    rows = [predicted.PredictedResult(**r) for r in median_rows(record["figures"]["runs"])]
+    predicted.plot(rows, records.REPO / predicted.PLOT)
 
 
 def _load_sweep_parameters(quick: bool) -> dict[str, Any]:
@@ -152,6 +167,20 @@ SECTIONS = (
         _load_sweep,
         _load_sweep_parameters,
         _load_sweep_plot,
+    ),
+    Section(
+        8,
+        "predicted",
+        "Predicted outputs: a prediction of the output vs none (CPU)",
+        _predicted,
+        lambda q: {
+            "max_new": 24 if q else 48,
+            "prompts": 8,
+            "edits": [0.0, 0.02, 0.10, 0.50],
+            "concurrency": [1, 8],
+            "train_steps": 60,
+        },
+        _predicted_plot,
     ),
 )
 

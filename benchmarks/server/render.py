@@ -20,6 +20,7 @@ from benchmarks.server import http_stream as http_stream_bench
 from benchmarks.server import load_sweep as load_sweep_bench
 from benchmarks.server import loop_lag as loop_lag_bench
 from benchmarks.server import orchestration as orchestration_bench
+from benchmarks.server import predicted as predicted_bench
 from benchmarks.server import structured as structured_bench
 
 ORCHESTRATION_TARGET = 0.95  # efficiency (nominal)
@@ -164,6 +165,22 @@ def load_sweep(records: Sequence[Record]) -> str:
     runs = _runs(record)
     points = [load_sweep_bench.SweepPoint(**r) for r in median_rows(runs)]
     return f"{_head(record)}\n\n{load_sweep_report.render_body(points)}"
+
+
+def predicted(records: Sequence[Record]) -> str:
+    record = records[0]
+    runs = _runs(record)
+    cls = predicted_bench.PredictedResult
+    rows = [cls(**r) for r in median_rows(runs)]
+    table = predicted_bench.table(rows)
+    if len(runs) > 1:
+        table = with_column(table, "speedup, each run", _each(runs, "speedup", ".2f", cls))
+    identical = all(row["identical"] for run in runs for row in run)
+    return (
+        f"{_head(record)}\n\n{table}\n\nTargets: {predicted_bench.verdicts(rows)}. Every output identical to "
+        f"the same request's without a prediction: {'yes' if identical else 'NO'}.\n\n"
+        f"![speedup against the share of the prediction changed](images/predicted-outputs.png)\n"
+    )
 
 
 # ------------------------------------------------------------------------------ on a GPU (gpu_day.py)

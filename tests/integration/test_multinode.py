@@ -245,9 +245,8 @@ def test_a_group_pod_the_quota_refuses_shows_as_quota_exceeded_and_clears_when_r
     name = cluster.apply(deepseek())  # the leader's 8 GPUs fit the quota, the worker's do not
 
     def refused() -> dict[str, Any] | None:
-        degraded = next(
-            (x for x in cluster.status(name).get("conditions") or () if x["type"] == "Degraded"), {}
-        )
+        conditions: list[dict[str, Any]] = cluster.status(name).get("conditions") or []
+        degraded = next((x for x in conditions if x["type"] == "Degraded"), {})
         return degraded if degraded.get("reason") == "QuotaExceeded" else None
 
     degraded = wait_for(refused, timeout=90, interval=0.25, what="Degraded QuotaExceeded")

@@ -11,6 +11,8 @@ from typing import Protocol, runtime_checkable
 
 from specdeploy_server.core.scheduler import GlobalStats, SchedulerObserver, SpeculativeScheduler
 from specdeploy_server.core.types import (
+    NO_REQUEST_SPECULATION,
+    RequestSpeculation,
     SamplingParams,
     SeqStats,
     SequenceState,
@@ -46,6 +48,8 @@ class Feature:
     GRAMMAR_LLGUIDANCE = "grammar_llguidance"  # response_format llguidance (a raw llguidance grammar)
     MIN_TOKENS = "min_tokens"  # stop tokens masked until min_tokens are generated
     STOP_TOKENS = "stop_tokens"  # stop_token_ids, ignore_eos: which tokens end a sequence
+    PREDICTION = "prediction"  # Predicted Outputs: the request's prediction drafts
+    SPECULATION_CONTROL = "speculation_control"  # a request's own cap on its draft length (0: none)
 
 
 #: every feature: the reference backend applies all of them in the speculative core
@@ -60,6 +64,8 @@ ALL_FEATURES = frozenset(
         Feature.GRAMMAR_LLGUIDANCE,
         Feature.MIN_TOKENS,
         Feature.STOP_TOKENS,
+        Feature.PREDICTION,
+        Feature.SPECULATION_CONTROL,
     }
 )
 
@@ -87,10 +93,20 @@ def features_needed(params: SamplingParams, constraint: TokenConstraint | None) 
     return frozenset(needed)
 
 
-def check_features(info: ModelInfo, params: SamplingParams, constraint: TokenConstraint | None) -> None:
+def check_features(
+    info: ModelInfo,
+    params: SamplingParams,
+    constraint: TokenConstraint | None,
+    speculation: RequestSpeculation = NO_REQUEST_SPECULATION,
+) -> None:
     """Refuse (ValueError) settings the engine would otherwise ignore; the serving layer refuses them
     earlier, with a 400 naming the field."""
-    missing = features_needed(params, constraint) - info.features
+    needed = set(features_needed(params, constraint))
+    if speculation.prediction:
+        needed.add(Feature.PREDICTION)
+    if speculation.max_draft_len is not None:
+        needed.add(Feature.SPECULATION_CONTROL)
+    missing = needed - info.features
     if missing:
         raise ValueError(f"backend {info.backend} does not support: {', '.join(sorted(missing))}")
 
@@ -162,6 +178,7 @@ class EngineClient(Protocol):
         max_tokens: int,
         params: SamplingParams,
         constraint: TokenConstraint | None = None,
+        speculation: RequestSpeculation = NO_REQUEST_SPECULATION,
     ) -> Generation: ...
 
     async def start(self) -> None: ...
@@ -227,10 +244,11 @@ class Engine:
         max_tokens: int,
         params: SamplingParams,
         constraint: TokenConstraint | None = None,
+        speculation: RequestSpeculation = NO_REQUEST_SPECULATION,
     ) -> Generation:
         """Queue a request (raises QueueFullError / EngineStoppedError at once) and return its output
         stream."""
-        check_features(self.info, params, constraint)
+        check_features(self.info, params, constraint, speculation)
         seq = SequenceState(
             request_id=uuid.uuid4().hex,
             prompt_ids=prompt_ids,
@@ -238,6 +256,7 @@ class Engine:
             params=params,
             stop_token_ids=params.stops(self.tokenizer.eos_token_ids),
             constraint=constraint,
+            speculation=speculation,
         )
         self.scheduler.add(seq)
         return Generation(self._stream(seq), seq.stats, lambda: self.scheduler.abort(seq))

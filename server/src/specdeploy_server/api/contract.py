@@ -38,10 +38,20 @@ class ErrorResponse(BaseModel):
 FinishReasonName = Literal["stop", "length", "abort", "tool_calls"]
 
 
+class CompletionTokensDetails(BaseModel):
+    """Predicted Outputs (docs/server.md): of the prediction's tokens, those that appeared in the completion
+    (accepted as draft tokens) and those that did not."""
+
+    accepted_prediction_tokens: int = Field(ge=0)
+    rejected_prediction_tokens: int = Field(ge=0)
+
+
 class Usage(BaseModel):
     prompt_tokens: int = Field(ge=0)
     completion_tokens: int = Field(ge=0)
     total_tokens: int = Field(ge=0)
+    #: only when the request carried a prediction
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 class SpeculativeUsage(BaseModel):

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal, Self
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from specdeploy_server.api import fields
+from specdeploy_server.api.speculation_fields import Prediction, SpeculationOptions
 
 
 class _Strict(BaseModel):
@@ -74,6 +75,9 @@ class _Sampling(_Request):
     stop_token_ids: list[Integer] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # OpenAI's Predicted Outputs, and this server's per-request speculation control (speculation_fields.py)
+    prediction: Prediction | None = None
+    speculation: SpeculationOptions | None = None
 
     def stop_strings(self) -> list[str]:
         if self.stop is None:

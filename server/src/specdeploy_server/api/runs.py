@@ -11,9 +11,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from specdeploy_server.api.context import ResponseContext
-from specdeploy_server.api.contract import FinishReasonName, SpeculativeUsage, Usage
+from specdeploy_server.api.contract import CompletionTokensDetails, FinishReasonName, SpeculativeUsage, Usage
 from specdeploy_server.api.textstream import StopMatcher
-from specdeploy_server.core.types import FinishReason, SamplingParams, StepOutput, TokenLogprob
+from specdeploy_server.core.types import (
+    NO_REQUEST_SPECULATION,
+    FinishReason,
+    RequestSpeculation,
+    SamplingParams,
+    StepOutput,
+    TokenLogprob,
+)
 from specdeploy_server.engine import Generation
 from specdeploy_server.grammar import GrammarConstraint
 
@@ -47,6 +54,10 @@ class Prepared:
     skip_special_tokens: bool = True
     #: ``include_stop_str_in_output``: the stop string that ended a choice stays in its text
     include_stop_str: bool = False
+    #: the request's prediction (target tokens) and draft-length cap
+    speculation: RequestSpeculation = NO_REQUEST_SPECULATION
+    #: the request carried a prediction: usage reports completion_tokens_details
+    predicted: bool = False
 
 
 @dataclass
@@ -65,6 +76,8 @@ class ChoiceRun:
         self.generation = generation
         self._run = run
         self.completion_tokens = 0
+        #: of those, draft tokens taken from the prediction and accepted
+        self.prediction_accepted = 0
         self._itl: LatencyTally | None = None
 
     def stepper(self) -> Callable[[StepOutput], tuple[str, FinishReasonName | None, int]]:
@@ -117,6 +130,8 @@ class ChoiceRun:
                     ttft.observe(now - started)
                 last = now
                 self.completion_tokens += n
+                if out.prediction_accepted:  # the accepted draft tokens lead the step's tokens
+                    self.prediction_accepted += min(out.prediction_accepted, n)
             if stops and stopped():
                 return text, "stop", n
             reason = out.finish_reason
@@ -241,10 +256,23 @@ class Run:
             await choice.generation.close()
 
     def usage(self) -> Usage:
-        return Usage(
+        usage = Usage(
             prompt_tokens=self.prompt_tokens,
             completion_tokens=self.completion_tokens,
             total_tokens=self.prompt_tokens + self.completion_tokens,
+        )
+        if self.prepared.predicted:
+            usage.completion_tokens_details = self.prediction_details()
+        return usage
+
+    def prediction_details(self) -> CompletionTokensDetails:
+        """Per choice, every prediction token either appeared in the completion (a draft token accepted and
+        kept) or did not; summed over the choices."""
+        size = len(self.prepared.speculation.prediction)
+        accepted = [c.prediction_accepted for c in self.choices]
+        return CompletionTokensDetails(
+            accepted_prediction_tokens=sum(accepted),
+            rejected_prediction_tokens=sum(max(size - a, 0) for a in accepted),
         )
 
     def speculative(self) -> SpeculativeUsage:

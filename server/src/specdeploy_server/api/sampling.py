@@ -93,6 +93,10 @@ def required_features(req: Request, grammar: bool) -> list[tuple[str, str]]:
         out.append(("logprobs", Feature.LOGPROBS))
         if isinstance(req, CompletionRequest) and req.echo:
             out.append(("echo", Feature.PROMPT_LOGPROBS))
+    if req.prediction is not None:
+        out.append(("prediction", Feature.PREDICTION))
+    if req.speculation is not None and req.speculation.cap() is not None:
+        out.append(("speculation", Feature.SPECULATION_CONTROL))
     if grammar:
         tools = isinstance(req, ChatCompletionRequest) and req.calls_tools()
         out.append(("tool_choice" if tools else "response_format", Feature.GRAMMAR))

@@ -19,7 +19,7 @@ from specdeploy_server.api.runs import Delta, Prepared, Run
 from specdeploy_server.api.sampling import choice_seed, required_features, sampling_params
 from specdeploy_server.api.structured import requested_guide, tool_dicts
 from specdeploy_server.core.scheduler import EngineStoppedError, QueueFullError
-from specdeploy_server.core.types import FinishReason, SeqStats, StepOutput, TokenLogprob
+from specdeploy_server.core.types import FinishReason, RequestSpeculation, SeqStats, StepOutput, TokenLogprob
 from specdeploy_server.engine import EngineClient, Generation, ScoresPrompts
 from specdeploy_server.grammar import GrammarCompiler, GrammarConstraint, GrammarError
 from specdeploy_server.metrics import ServerMetrics
@@ -209,6 +209,7 @@ class OpenAIServing:
             if params.logprobs is not None:
                 assert isinstance(self.engine, ScoresPrompts)  # the PROMPT_LOGPROBS feature says so
                 prompt_logprobs = [None, *await self.engine.prompt_logprobs(ids, params.logprobs)]
+        speculation = await self._speculation(req)
         return Prepared(
             ids,
             max_tokens,
@@ -217,6 +218,8 @@ class OpenAIServing:
             self._include_usage(req),
             n=req.n,
             constraint=constraint,
+            speculation=speculation,
+            predicted=req.prediction is not None,
             echo=req.echo,
             prompt_logprobs=prompt_logprobs,
             prompt_text=prompt_text,
@@ -269,6 +272,7 @@ class OpenAIServing:
         param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
         max_tokens = self._budget(ids, requested, None, param, "messages")
         _check_min_tokens(req, max_tokens)
+        speculation = await self._speculation(req)
         return Prepared(
             ids,
             max_tokens,
@@ -277,11 +281,40 @@ class OpenAIServing:
             self._include_usage(req),
             n=req.n,
             constraint=constraint,
+            speculation=speculation,
+            predicted=req.prediction is not None,
             tool_mode=tool_mode,
             tool_names=frozenset(t.function.name for t in req.tools or []),
             skip_special_tokens=req.skip_special_tokens,
             include_stop_str=req.include_stop_str_in_output,
         )
+
+    async def _speculation(self, req: CompletionRequest | ChatCompletionRequest) -> RequestSpeculation:
+        """The request's prediction, tokenised once with the target's tokenizer (no special tokens), and its
+        draft-length cap. A prediction counts toward the request's limits: the body size (it is part of the
+        body) and the context: one longer than ``max_model_len`` tokens is refused."""
+        cap = req.speculation.cap() if req.speculation is not None else None
+        if req.prediction is None:
+            return RequestSpeculation((), cap)
+        text = req.prediction.text()
+        limit = self.engine.info.max_model_len
+        per_token = self.engine.tokenizer.max_chars_per_token
+        if per_token is not None and len(text) > limit * per_token:
+            raise BadRequestError(
+                f"the prediction has {len(text)} characters, so at least {-(-len(text) // per_token)} "
+                f"tokens, more than this model's maximum context length of {limit} tokens",
+                param="prediction",
+                code="context_length_exceeded",
+            )
+        ids = await self._off_loop(len(text), self.engine.tokenizer.encode, text, False) if text else []
+        if len(ids) > limit:
+            raise BadRequestError(
+                f"the prediction has {len(ids)} tokens, more than this model's maximum context length of "
+                f"{limit} tokens",
+                param="prediction",
+                code="context_length_exceeded",
+            )
+        return RequestSpeculation(tuple(ids), cap)
 
     @staticmethod
     def _include_usage(req: CompletionRequest | ChatCompletionRequest) -> bool:
@@ -302,7 +335,13 @@ class OpenAIServing:
                 )
                 constraint = prepared.constraint.copy() if prepared.constraint is not None else None
                 generations.append(
-                    self.engine.generate(prepared.prompt_ids, prepared.max_tokens, params, constraint)
+                    self.engine.generate(
+                        prepared.prompt_ids,
+                        prepared.max_tokens,
+                        params,
+                        constraint,
+                        speculation=prepared.speculation,
+                    )
                 )
         except (QueueFullError, EngineStoppedError) as exc:
             for generation in generations:

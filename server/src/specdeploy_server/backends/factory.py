@@ -22,6 +22,10 @@ def resolve_backend(config: ServerConfig) -> Backend:
     return detect_backend(config.model.target, config.method)
 
 
+#: the longest draft a prediction proposes in one step on the reference backend (its verify pass takes any)
+PREDICTION_MAX_DRAFT_LEN = 64
+
+
 def scheduler_settings(config: ServerConfig, max_model_len: int) -> SchedulerSettings:
     spec = config.speculative
     return SchedulerSettings(
@@ -118,7 +122,9 @@ def _build_reference(config: ServerConfig, observer: SchedulerObserver | None) -
         ReferenceTargetExecutor(
             target,
             worker,
-            max_draft_len=config.speculative.max_draft_len,
+            # the deployment's drafts stay within speculative.maxDraftLen (the scheduler's cap); a request's
+            # prediction, free to propose, may draft up to this many tokens in one step
+            max_draft_len=max(config.speculative.max_draft_len, PREDICTION_MAX_DRAFT_LEN),
             # pays where it saves passes (rejected proposals); for plain decoding the pass it moves earlier
             # shares the interpreter lock with the event loop's work, which measured slower (docs/server.md)
             run_ahead=method == Method.PROMPT_LOOKUP,

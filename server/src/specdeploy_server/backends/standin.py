@@ -35,8 +35,10 @@ from specdeploy_server.core.drafters import Drafter, DraftModelDrafter, NoDrafte
 from specdeploy_server.core.executors import DraftRequest, VerifyRequest
 from specdeploy_server.core.scheduler import GlobalStats, SchedulerSettings, SpeculativeScheduler
 from specdeploy_server.core.types import (
+    NO_REQUEST_SPECULATION,
     FinishReason,
     Proposal,
+    RequestSpeculation,
     SamplingParams,
     SeqStats,
     SequenceState,
@@ -306,6 +308,7 @@ class InstantEngine:
         max_tokens: int,
         params: SamplingParams,
         constraint: TokenConstraint | None = None,
+        speculation: RequestSpeculation = NO_REQUEST_SPECULATION,
     ) -> Generation:
         stats = SeqStats()
         return Generation(self._produce(max_tokens, stats), stats)

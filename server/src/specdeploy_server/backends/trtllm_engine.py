@@ -18,14 +18,19 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from specdeploy_server.backends.engine_config import EngineFacts, EngineSetup, check_engines
+from specdeploy_server.backends.engine_config import (
+    DRAFT_TOKENS_EXTERNAL,
+    EngineFacts,
+    EngineSetup,
+    check_engines,
+)
 from specdeploy_server.backends.errors import import_tensorrt_llm
 from specdeploy_server.backends.trtllm_executor_client import ExecutorClient
 from specdeploy_server.backends.trtllm_executors import RequestFactory, TrtDraftExecutor, TrtTargetExecutor
 from specdeploy_server.config import Acceptance, Method, RuntimeConfig, ServerConfig
 from specdeploy_server.core.drafters import Drafter, DraftModelDrafter, NoDrafter, PromptLookupDrafter
 from specdeploy_server.core.scheduler import SchedulerObserver, SchedulerSettings, SpeculativeScheduler
-from specdeploy_server.engine import Engine, ExecutorSample, model_info
+from specdeploy_server.engine import Engine, ExecutorSample, Feature, model_info
 from specdeploy_server.tokenizer import HFTokenizer
 
 log = logging.getLogger(__name__)
@@ -171,12 +176,15 @@ def build_trtllm_engine(config: ServerConfig, observer: SchedulerObserver | None
         for client in clients:
             client.close()
 
+    # The target verifies as many external draft tokens as its engine was built for (a request's prediction
+    # may use them all); the deployment's drafts stay within speculative.maxDraftLen (the scheduler's cap).
+    verify_len = max(prediction_draft_len(setup.target), setup.max_draft_len)
     try:
         # The target first: each executor's KV cache takes its fraction of the memory free when it starts.
         target = TrtTargetExecutor(
             start(setup.target, placement.target_device_ids, runtime.kv_cache_free_gpu_mem_fraction, False),
             requests,
-            setup.max_draft_len,
+            verify_len,
         )
         drafter: Drafter
         if setup.draft is not None:
@@ -203,7 +211,17 @@ def build_trtllm_engine(config: ServerConfig, observer: SchedulerObserver | None
     engine = Engine(
         tokenizer,
         scheduler,
-        model_info(config.model.name, setup.max_model_len, setup.target.vocab_size, backend="trtllm-engine"),
+        model_info(
+            config.model.name,
+            setup.max_model_len,
+            setup.target.vocab_size,
+            # our loop drafts and verifies: a request's draft-length cap is its to honour, and so is its
+            # prediction where the target engine takes external draft tokens
+            frozenset({Feature.PREDICTION, Feature.SPECULATION_CONTROL})
+            if verify_len
+            else frozenset({Feature.SPECULATION_CONTROL}),
+            backend="trtllm-engine",
+        ),
         on_close=close,
     )
     engine.executor_stats = lambda: executor_samples(clients)
@@ -216,3 +234,11 @@ def build_trtllm_engine(config: ServerConfig, observer: SchedulerObserver | None
         setup.max_model_len,
     )
     return engine
+
+
+def prediction_draft_len(target: EngineFacts) -> int:
+    """The most draft tokens a prediction may propose per step: the target engine's build max_draft_len
+    when it was built for external draft tokens (``draft_tokens_external``), else 0 (no predictions)."""
+    if target.speculative_decoding_mode != DRAFT_TOKENS_EXTERNAL:
+        return 0
+    return target.max_draft_len

@@ -59,7 +59,15 @@ from specdeploy_server.core.scheduler import (
     QueueFullError,
     SchedulerObserver,
 )
-from specdeploy_server.core.types import FinishReason, SamplingParams, SeqStats, StepOutput, TokenConstraint
+from specdeploy_server.core.types import (
+    NO_REQUEST_SPECULATION,
+    FinishReason,
+    RequestSpeculation,
+    SamplingParams,
+    SeqStats,
+    StepOutput,
+    TokenConstraint,
+)
 from specdeploy_server.engine import (
     ExecutorSample,
     Feature,
@@ -160,8 +168,10 @@ class LlmApiEngine:
         max_tokens: int,
         params: SamplingParams,
         constraint: TokenConstraint | None = None,
+        speculation: RequestSpeculation = NO_REQUEST_SPECULATION,
     ) -> Generation:
-        check_features(self.info, params, constraint)  # the serving layer refuses these with a 400 first
+        # the serving layer refuses these with a 400 first
+        check_features(self.info, params, constraint, speculation)
         if not self._running:
             raise EngineStoppedError("the server is shutting down")
         if self.queue_full():

@@ -13,8 +13,9 @@ import asyncio
 
 from specdeploy_server.core.types import SequenceState, StepOutput, TokenLogprob
 
-#: a step's output not yet handed to its consumer: tokens, drafted, accepted, logprobs
-Undelivered = tuple[SequenceState, list[int], int, int, list[TokenLogprob] | None]
+#: a step's output not yet handed to its consumer: tokens, drafted, accepted, logprobs, of the accepted those
+#: from the prediction
+Undelivered = tuple[SequenceState, list[int], int, int, list[TokenLogprob] | None, int]
 
 
 class PendingOutputs:
@@ -30,8 +31,8 @@ class PendingOutputs:
         """Hand the pending outputs to their consumers."""
         self._flush_queued = False
         pending, self.items = self.items, []
-        for seq, new, drafted, accepted, logprobs in pending:
-            seq.outputs.put_nowait(StepOutput(new, None, drafted, accepted, logprobs))
+        for seq, new, drafted, accepted, logprobs, predicted in pending:
+            seq.outputs.put_nowait(StepOutput(new, None, drafted, accepted, logprobs, predicted))
 
     def flush_soon(self) -> None:
         """Queue a flush on the running event loop (``call_soon``) unless nothing is pending or one is queued:

@@ -170,7 +170,13 @@ def cut_proposal(seq: SequenceState, proposal: Proposal) -> Proposal:
         return proposal
     probs = proposal.probs[: allowed + 1] if proposal.probs is not None else None
     forced = tuple(i for i in proposal.forced if i < allowed)
-    return Proposal(list(proposal.tokens[:allowed]), probs, cut=len(proposal.tokens) - allowed, forced=forced)
+    return Proposal(
+        list(proposal.tokens[:allowed]),
+        probs,
+        cut=len(proposal.tokens) - allowed,
+        forced=forced,
+        from_prediction=proposal.from_prediction,
+    )
 
 
 def draft_with_forced(

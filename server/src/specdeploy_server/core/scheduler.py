@@ -34,6 +34,7 @@ from specdeploy_server.core.executors import (
 from specdeploy_server.core.load import ReplicaLoad
 from specdeploy_server.core.logits import cut_proposal
 from specdeploy_server.core.multistep import PlainMultiStep
+from specdeploy_server.core.prediction_plan import PredictionPlanner
 from specdeploy_server.core.scheduler_types import (
     EngineStoppedError,
     GlobalStats,
@@ -104,8 +105,15 @@ class SpeculativeScheduler:
         self._clock = clock
         #: outputs of going sequences not yet handed to their consumers (see _step)
         self._pending = PendingOutputs()
+        #: drafts from the requests' own predictions, ahead of the deployment's drafter
+        self._predictions = PredictionPlanner()
         self._accounting = StepAccounting(
-            settings.max_model_len, self.stats, drafter, self.draft_len, self._pending
+            settings.max_model_len,
+            self.stats,
+            drafter,
+            self.draft_len,
+            self._pending,
+            predictions=self._predictions.drafter,
         )
         self._phase = "idle"  # what the step in flight is doing, for error reports
         self._k = 0
@@ -244,6 +252,7 @@ class SpeculativeScheduler:
         self.load.drop(ended)
         for seq in ended:
             self.draft_len.forget(seq.request_id)
+            self._predictions.drafter.release(seq.request_id)
             for executor in (self.target, self.drafter):
                 try:
                     executor.release(seq.request_id)
@@ -281,16 +290,9 @@ class SpeculativeScheduler:
         self._k = max(lengths, default=0)
         max_model_len = self.settings.max_model_len
         forced = self._accounting.fast_forward(batch)
-        # Each sequence drafts at most its k, clamped so the step cannot overshoot max_tokens or the context.
-        plan = [
-            (
-                seq,
-                max(
-                    0, min(k, seq.max_tokens - seq.num_generated - 1, max_model_len - len(seq.token_ids) - 1)
-                ),
-            )
-            for seq, k in zip(batch, lengths, strict=True)
-        ]
+        # Each sequence drafts at most its k (and its own cap), clamped so the step cannot overshoot
+        # max_tokens or the context; a sequence whose prediction proposes drafts from it instead.
+        plan, predicted = self._predictions.plan(batch, lengths, max_model_len, self.target.max_draft_len)
         want_probs = self.settings.acceptance == AcceptanceRule.LOGITS
         drafting = any(n > 0 for _, n in plan)
         self._phase = "draft"
@@ -301,21 +303,12 @@ class SpeculativeScheduler:
             await self.drafter.propose(plan, want_probs) if drafting else [Proposal([]) for _ in batch]
         )
         t1 = clock()
+        proposals = [predicted.get(i, prop) for i, prop in enumerate(proposals)] if predicted else proposals
         if any(seq.state is not RUNNING for seq in batch):  # aborted while drafting: not worth verifying
             kept = [(seq, prop) for seq, prop in zip(batch, proposals, strict=True) if seq.state is RUNNING]
             batch, proposals = [seq for seq, _ in kept], [prop for _, prop in kept]
-        multistep = self._multistep
-        extra = multistep.extra(batch, len(self.waiting), max_model_len) if multistep is not None else 0
-        requests = [
-            VerifyRequest(
-                seq,
-                cut_proposal(seq, prop),
-                self.settings.acceptance,
-                [] if seq.params.logprobs is not None else None,
-                extra,
-            )
-            for seq, prop in zip(batch, proposals, strict=True)
-        ]
+        requests = self._verify_requests(batch, proposals)
+        extra = max((r.extra for r in requests), default=0)
         self._phase = "verify"
         emitted = await self.target.verify(requests) if requests else []
         self._phase = "account"
@@ -326,8 +319,7 @@ class SpeculativeScheduler:
                 self.draft_len.observe_costs(
                     [n for _, n in plan], t1 - t_draft, verify_tokens, t2 - t1, prefills=prefills
                 )
-            if multistep is not None and len(requests) == 1 and requests[0].seq.num_generated:
-                multistep.observe(len(emitted[0]), t2 - t1)
+            self._observe_multistep(requests, emitted, t2 - t1)
         pending = self._pending
         if pending.items:  # an earlier step's outputs always reach their consumers first
             pending.flush()
@@ -355,6 +347,34 @@ class SpeculativeScheduler:
         # The others' outputs reach their consumers once the next step's executor call has been made: the
         # consumers' work overlaps the executors' instead of delaying the next step.
         pending.flush_soon()
+
+    def _verify_requests(self, batch: list[SequenceState], proposals: list[Proposal]) -> list[VerifyRequest]:
+        """The step's verify requests: each proposal without what its grammar forbids; a lone plain sequence
+        with nothing proposed may decode several tokens (core/multistep.py)."""
+        multistep = self._multistep
+        waiting, max_model_len = len(self.waiting), self.settings.max_model_len
+        extra = multistep.extra(batch, waiting, max_model_len) if multistep is not None else 0
+        return [
+            VerifyRequest(
+                seq,
+                cut_proposal(seq, prop),
+                self.settings.acceptance,
+                [] if seq.params.logprobs is not None else None,
+                extra if not prop.tokens else 0,
+            )
+            for seq, prop in zip(batch, proposals, strict=True)
+        ]
+
+    def _observe_multistep(
+        self, requests: list[VerifyRequest], emitted: list[list[int]], seconds: float
+    ) -> None:
+        """A lone plain sequence's call: its seconds per token (not a drafted one's, nor a prefill's)."""
+        multistep = self._multistep
+        if multistep is None or len(requests) != 1:
+            return
+        lone = requests[0]
+        if lone.seq.num_generated and not lone.proposal.tokens:
+            multistep.observe(len(emitted[0]), seconds)
 
     def _end(self, seq: SequenceState, state: RequestState, error: BaseException | None = None) -> None:
         """Move a live request to ``state`` (aborted or failed) and give its consumer the last output; a

@@ -12,6 +12,7 @@ from specdeploy_server.core.delivery import PendingOutputs
 from specdeploy_server.core.drafters import Drafter
 from specdeploy_server.core.executors import VerifyRequest
 from specdeploy_server.core.logits import fast_forward
+from specdeploy_server.core.prediction import PredictionDrafter
 from specdeploy_server.core.scheduler_types import GlobalStats, StepSpeculation, truncate
 from specdeploy_server.core.types import Proposal, RequestState, SequenceState, StepOutput
 
@@ -41,12 +42,16 @@ class StepAccounting:
         drafter: Drafter,
         draft_len: DraftLenController,
         pending: PendingOutputs,
+        *,
+        predictions: PredictionDrafter | None = None,
     ) -> None:
         self._max_model_len = max_model_len
         self._stats = stats
         self._drafter = drafter
         self._draft_len = draft_len
         self._pending = pending
+        #: told what was accepted of the proposals taken from the requests' predictions
+        self._predictions = predictions
 
     def fast_forward(self, batch: Sequence[SequenceState]) -> int:
         """Emit the tokens each constrained sequence's grammar forces, without a model step (delivered before
@@ -66,7 +71,7 @@ class StepAccounting:
                 seq.stats.emitted += len(forced)
                 stats.emitted += len(forced)
                 stats.forced += len(forced)
-                pending.items.append((seq, forced, 0, 0, None))
+                pending.items.append((seq, forced, 0, 0, None, 0))
                 total += len(forced)
         return total
 
@@ -88,8 +93,6 @@ class StepAccounting:
         every sequence every step, so per-step lookups are hoisted out of the loop and the speculation is
         reported once per step, aggregated.
         """
-        drafter_observe = self._drafter.observe
-        observe_acceptance = self._draft_len.observe_acceptance
         max_model_len = self._max_model_len
         undelivered = self._pending.items
         stats = self._stats
@@ -99,9 +102,7 @@ class StepAccounting:
             if seq.state is not RUNNING:  # aborted while the step was in flight: its results are dropped
                 continue
             decoded, accepted = _decoded_accepted(tokens, req)
-            drafter_observe(seq, prop, accepted)
-            drafted, accepted = self._drafted_accepted(seq, prop, accepted)
-            observe_acceptance(seq.request_id, drafted, accepted)
+            drafted, accepted = self._observed(seq, prop, accepted)
             sequence_steps += 1 + decoded
             if drafted:
                 total_drafted += drafted
@@ -119,6 +120,8 @@ class StepAccounting:
                 else None
             )
             n = len(new)
+            # of the prediction's accepted tokens, those kept (not cut at a stop token)
+            predicted = min(accepted, n) if prop.from_prediction else 0
             logprobs = req.logprobs[:n] if req.logprobs is not None else None
             if seq.constraint is not None:
                 seq.constraint.advance(new)
@@ -129,15 +132,16 @@ class StepAccounting:
             seq_stats.drafted += drafted
             seq_stats.accepted += accepted
             seq_stats.emitted += n
+            seq_stats.prediction_accepted += predicted
             total += n
             if finish is None:
-                undelivered.append((seq, new, drafted, accepted, logprobs))
+                undelivered.append((seq, new, drafted, accepted, logprobs, predicted))
             else:
                 seq.state = RequestState.FINISHED
                 seq.finished = finish
                 ended.append(seq)
                 stats.requests_finished += 1
-                finished.append((seq, StepOutput(new, finish, drafted, accepted, logprobs)))
+                finished.append((seq, StepOutput(new, finish, drafted, accepted, logprobs, predicted)))
         stats.sequence_steps += sequence_steps
         stats.drafted += total_drafted
         stats.accepted += total_accepted
@@ -145,6 +149,20 @@ class StepAccounting:
         if not sequence_steps:
             return total, None
         return total, StepSpeculation(sequence_steps, total_drafted, total_accepted, accepted_counts)
+
+    def _observed(self, seq: SequenceState, prop: Proposal, accepted: int) -> tuple[int, int]:
+        """Tell the proposal's drafter what was accepted; returns the draft tokens proposed and accepted. A
+        proposal from the request's prediction teaches the deployment's drafter and draft length nothing."""
+        if prop.from_prediction:
+            if self._predictions is not None:
+                self._predictions.observe(seq, prop, accepted)
+            drafted, accepted = self._drafted_accepted(seq, prop, accepted)
+            seq.stats.prediction_drafted += drafted
+            return drafted, accepted
+        self._drafter.observe(seq, prop, accepted)
+        drafted, accepted = self._drafted_accepted(seq, prop, accepted)
+        self._draft_len.observe_acceptance(seq.request_id, drafted, accepted)
+        return drafted, accepted
 
     def _drafted_accepted(self, seq: SequenceState, prop: Proposal, accepted: int) -> tuple[int, int]:
         """Draft tokens proposed and accepted, not counting the tokens a grammar forced into the draft

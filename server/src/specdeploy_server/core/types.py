@@ -157,9 +157,23 @@ class Proposal:
     #: (one-hot rows in ``probs``); the target accepts them with certainty, and they count as forced, not as
     #: drafted and accepted
     forced: tuple[int, ...] = ()
+    #: the tokens come from the request's own prediction (core/prediction.py), not the deployment's drafter
+    from_prediction: bool = False
 
 
 EMPTY_PROPOSAL = Proposal(tokens=[])
+
+
+@dataclass(frozen=True)
+class RequestSpeculation:
+    """What one request asks of speculation: its prediction (Predicted Outputs, target token ids) and a cap
+    on its draft length (0: no speculation for it, None: the deployment's)."""
+
+    prediction: tuple[int, ...] = ()
+    max_draft_len: int | None = None
+
+
+NO_REQUEST_SPECULATION = RequestSpeculation()
 
 
 @dataclass
@@ -172,6 +186,9 @@ class SeqStats:
     emitted: int = 0
     #: tokens the grammar forced, emitted without a model step (part of ``emitted``)
     forced: int = 0
+    #: of ``drafted`` and ``accepted``: those proposed from the request's prediction
+    prediction_drafted: int = 0
+    prediction_accepted: int = 0
 
     @property
     def acceptance_rate(self) -> float:
@@ -188,6 +205,8 @@ class StepOutput:
     accepted: int
     #: one per token of ``token_ids`` when the request asked for logprobs
     logprobs: list[TokenLogprob] | None = None
+    #: of the ``accepted`` draft tokens (the first tokens of ``token_ids``), those from the prediction
+    prediction_accepted: int = 0
 
 
 @dataclass(eq=False)
@@ -201,6 +220,8 @@ class SequenceState:
     stop_token_ids: frozenset[int] = frozenset()
     #: the grammar the generated tokens must follow (structured output), advanced by the scheduler
     constraint: TokenConstraint | None = None
+    #: the request's prediction and speculation cap
+    speculation: RequestSpeculation = NO_REQUEST_SPECULATION
     # prompt + generated tokens, the prefix every executor works on
     token_ids: list[int] = field(default_factory=list)
     num_generated: int = 0
