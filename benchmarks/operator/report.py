@@ -77,10 +77,15 @@ def report(f: Figures) -> str:
     startup = f["startup_requests_by_verb"]
     kind, nodes = f.get("workload_kind", "Deployment"), f.get("nodes_per_replica", 1)
     shape = "of one GPU" if nodes == 1 else f"of {nodes} nodes each ({kind} groups of {nodes} pods)"
+    shared = ", ".join(str(n) for n in per_engine)
+    engines = (
+        f"{len(per_engine)} distinct engines (deployments per engine: {shared})"
+        if per_engine
+        else "no engine build (the checkpoint is loaded as it is)"
+    )
     lines = [
         f"Workload: {f['count']} SpeculativeDeployments, {f['replicas']} replicas {shape}, "
-        f"{f['gpus_by_product']} GPUs by product; {len(per_engine)} distinct engines "
-        f"(deployments per engine: {', '.join(str(n) for n in per_engine)}). Extra simulated nodes: "
+        f"{f['gpus_by_product']} GPUs by product; {engines}. Extra simulated nodes: "
         + ", ".join(f"{p['name']} {p['nodes']} x {p['gpus']} GPUs" for p in f["extra_pools"])
         + " next to the default pools.",
         "",
