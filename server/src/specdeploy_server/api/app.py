@@ -16,7 +16,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from specdeploy_server.api import contract, openapi
 from specdeploy_server.api.admission import AdmissionGate, authorized
@@ -138,10 +138,11 @@ def create_app(
         api_key=api_key,
         on_refused=lambda error: metrics.errors.labels(metrics.model, error.type).inc(),
     )
-    app.add_middleware(  # answers what nothing else handled, keeping the connection usable
-        InternalErrors, on_error=lambda error: metrics.errors.labels(metrics.model, error.type).inc()
+    app.add_middleware(  # outermost: answers what nothing else handled, keeping the connection usable, and
+        InternalErrors,  # counts every request by its status, the 413s, 503s and its own 500s too
+        on_error=lambda error: metrics.errors.labels(metrics.model, error.type).inc(),
+        on_done=_RequestCounter(state.metrics).count,
     )
-    app.add_middleware(_RequestCounter, metrics=state.metrics)  # outermost: counts the 413s and 503s too
     return app
 
 
@@ -302,37 +303,24 @@ MAX_COUNTED_PATHS = 256
 
 
 class _RequestCounter:
-    """Pure ASGI middleware (keeps disconnect detection intact): counts /v1 requests by path and status."""
+    """Counts /v1 requests by path and status (told by the outermost middleware how each ended)."""
 
-    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
-        self.app = app
+    def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
         self._counters: dict[tuple[str, int], Any] = {}  # (path, status) -> its child, looked up once
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def count(self, scope: Scope, status: int) -> None:
         path = scope.get("path", "")
-        if scope["type"] != "http" or not path.startswith("/v1/"):
-            await self.app(scope, receive, send)
+        if not path.startswith("/v1/"):
             return
-        status = 500
-
-        async def capture(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
         if path.startswith("/v1/responses/"):
             path = RESPONSE_PATH
-        try:
-            await self.app(scope, receive, capture)
-        finally:
-            counter = self._counters.get((path, status))
-            if counter is None:
-                counter = self.metrics.requests.labels(self.metrics.model, path, str(status))
-                if len(self._counters) < MAX_COUNTED_PATHS:  # paths come from clients: bound the cache
-                    self._counters[(path, status)] = counter
-            counter.inc()
+        counter = self._counters.get((path, status))
+        if counter is None:
+            counter = self.metrics.requests.labels(self.metrics.model, path, str(status))
+            if len(self._counters) < MAX_COUNTED_PATHS:  # paths come from clients: bound the cache
+                self._counters[(path, status)] = counter
+        counter.inc()
 
 
 class _RunResponse(StreamingResponse):

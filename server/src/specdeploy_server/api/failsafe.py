@@ -21,30 +21,42 @@ log = logging.getLogger(__name__)
 
 
 class InternalErrors:
-    """Pure ASGI middleware: an unhandled exception -> 500 JSON (``on_error`` told of it)."""
+    """Pure ASGI middleware: an unhandled exception -> 500 JSON (``on_error`` told of it). It also tells
+    ``on_done(scope, status)`` how each HTTP request ended (the status sent, 500 when none was): the
+    request counters read it here, so that a streamed event passes one wrapper of ``send``, not two."""
 
-    def __init__(self, app: ASGIApp, on_error: Callable[[APIError], None]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        on_error: Callable[[APIError], None],
+        on_done: Callable[[Scope, int], None] | None = None,
+    ) -> None:
         self.app = app
         self.on_error = on_error
+        self.on_done = on_done
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        started = False
+        status = 0  # none sent yet
 
         async def tracking(message: Message) -> None:
-            nonlocal started
+            nonlocal status
             if message["type"] == "http.response.start":
-                started = True
+                status = int(message["status"])
             await send(message)
 
         try:
             await self.app(scope, receive, tracking)
         except Exception:
-            if started:
+            if status:
                 raise
             log.exception("unhandled error in %s %s", scope.get("method", ""), scope.get("path", ""))
             error = InternalServerError("the server had an error while processing the request")
             self.on_error(error)
+            status = error.status
             await error_response(error)(scope, receive, send)
+        finally:
+            if self.on_done is not None:
+                self.on_done(scope, status or 500)
