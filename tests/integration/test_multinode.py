@@ -14,27 +14,16 @@ from specdeploy_localcluster.cluster import LocalCluster
 from specdeploy_localcluster.nodepools import MULTINODE_LABEL, MULTINODE_TOLERATION
 
 from tests.conftest import wait_for
+from tests.integration.test_leaderworkerset_cluster import lws_cluster
 from tests.integration.test_operator import Cluster, cluster, condition, example
 
-__all__ = ["cluster"]
+__all__ = ["cluster", "lws_cluster"]
 
-pytestmark = pytest.mark.usefixtures("operator", "lws_controller")
+pytestmark = pytest.mark.usefixtures("operator", "lws_cluster")
 
 MULTINODE_AUTOSCALED = "h100-multinode-autoscaled"
 
-
-@pytest.fixture
-def lws_controller(local_cluster: LocalCluster | None) -> None:
-    if local_cluster is None:
-        pytest.skip(
-            "needs the local cluster's LeaderWorkerSet controller and node pools (USE_EXISTING_CLUSTER=1)"
-        )
-    if not local_cluster.lws:
-        pytest.skip("the local cluster runs without the LeaderWorkerSet controller (SPECDEPLOY_LWS=0)")
-
-
 LWS = ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")
-GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
 
 
 def deepseek(**placement: Any) -> dict[str, Any]:
