@@ -34,7 +34,7 @@ if [[ -n "$wheels" ]]; then
 	"$python" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --target "$site" "$wheels"/*.whl
 	export PYTHONPATH="$site"
 fi
-export PYTHONPATH="server/src:.${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="server/src:server/testkit/src:.${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TQDM_DISABLE=1
 
 {
