@@ -243,3 +243,23 @@ def test_a_group_pod_the_quota_refuses_shows_as_quota_exceeded_and_clears_when_r
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(quota(16)))
     status = cluster.wait_phase(name, "Ready", timeout=180)
     assert condition(status, "Degraded")["status"] == "False"
+
+
+def test_a_hand_edit_of_the_leaderworkerset_is_reverted_on_its_event(cluster: Cluster) -> None:
+    name = cluster.apply(deepseek())
+    cluster.wait_phase(name, "Ready", timeout=180)
+    edited = time.monotonic()
+    patch = {
+        "spec": {"replicas": 2, "rolloutStrategy": {"rollingUpdateConfiguration": {"maxUnavailable": 2}}}
+    }
+    cluster.custom.patch_namespaced_custom_object(*LWS[:2], cluster.namespace, LWS[2], f"{name}-lws", patch)
+
+    def reverted() -> dict[str, Any] | None:
+        spec: dict[str, Any] = group_set(cluster, name)["spec"]
+        rolling = spec["rolloutStrategy"]["rollingUpdateConfiguration"]
+        return spec if spec["replicas"] == 1 and rolling["maxUnavailable"] == 1 else None
+
+    wait_for(reverted, timeout=30, interval=0.1, what="the LeaderWorkerSet reverted")
+    assert time.monotonic() - edited < 30
+    status = cluster.wait_phase(name, "Ready", timeout=120, since_generation=False)
+    assert status["readyText"] == "1/1"

@@ -78,6 +78,7 @@ def test_the_leader_lists_itself_first_waits_for_every_worker_and_starts_every_r
             "python3": 'echo "python3 $*" >> ' + str(calls),  # the key server: recorded, not served
             "ssh": 'echo "ssh $*" >> ' + str(calls),
             "mpirun": f'echo "mpirun $*" >> {calls}; cp "$2" {tmp_path}/hostfile.seen',
+            "hostname": "echo deepseek-r1-mtp-lws-0",  # a StatefulSet pod's host name is its name
         },
         LWS_LEADER_ADDRESS=LEADER,
         LWS_GROUP_SIZE=str(size),
@@ -86,7 +87,7 @@ def test_the_leader_lists_itself_first_waits_for_every_worker_and_starts_every_r
     assert result.returncode == 0, result.stderr
     workers = [f"deepseek-r1-mtp-lws-0-{i}.deepseek-r1-mtp-lws.models" for i in range(1, size)]
     assert (tmp_path / "hostfile.seen").read_text().splitlines() == [
-        f"{host} slots=8" for host in [LEADER, *workers]
+        f"{host} slots=8" for host in ["deepseek-r1-mtp-lws-0", *workers]
     ]
     lines = calls.read_text().splitlines()
     assert lines[0].startswith("python3 -m http.server 2223 --directory ")

@@ -106,9 +106,10 @@ ssh-keygen -q -t ed25519 -N '' -f "$dir/id"
 cp "$dir/id.pub" "$dir/public/id.pub"
 python3 -m http.server {KEY_PORT} --directory "$dir/public" > /dev/null 2>&1 &
 # <group>.<subdomain>.<namespace>: the workers are <group>-1 ... <group>-N-1 under the same subdomain.
+# This pod comes first, by its own host name: Open MPI knows it for the local node (rank 0 here, no SSH).
 group="${{LWS_LEADER_ADDRESS%%.*}}"
 domain="${{LWS_LEADER_ADDRESS#*.}}"
-echo "$LWS_LEADER_ADDRESS slots={slots}" > "$dir/hostfile"
+echo "$(hostname) slots={slots}" > "$dir/hostfile"
 i=1
 while [ "$i" -lt "$LWS_GROUP_SIZE" ]; do
   echo "$group-$i.$domain slots={slots}" >> "$dir/hostfile"
