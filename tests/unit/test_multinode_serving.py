@@ -16,7 +16,7 @@ from specdeploy_operator.builders import (
     group_set_name,
     serving_children,
 )
-from specdeploy_operator.controller.deploymentplan import may_retire, template_changed
+from specdeploy_operator.controller.deploymentplan import leaders_current, may_retire, template_changed
 from specdeploy_operator.controller.podcreation import (
     events_creation_problem,
     group_events_wait,
@@ -206,3 +206,18 @@ def test_missing_group_pods_are_taken_for_pods_on_their_way_for_a_grace_period()
     assert group_events_wait(lws, [], NOW) == 5.0
     assert group_events_wait(lws, [pod], NOW) == 8.0  # the newest pod counts
     assert group_events_wait({"metadata": {"creationTimestamp": "2026-11-27T11:00:00Z"}}, [], NOW) == 0.0
+
+
+def test_a_group_set_is_current_only_once_every_leader_runs_the_new_template() -> None:
+    lws = _children(_sdep()).workload
+    want = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["metadata"]["annotations"]
+
+    def leader(annotations: dict[str, str], set_name: str = "deepseek-r1-mtp-lws") -> dict[str, Any]:
+        labels = {"leaderworkerset.sigs.k8s.io/name": set_name, "app.kubernetes.io/component": "server"}
+        return {"metadata": {"labels": labels, "annotations": annotations}}
+
+    old = {**want, "specdeploy.dev/config-hash": "0" * 16}
+    assert leaders_current(lws, [leader(want), leader(want)])
+    assert not leaders_current(lws, [leader(want), leader(old)])
+    assert leaders_current(lws, [leader(want), leader(old, set_name="other-lws")])  # another set's pods
+    assert leaders_current(_children(_sdep(gpusPerNode=16)).workload, [leader(old)])  # a Deployment

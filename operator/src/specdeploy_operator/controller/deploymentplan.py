@@ -45,6 +45,7 @@ from specdeploy_operator.builders import (
     status_selector,
 )
 from specdeploy_operator.builders.autoscaling import KEDA_API_VERSION
+from specdeploy_operator.builders.common import COMPONENT_LABEL, SERVER_COMPONENT
 
 from .conditions import ConditionSpec, find_condition, merge_conditions
 from .events import Event, acceptance_event, sync_event
@@ -63,6 +64,7 @@ __all__ = [
     "deployment_current",
     "deployment_report",
     "invalid_status",
+    "leaders_current",
     "may_retire",
     "plan_deployment",
     "retired_event",
@@ -217,6 +219,31 @@ def _unobserved(workload: Obj | None) -> bool:
 def deployment_current(workload: Obj | None, desired: Obj) -> bool:
     """Whether the workload holds the desired template and its controller has seen that generation."""
     return workload is not None and contains(workload, desired) and not _unobserved(workload)
+
+
+_LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
+
+
+def leaders_current(desired: Obj, pods: Sequence[Obj]) -> bool:
+    """Whether every leader pod of the LeaderWorkerSet `desired` runs its pod template (carries its
+    annotations: configuration and engine hashes). A LeaderWorkerSet's status names no generation, so right
+    after a change its counts may still be the old template's: its pods tell. Always true for a Deployment,
+    whose `observedGeneration` says it."""
+    if desired.get("kind") != "LeaderWorkerSet":
+        return True
+    want = _template_metadata(desired).get("annotations") or {}
+    name = (desired.get("metadata") or {}).get("name")
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        if labels.get(_LWS_NAME_LABEL) != name or labels.get(COMPONENT_LABEL) != SERVER_COMPONENT:
+            continue
+        if meta.get("deletionTimestamp"):
+            continue
+        annotations = meta.get("annotations") or {}
+        if any(annotations.get(k) != v for k, v in want.items()):
+            return False
+    return True
 
 
 def may_retire(workload: Obj | None, current: bool) -> bool:

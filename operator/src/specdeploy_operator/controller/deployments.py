@@ -10,7 +10,7 @@ A write the API server refuses does not stop the report: the status says which s
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -27,6 +27,7 @@ from .deploymentplan import (
     deployment_current,
     deployment_report,
     invalid_status,
+    leaders_current,
     may_retire,
     plan_deployment,
     retired_event,
@@ -82,6 +83,9 @@ async def reconcile_deployment(port: ClusterPort, namespace: str, name: str) -> 
         return None
     outcome, retry = applied
     pods = port.pods(namespace, "serving", name)
+    children = plan.serving.children
+    if outcome.current and children is not None and not leaders_current(children.workload, pods):
+        outcome = replace(outcome, current=False)  # the groups still roll to the new template
     creation = None
     asked = group_sets_to_ask(outcome.workload, pods)  # only while a group's pods are missing ...
     if asked and outcome.workload is not None:
