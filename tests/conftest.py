@@ -123,6 +123,20 @@ def autoscaling_cluster(local_cluster: LocalCluster | None) -> LocalCluster:
     return local_cluster
 
 
+@pytest.fixture
+def lws_cluster(local_cluster: LocalCluster | None) -> LocalCluster:
+    """The local cluster with its LeaderWorkerSet controller and multinode pools. Tests that need them are
+    skipped, saying why, only where a person switched them off: against an existing cluster
+    (USE_EXISTING_CLUSTER=1) or with SPECDEPLOY_LWS=0; `make test` runs them."""
+    if local_cluster is None:
+        pytest.skip(
+            "needs the local cluster's LeaderWorkerSet controller and node pools (USE_EXISTING_CLUSTER=1)"
+        )
+    if not local_cluster.lws:
+        pytest.skip("the local cluster runs without the LeaderWorkerSet controller (SPECDEPLOY_LWS=0)")
+    return local_cluster
+
+
 @pytest.fixture(scope="session")
 def kubeconfig(local_cluster: LocalCluster | None) -> Path:
     if local_cluster is None:

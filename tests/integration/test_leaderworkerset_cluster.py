@@ -31,17 +31,6 @@ H100 = "NVIDIA-H100-80GB-HBM3"
 
 
 @pytest.fixture
-def lws_cluster(local_cluster: LocalCluster | None) -> LocalCluster:
-    if local_cluster is None:
-        pytest.skip(
-            "needs the local cluster's LeaderWorkerSet controller and node pools (USE_EXISTING_CLUSTER=1)"
-        )
-    if not local_cluster.lws:
-        pytest.skip("the local cluster runs without the LeaderWorkerSet controller (SPECDEPLOY_LWS=0)")
-    return local_cluster
-
-
-@pytest.fixture
 def ns(core: client.CoreV1Api) -> Iterator[str]:
     with fresh_namespace(core, prefix="lws") as name:
         yield name

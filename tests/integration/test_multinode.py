@@ -14,10 +14,9 @@ from specdeploy_localcluster.cluster import LocalCluster
 from specdeploy_localcluster.nodepools import MULTINODE_LABEL, MULTINODE_TOLERATION
 
 from tests.conftest import wait_for
-from tests.integration.test_leaderworkerset_cluster import lws_cluster
 from tests.integration.test_operator import Cluster, cluster, condition, example
 
-__all__ = ["cluster", "lws_cluster"]
+__all__ = ["cluster"]
 
 pytestmark = pytest.mark.usefixtures("operator", "lws_cluster")
 
