@@ -36,14 +36,22 @@ from .settings import OperatorSettings
 
 __all__ = [
     "EXCLUSIVE_TOPOLOGY_ANNOTATION",
+    "GROUP_INDEX_LABEL",
     "LWS_API_VERSION",
+    "NAME_LABEL",
     "WORKER_COMPONENT",
+    "WORKER_INDEX_LABEL",
     "group_set_name",
     "leader_worker_set_for",
 ]
 
 LWS_API_VERSION: Final = "leaderworkerset.x-k8s.io/v1"
 EXCLUSIVE_TOPOLOGY_ANNOTATION: Final = "leaderworkerset.sigs.k8s.io/exclusive-topology"
+# The labels the LeaderWorkerSet controller and its pod webhook put on a group's pods.
+NAME_LABEL: Final = "leaderworkerset.sigs.k8s.io/name"
+GROUP_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-index"
+WORKER_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/worker-index"
+"""0 on the leader, 1.. on the workers."""
 WORKER_COMPONENT: Final = "worker"
 """`app.kubernetes.io/component` of a group's worker pods (the leader's is `server`)."""
 _MAX_GROUP_SET_NAME: Final = MAX_NAME - len("-1023") - len("-") - 10

@@ -46,6 +46,7 @@ from specdeploy_operator.builders import (
 )
 from specdeploy_operator.builders.autoscaling import KEDA_API_VERSION
 from specdeploy_operator.builders.common import COMPONENT_LABEL, SERVER_COMPONENT
+from specdeploy_operator.builders.leaderworkerset import NAME_LABEL as LWS_NAME_LABEL
 
 from .conditions import ConditionSpec, find_condition, merge_conditions
 from .events import Event, acceptance_event, sync_event
@@ -221,9 +222,6 @@ def deployment_current(workload: Obj | None, desired: Obj) -> bool:
     return workload is not None and contains(workload, desired) and not _unobserved(workload)
 
 
-_LWS_NAME_LABEL = "leaderworkerset.sigs.k8s.io/name"
-
-
 def leaders_current(desired: Obj, pods: Sequence[Obj]) -> bool:
     """Whether every leader pod of the LeaderWorkerSet `desired` runs its pod template (carries its
     annotations: configuration and engine hashes). A LeaderWorkerSet's status names no generation, so right
@@ -236,7 +234,7 @@ def leaders_current(desired: Obj, pods: Sequence[Obj]) -> bool:
     for pod in pods:
         meta = pod.get("metadata") or {}
         labels = meta.get("labels") or {}
-        if labels.get(_LWS_NAME_LABEL) != name or labels.get(COMPONENT_LABEL) != SERVER_COMPONENT:
+        if labels.get(LWS_NAME_LABEL) != name or labels.get(COMPONENT_LABEL) != SERVER_COMPONENT:
             continue
         if meta.get("deletionTimestamp"):
             continue

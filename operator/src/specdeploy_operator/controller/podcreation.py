@@ -31,6 +31,7 @@ from specdeploy_operator.api import (
     PodPhase,
     Reason,
 )
+from specdeploy_operator.builders.leaderworkerset import GROUP_INDEX_LABEL, WORKER_INDEX_LABEL
 
 __all__ = [
     "CREATION_REASONS",
@@ -129,10 +130,6 @@ def job_creation_problem(
     return events_creation_problem(events, ((job or {}).get("metadata") or {}).get("uid"))
 
 
-_GROUP_LABEL = "leaderworkerset.sigs.k8s.io/group-index"
-_WORKER_LABEL = "leaderworkerset.sigs.k8s.io/worker-index"
-
-
 GROUP_EVENTS_GRACE_SECONDS: Final = 10.0
 """How long a LeaderWorkerSet's missing pods are taken for pods on their way (its controller and the
 StatefulSets' create them within seconds) before the StatefulSets' events are read for a refusal."""
@@ -166,10 +163,10 @@ def group_sets_to_ask(workload: Obj | None, pods: Sequence[Obj]) -> list[str]:
     workers: dict[str, int] = {}
     for pod in pods:
         labels = (pod.get("metadata") or {}).get("labels") or {}
-        group = labels.get(_GROUP_LABEL)
+        group = labels.get(GROUP_INDEX_LABEL)
         if group is None or not _live(pod):
             continue
-        if labels.get(_WORKER_LABEL) == "0":
+        if labels.get(WORKER_INDEX_LABEL) == "0":
             leaders.add(group)
         else:
             workers[group] = workers.get(group, 0) + 1

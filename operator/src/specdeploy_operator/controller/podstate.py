@@ -4,16 +4,14 @@ why they terminated. Pure functions over pod objects."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import Any
 
 from specdeploy_operator.api import ConditionStatus, KubeCondition, KubeReason
+from specdeploy_operator.builders.leaderworkerset import GROUP_INDEX_LABEL
 
-__all__ = ["GROUP_INDEX_LABEL", "by_creation", "replicas_of", "scheduling_problem", "termination_message"]
+__all__ = ["by_creation", "replicas_of", "scheduling_problem", "termination_message"]
 
 Obj = Mapping[str, Any]
-
-GROUP_INDEX_LABEL: Final = "leaderworkerset.sigs.k8s.io/group-index"
-"""The LeaderWorkerSet controller's label of a group's pods: the index of the group (replica)."""
 
 
 def scheduling_problem(pod: Obj) -> str | None:
