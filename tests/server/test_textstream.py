@@ -65,3 +65,30 @@ def test_memoised_single_tokens_decode_what_the_tokenizer_decodes(tiny_models: T
         assert "".join(pieces) == text
     assert singles == {t: tok.decode([t]) for t in singles}
     assert singles  # the windows of one token (all but those after a split character) were memoised
+
+
+def test_memoised_pairs_give_the_deltas_of_decoding_without_memos(tiny_models: TinyModels) -> None:
+    tok = HFTokenizer(tiny_models.target)
+    texts = [
+        "speculative décodage 🚀 with ünïcode and the draft model ✓",
+        "the draft model ✓ and 🚀🚀 speculative décodage, again and again",
+        "ünïcode 🚀 the the the draft draft ✓✓",
+    ]
+    singles: dict[int, str] = {}
+    pairs: dict[tuple[int, int], str] = {}
+    for _ in range(2):  # the second round finds the pairs memoised by the first
+        for text in texts:
+            ids = tok.encode(text, add_special_tokens=False)
+            plain, memoised = IncrementalDecoder(tok), IncrementalDecoder(tok, singles, pairs=pairs)
+            # one token per feed (where the memo applies) mixed with several per feed (where it does not)
+            steps: list[list[int]] = []
+            at = 0
+            while at < len(ids):
+                n = 1 if at % 5 else 3
+                steps.append(ids[at : at + n])
+                at += n
+            assert [memoised.feed(s) for s in steps] == [plain.feed(s) for s in steps]
+            assert memoised.flush() == plain.flush()
+    assert pairs  # pairs of one-token windows were memoised
+    for (a, b), delta in pairs.items():
+        assert delta == tok.decode([a, b])[len(tok.decode([a])) :]

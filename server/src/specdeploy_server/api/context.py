@@ -20,13 +20,17 @@ class ResponseContext:
         self.single_token_text: dict[int, str] = {}
         #: the same with special tokens kept (``skip_special_tokens: false``)
         self.single_token_text_special: dict[int, str] = {}
+        #: the text a token adds after another, memoised likewise (each decoding mode its own)
+        self._pair_text: dict[tuple[int, int], str] = {}
+        self._pair_text_special: dict[tuple[int, int], str] = {}
         self.logprobs = LogprobFormatter(tokenizer, self.single_token_text)
 
     def decoder(self, skip_special_tokens: bool = True) -> IncrementalDecoder:
         """A new incremental decoder for one choice's tokens."""
         if skip_special_tokens:
-            return IncrementalDecoder(self.tokenizer, self.single_token_text)
-        return IncrementalDecoder(self.tokenizer, self.single_token_text_special, skip_special_tokens=False)
+            return IncrementalDecoder(self.tokenizer, self.single_token_text, pairs=self._pair_text)
+        singles, pairs = self.single_token_text_special, self._pair_text_special
+        return IncrementalDecoder(self.tokenizer, singles, skip_special_tokens=False, pairs=pairs)
 
     def request_metrics(self) -> RequestMetrics:
         return self.metrics.for_requests(self.model)

@@ -18,14 +18,23 @@ class IncrementalDecoder:
     Each feed decodes the window of the previous feed's tokens (the text already sent) and the window with
     the new tokens; ``singles``, when given, memoises the decoding of single token ids (a deterministic
     function of the id, shared by every request of a server and bounded by the vocabulary), so the previous
-    window of a stream that emits one token per step is a dictionary lookup.
+    window of a stream that emits one token per step is a dictionary lookup. ``pairs``, when given, memoises
+    the delta a token adds after another (a deterministic function of the two ids, also shared): a stream
+    that emits one token per step then decodes only the pairs it has not met before (text repeats its
+    pairs of tokens; the memo stops growing at ``MAX_PAIRS``).
     """
 
     #: at most this many ids are memoised (a tokenizer's vocabulary is smaller; the bound guards ids beyond)
     MAX_SINGLES = 1 << 18
+    #: at most this many pairs of ids are memoised (a few MB)
+    MAX_PAIRS = 1 << 17
 
     def __init__(
-        self, tokenizer: Tokenizer, singles: dict[int, str] | None = None, skip_special_tokens: bool = True
+        self,
+        tokenizer: Tokenizer,
+        singles: dict[int, str] | None = None,
+        skip_special_tokens: bool = True,
+        pairs: dict[tuple[int, int], str] | None = None,
     ) -> None:
         self._decode: Callable[[Sequence[int]], str] = (
             tokenizer.decode
@@ -33,6 +42,7 @@ class IncrementalDecoder:
             else functools.partial(tokenizer.decode, skip_special_tokens=False)
         )
         self._singles = singles
+        self._pairs = pairs
         self._ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0
@@ -51,14 +61,28 @@ class IncrementalDecoder:
 
     def feed(self, token_ids: Sequence[int]) -> str:
         ids = self._ids
+        read = self._read_offset
+        pairs = self._pairs
+        pair: tuple[int, int] | None = None
+        if pairs is not None and len(token_ids) == 1 and read - self._prefix_offset == 1 and read == len(ids):
+            # one token after one already sent, nothing held back: the delta is the pair's
+            pair = (ids[-1], token_ids[0])
+            delta = pairs.get(pair)
+            if delta is not None:
+                ids.append(pair[1])
+                self._prefix_offset, self._read_offset = read, read + 1
+                return delta
         ids.extend(token_ids)
-        prefix = self._window(self._prefix_offset, self._read_offset)
+        prefix = self._window(self._prefix_offset, read)
         full = self._decode(ids[self._prefix_offset :])
         if full.endswith(_REPLACEMENT) or len(full) < len(prefix):
             return ""
-        self._prefix_offset = self._read_offset
+        self._prefix_offset = read
         self._read_offset = len(ids)
-        return full[len(prefix) :]
+        delta = full[len(prefix) :]
+        if pair is not None and pairs is not None and len(pairs) < self.MAX_PAIRS:
+            pairs[pair] = delta
+        return delta
 
     def flush(self) -> str:
         """Whatever is still held back (an incomplete character becomes U+FFFD)."""
