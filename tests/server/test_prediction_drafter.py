@@ -61,8 +61,8 @@ def test_an_insertion_in_the_output_is_followed_by_the_rest_of_the_prediction() 
     prediction = _text(200, 2)
     truth = prediction[:80] + _text(7, 3) + prediction[80:]
     steps, _drafted, accepted = _run(truth, prediction)
-    assert accepted >= 190
-    assert steps <= 25
+    assert accepted >= len(truth) - steps - 1  # every token but the steps' own (the inserted ones among them)
+    assert steps <= 20
 
 
 def test_a_deletion_in_the_output_is_found_again_further_on() -> None:
@@ -85,7 +85,7 @@ def test_an_unrelated_prediction_backs_off_to_few_short_drafts() -> None:
     truth = _text(300, 6)
     _steps, drafted, accepted = _run(truth, _text(300, 7))
     assert accepted <= 3
-    assert drafted <= 16 + 16  # the opening draft and a shrinking guess, then nothing matches
+    assert drafted <= 8 + 16  # the opening draft and a shrinking guess, then nothing matches
 
 
 def test_a_request_without_a_prediction_gets_no_proposal() -> None:

@@ -39,8 +39,10 @@ MAX_NGRAM = 8
 #: suffixes shorter than this are trusted only within NEAR tokens of where the output left the prediction
 FAR_NGRAM = 3
 NEAR = 64
-#: a request's first proposal window, and the least it shrinks to
-INITIAL_WINDOW = 8
+#: a request's first proposal window (its opening draft: what an unrelated prediction costs before it backs
+#: off; a prediction that holds doubles it with every proposal accepted whole), and the least a partly
+#: accepted proposal shrinks it to
+INITIAL_WINDOW = 4
 MIN_WINDOW = 4
 
 
