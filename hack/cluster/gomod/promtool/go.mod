@@ -1,6 +1,7 @@
 // Wrapper module for promtool (cmd/promtool of the same Prometheus module version as gomod/prometheus, with
 // the same build tags), which checks and unit-tests the chart's alerting rules. Its requirements are those of
-// gomod/prometheus; go.sum holds what promtool's build needs besides. Keyed on its own in build.sh.
+// gomod/prometheus plus the one module only promtool imports (github.com/nsf/jsondiff); go.sum holds what
+// promtool's build needs. Keyed on its own in build.sh.
 module specdeploy.dev/hack/cluster/promtool
 
 go 1.26.7
