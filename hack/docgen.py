@@ -307,6 +307,8 @@ CHART_OPTIONS: tuple[tuple[Sequence[str], str], ...] = (
         ("serverMetrics.prometheusAdapterRules.enabled=true",),
         "`serverMetrics.prometheusAdapterRules.enabled`",
     ),
+    (("monitoring.dashboard.enabled=true",), "`monitoring.dashboard.enabled`"),
+    (("monitoring.alerts.enabled=true",), "`monitoring.alerts.enabled`"),
     (("watchNamespaces={team-a,team-b}",), "`watchNamespaces: [team-a, team-b]`"),
 )
 

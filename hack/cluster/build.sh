@@ -5,6 +5,8 @@
 #   prometheus (github.com/prometheus/prometheus, Kubernetes service discovery only),
 #   prometheus-adapter (sigs.k8s.io/prometheus-adapter), cluster-autoscaler (k8s.io/autoscaler, -tags kwok)
 #   lws-controller (sigs.k8s.io/lws), under a key of its own: bin/lws-<key>/, linked as bin/<key>/lws
+#   promtool (cmd/promtool of the same Prometheus module version), under a key of its own: bin/promtool-<key>/,
+#   linked as bin/<key>/promtool
 # Binaries land in ${SPECDEPLOY_CACHE:-~/.cache/specdeploy}/bin/<key>/, key = hash of the pinned versions,
 # the wrapper modules and the Go toolchain. A warm start builds nothing. Prints the bin directory on stdout.
 set -euo pipefail
@@ -17,13 +19,18 @@ cache="${SPECDEPLOY_CACHE:-$HOME/.cache/specdeploy}"
 own_key_marker='^# --- Keyed on their own'
 main_versions() { sed "/$own_key_marker/,\$d" "$here/versions.env"; }
 main_wrappers=()
-for d in "$here"/gomod/*/; do [[ "$(basename "$d")" == lws ]] || main_wrappers+=("${d%/}"); done
+for d in "$here"/gomod/*/; do [[ "$(basename "$d")" =~ ^(lws|promtool)$ ]] || main_wrappers+=("${d%/}"); done
 key="$( { main_versions; for f in go.mod go.sum main.go; do for d in "${main_wrappers[@]}"; do
           [[ -f "$d/$f" ]] && cat "$d/$f"; done; done; go version; } | sha256sum | cut -c1-16)"
 bin="$cache/bin/$key"
 lws_key="$( { sed -n "/$own_key_marker/,\$p" "$here/versions.env"; cat "$here/gomod/lws/go.mod" "$here/gomod/lws/go.sum"
               go version; } | sha256sum | cut -c1-16)"
 lws_bin="$cache/bin/lws-$lws_key"
+# promtool is keyed on its own too (the PROMETHEUS_VERSION line, gomod/promtool, the Go version): adding or
+# rebuilding it leaves the other binaries' key alone.
+promtool_key="$( { grep '^PROMETHEUS_VERSION=' "$here/versions.env"; cat "$here/gomod/promtool/go.mod" "$here/gomod/promtool/go.sum"
+                   go version; } | sha256sum | cut -c1-16)"
+promtool_bin="$cache/bin/promtool-$promtool_key"
 # KEDA's CRDs (its Go module ships them): the ScaledObject schema the tests validate against and install. Fetched
 # here, with everything else this project downloads, so that no test reaches the module proxy. Not part of the key.
 KEDA_VERSION="${KEDA_VERSION:-v2.18.1}"
@@ -60,9 +67,34 @@ if [[ ! -f "$lws_bin/.complete" ]]; then
     echo "$LWS_VERSION" > "$lws_bin/.complete"
   )
 fi
-# The main bin directory names the LeaderWorkerSet build it goes with (a relative link: the cache can move).
+# promtool from the Prometheus module version the local cluster's Prometheus is built from (the same pin, the
+# same build tags): `promtool check rules` and `promtool test rules` on the chart's alerting rules.
+if [[ ! -x "$promtool_bin/promtool" ]]; then
+  mkdir -p "$promtool_bin"
+  (
+    exec 7>"$promtool_bin.lock"
+    flock 7
+    [[ -x "$promtool_bin/promtool" ]] && exit 0
+    export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+    promtool_start=$SECONDS
+    grep -Eq "^(require )?[[:space:]]*github.com/prometheus/prometheus $PROMETHEUS_VERSION( // indirect)?\$" \
+      "$here/gomod/promtool/go.mod" \
+      || { log "gomod/promtool/go.mod does not require github.com/prometheus/prometheus $PROMETHEUS_VERSION"; exit 1; }
+    log "promtool $PROMETHEUS_VERSION"
+    (cd "$here/gomod/promtool" \
+      && go build -trimpath -tags remove_all_sd,enable_kubernetes_sd \
+           -ldflags "-s -w -X github.com/prometheus/common/version.Version=3.${PROMETHEUS_VERSION#v0.3}" \
+           -o "$promtool_bin/promtool.tmp" github.com/prometheus/prometheus/cmd/promtool \
+      && mv "$promtool_bin/promtool.tmp" "$promtool_bin/promtool")
+    log "promtool built in $((SECONDS - promtool_start))s into $promtool_bin"
+  )
+fi
+# The main bin directory names the LeaderWorkerSet and promtool builds it goes with (relative links: the cache
+# can move).
 link_lws() {
   [[ "$(readlink "$bin/lws" 2>/dev/null)" == "../lws-$lws_key" ]] || ln -sfn "../lws-$lws_key" "$bin/lws"
+  [[ "$(readlink "$bin/promtool" 2>/dev/null)" == "../promtool-$promtool_key/promtool" ]] \
+    || ln -sfn "../promtool-$promtool_key/promtool" "$bin/promtool"
 }
 # Caches made before helm got its release ldflags, or before kwok's CRDs were kept, complete those alone.
 if [[ -f "$bin/.complete" && -f "$bin/.helm-release-ldflags" && -f "$bin/kwok-crds/.complete" ]] \

@@ -29,11 +29,18 @@ from typing import Any, Final
 from specdeploy_localcluster.paths import CHECKOUT
 
 __all__ = [
+    "EVALUATION_INTERVAL",
+    "OPERATOR_JOB",
+    "OPERATOR_NAMESPACE",
+    "OPERATOR_TARGETS",
     "PROMETHEUS_USER",
     "RELIST_INTERVAL",
+    "RULES_DIR",
     "SCRAPE_INTERVAL",
     "ChartMetrics",
     "adapter_argv",
+    "load_rules",
+    "prometheus_alerts",
     "prometheus_argv",
     "prometheus_config",
     "prometheus_query",
@@ -41,9 +48,20 @@ __all__ = [
     "prometheus_targets",
     "render_chart_metrics",
     "write_config",
+    "write_operator_targets",
 ]
 
 SCRAPE_INTERVAL: Final = "2s"
+EVALUATION_INTERVAL: Final = "5s"
+"""How often the rule files are evaluated (Prometheus' default 1 m; short, so tests see alerts soon)."""
+RULES_DIR: Final = "rules"
+"""Under the Prometheus directory (`<cluster>/prometheus/`): the rule files Prometheus loads (`*.yaml`)."""
+OPERATOR_TARGETS: Final = "operator-targets.json"
+"""Under the Prometheus directory: the file_sd file naming the operator's metrics endpoint (empty: none)."""
+OPERATOR_NAMESPACE: Final = "specdeploy-system"
+OPERATOR_JOB: Final = "specdeploy-metrics"
+"""The `job` of the operator's metrics: the Operator names a ServiceMonitor's job after the Service, and the
+chart's metrics Service of release `specdeploy` is `specdeploy-metrics`."""
 RELIST_INTERVAL: Final = "4s"
 PROMETHEUS_USER: Final = "specdeploy-prometheus"
 CHART: Final = CHECKOUT / "charts" / "specdeploy"
@@ -85,10 +103,19 @@ def _label_key(name: str) -> str:
     return "__meta_kubernetes_pod_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", name)
 
 
-def prometheus_config(podmonitor: Mapping[str, Any], kubeconfig: Path) -> dict[str, Any]:
+def prometheus_config(
+    podmonitor: Mapping[str, Any],
+    kubeconfig: Path,
+    *,
+    rules_dir: Path | None = None,
+    operator_targets: Path | None = None,
+) -> dict[str, Any]:
     """Prometheus' configuration for `podmonitor`, as the Prometheus Operator generates it (one job per pod
-    metrics endpoint; only `matchLabels`, `namespaceSelector`, `port`, `path` and `interval` are used, which
-    is all the chart's PodMonitor sets)."""
+    metrics endpoint; only `matchLabels`, `namespaceSelector`, `port`, `path`, `interval` and `relabelings`
+    are used, which is all the chart's PodMonitor sets). Besides: the rule files in `rules_dir` (where a test
+    puts the chart's alerting rules, then reloads), and the job of the operator's metrics, as the chart's
+    ServiceMonitor would make it, with its targets in the file `operator_targets` (the operator runs as a
+    local process on a port it picks; a test names it there with `write_operator_targets`)."""
     meta, spec = podmonitor["metadata"], podmonitor["spec"]
     sd: dict[str, Any] = {"role": "pod", "kubeconfig_file": str(kubeconfig)}
     names = (spec.get("namespaceSelector") or {}).get("matchNames")
@@ -121,6 +148,10 @@ def prometheus_config(podmonitor: Mapping[str, Any], kubeconfig: Path) -> dict[s
             {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
             {"source_labels": ["__meta_kubernetes_pod_container_name"], "target_label": "container"},
             {"target_label": "endpoint", "replacement": endpoint["port"]},
+            # The Operator's `job` label of a PodMonitor without `jobLabel`: <namespace>/<name>.
+            {"target_label": "job", "replacement": f"{meta.get('namespace', 'default')}/{meta['name']}"},
+            # The endpoint's own relabelings come last, as the Operator appends them.
+            *(_relabeling(r) for r in endpoint.get("relabelings", [])),
         ]
         jobs.append(
             {
@@ -133,7 +164,36 @@ def prometheus_config(podmonitor: Mapping[str, Any], kubeconfig: Path) -> dict[s
                 "relabel_configs": relabel,
             }
         )
-    return {"global": {"evaluation_interval": "15s"}, "scrape_configs": jobs}
+    if operator_targets is not None:
+        jobs.append(
+            {
+                "job_name": OPERATOR_JOB,
+                "scrape_interval": SCRAPE_INTERVAL,
+                "scrape_timeout": "1s",
+                "metrics_path": "/metrics",
+                "file_sd_configs": [{"files": [str(operator_targets)]}],
+            }
+        )
+    return {
+        "global": {"evaluation_interval": EVALUATION_INTERVAL},
+        "rule_files": [str(rules_dir / "*.yaml")] if rules_dir else [],
+        "scrape_configs": jobs,
+    }
+
+
+def _relabeling(rule: Mapping[str, Any]) -> dict[str, Any]:
+    """A Prometheus Operator `RelabelConfig` (camelCase) as Prometheus' `relabel_config` (snake_case)."""
+    return {re.sub(r"(?<!^)(?=[A-Z])", "_", key).lower(): value for key, value in rule.items()}
+
+
+def write_operator_targets(path: Path, port: int | None, namespace: str = OPERATOR_NAMESPACE) -> None:
+    """Name the operator serving metrics on 127.0.0.1:`port` (None: no operator) in the file_sd file `path`,
+    labelled as the chart's ServiceMonitor labels its target (`namespace`: the release's). Prometheus
+    watches the file: the target is scraped within seconds."""
+    groups = [] if port is None else [{"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": namespace}}]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(groups))
+    tmp.replace(path)
 
 
 def prometheus_rbac() -> list[dict[str, Any]]:
@@ -168,6 +228,8 @@ def prometheus_argv(bins: Path, config_file: Path, data_dir: Path, port: int) ->
         f"--storage.tsdb.path={data_dir}",
         "--storage.tsdb.retention.time=6h",
         f"--web.listen-address=127.0.0.1:{port}",
+        # POST /-/reload: a test that put rule files in place loads them without a restart.
+        "--web.enable-lifecycle",
         "--log.level=warn",
     ]
 
@@ -225,3 +287,21 @@ def write_config(path: Path, config: Mapping[str, Any]) -> None:
     import yaml  # noqa: PLC0415 - `down` and `status` run without PyYAML
 
     path.write_text(yaml.safe_dump(dict(config), sort_keys=False))
+
+
+def load_rules(port: int, rules_dir: Path, name: str, groups: Sequence[Mapping[str, Any]]) -> None:
+    """Write `groups` as the rule file `<rules_dir>/<name>.yaml` and have Prometheus reload its configuration
+    (`POST /-/reload`); an invalid file makes the reload fail, and this raise with Prometheus' answer."""
+    import yaml  # noqa: PLC0415 - `down` and `status` run without PyYAML
+
+    (rules_dir / f"{name}.yaml").write_text(yaml.safe_dump({"groups": list(groups)}, sort_keys=False))
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/-/reload", method="POST")
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        resp.read()
+
+
+def prometheus_alerts(port: int) -> list[dict[str, Any]]:
+    """The alerts Prometheus holds (`pending` or `firing`), with their labels and annotations."""
+    body = _get_json(f"http://127.0.0.1:{port}/api/v1/alerts")
+    alerts: list[dict[str, Any]] = body["data"]["alerts"]
+    return alerts

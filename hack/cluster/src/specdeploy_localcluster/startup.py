@@ -47,11 +47,14 @@ from specdeploy_localcluster.lwscontroller import (
     webhooks_answered,
 )
 from specdeploy_localcluster.metricsstack import (
+    OPERATOR_TARGETS,
+    RULES_DIR,
     adapter_argv,
     prometheus_argv,
     prometheus_config,
     render_chart_metrics,
     write_config,
+    write_operator_targets,
 )
 from specdeploy_localcluster.nodepools import AutoscaledPool
 from specdeploy_localcluster.podrunner.selection import DEFAULT_IMAGES
@@ -238,8 +241,16 @@ class Startup:
         prometheus_dir = self.dir / "prometheus"
         prometheus_dir.mkdir(exist_ok=True)
         prometheus_yaml = prometheus_dir / "prometheus.yaml"
+        (prometheus_dir / RULES_DIR).mkdir(exist_ok=True)
+        write_operator_targets(prometheus_dir / OPERATOR_TARGETS, None)
         write_config(
-            prometheus_yaml, prometheus_config(chart.podmonitor, kubeconfigs / "prometheus.kubeconfig")
+            prometheus_yaml,
+            prometheus_config(
+                chart.podmonitor,
+                kubeconfigs / "prometheus.kubeconfig",
+                rules_dir=prometheus_dir / RULES_DIR,
+                operator_targets=prometheus_dir / OPERATOR_TARGETS,
+            ),
         )
         adapter_rules = self.dir / "prometheus-adapter-rules.yaml"
         adapter_rules.write_text(chart.adapter_config)
