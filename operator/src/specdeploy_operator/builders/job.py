@@ -25,6 +25,7 @@ from .common import (
 )
 from .download import CheckpointFetch, download_step, fetch_checkpoint
 from .engines import engine_build
+from .identity import PodIdentity
 from .layout import COMPLETION_MARKER, CREDENTIALS_MOUNT, SOURCE_MOUNT, TOKENIZER_DIR, CacheLayout
 from .podsecurity import harden_pod_spec
 from .scheduling import DEFAULT_GPU_RESOURCE, GpuScheduling
@@ -250,6 +251,11 @@ def build_job(
         meta["namespace"] = engine.metadata.namespace
     meta["labels"] = labels
     owner = {"name": engine.metadata.name, "uid": (engine.metadata.model_extra or {}).get("uid", "")}
+    identity = PodIdentity.of(
+        spec.service_account_name,
+        spec.image_pull_secrets or (),
+        [source] if commands.download is not None else [],
+    )
     meta["ownerReferences"] = [
         owner_reference({"apiVersion": engine.api_version, "kind": engine.kind, "metadata": owner})
     ]
@@ -266,11 +272,13 @@ def build_job(
                     {
                         "restartPolicy": "Never",
                         **pod_scheduling,
+                        **identity.pod_fields(),
                         "initContainers": steps,
                         "containers": [complete],
                         "volumes": volumes,
                     },
                     spec.pod_security,
+                    mount_token=identity.mount_token,
                 ),
             },
         },
