@@ -22,7 +22,14 @@ from typing import Any, ClassVar
 import pytest
 from specdeploy_operator.api import ModelSource
 from specdeploy_operator.builders.download import fetch_checkpoint
-from specdeploy_operator.builders.fetchscript import ANSWERS, FETCH_PROGRAM, FETCH_SCRIPT, fetch_argv
+from specdeploy_operator.builders.fetchscript import (
+    ANSWERS,
+    FETCH_PROGRAM,
+    FETCH_SCRIPT,
+    REFUSED_EXIT_CODE,
+    fetch_argv,
+)
+from specdeploy_operator.builders.job import build_job
 from specdeploy_operator.controller.buildstatus import engine_build_status
 
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
@@ -136,8 +143,9 @@ def test_a_hub_refusal_reaches_the_engine_build_status_as_a_sentence_and_the_log
     endpoint, handler = hub
     handler.status = status
     argv = fetch_argv("hf", f"hf://{REPO}", str(tmp_path / "model"))
-    code, message = _run(tmp_path, argv, _bin(tmp_path, {"hf": ""}), HF_ENDPOINT=endpoint)
-    assert code != 0
+    bin_dir = _bin(tmp_path, {"hf": ""})
+    code, message = _run(tmp_path, argv, bin_dir, HF_ENDPOINT=endpoint, HF_HUB_DISABLE_TELEMETRY="1")
+    assert code == REFUSED_EXIT_CODE
     assert message is not None
     first, _, tail = message.partition("\n")
     assert first == _sentence(f"hf:{status}", name=REPO, at="")
@@ -190,7 +198,7 @@ def test_cloud_store_refusals_become_one_sentence_each(
     uri = f"{scheme}://models/llama-3.1-8b"
     bin_dir = _bin(tmp_path, {tool: f"echo '{printed}' >&2; exit 1"})
     code, message = _run(tmp_path, fetch_argv(scheme, uri, str(tmp_path / "model")), bin_dir)
-    assert code == 1
+    assert code == (1 if case == "*" else REFUSED_EXIT_CODE)
     assert message is not None
     first, _, tail = message.partition("\n")
     assert first == _sentence(case, uri=uri, rc="1")
@@ -212,3 +220,36 @@ def test_the_script_is_posix_sh() -> None:
     proc = subprocess.run([sh, "-n", "-c", FETCH_SCRIPT], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert os.linesep not in FETCH_PROGRAM
+
+
+def test_a_refused_download_fails_the_build_job_without_retries() -> None:
+    """The build Job's podFailurePolicy fails it on the script's refusal code from the download step; other
+    failures (a flaky network, a full disk) keep the Job's retries."""
+    source = ModelSource(uri=f"hf://{REPO}", credentials_secret="hf-token")
+    engine: dict[str, Any] = {
+        "apiVersion": "specdeploy.dev/v1alpha1",
+        "kind": "EngineBuild",
+        "metadata": {"name": "llama-3-2-1b-instruct-draft-0123456789abcdef", "namespace": "team"},
+        "spec": {
+            "model": source.to_dict(),
+            "role": "draft",
+            "quantization": {"format": "fp8"},
+            "buildFlags": ["--gemm_plugin", "fp8"],
+            "hash": "0123456789abcdef",
+            "builderImage": "ghcr.io/specdeploy/server:0.1.0",
+            "gpuProduct": "NVIDIA-H100-80GB-HBM3",
+            "cache": {"pvcName": "cache", "path": "engines/0123456789abcdef"},
+        },
+    }
+    spec = build_job(engine)["spec"]
+    assert spec["podFailurePolicy"] == {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": "download", "operator": "In", "values": [REFUSED_EXIT_CODE]},
+            }
+        ]
+    }
+    assert spec["backoffLimit"] == 3
+    pvc = {**engine, "spec": {**engine["spec"], "model": {"uri": "pvc://models/llama"}}}
+    assert "podFailurePolicy" not in build_job(pvc)["spec"]  # no download step, nothing to refuse

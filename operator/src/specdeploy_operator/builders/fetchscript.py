@@ -7,7 +7,8 @@ download fails, it reads the output for the store's answer (401, 403 or 404 from
 GCS, by status code or by the error names the tools print) and writes one sentence that says what is wrong
 and what to do, then the output's last lines, to the container's termination message
 (`/dev/termination-log`, or `$SPECDEPLOY_TERMINATION_LOG` when set): the build's status message repeats it
-(`kubectl describe enginebuild`). No secret value is read or printed: credentials stay files the tools read.
+(`kubectl describe enginebuild`), and exits with `REFUSED_EXIT_CODE`. No secret value is read or printed:
+credentials stay files the tools read.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Final
 
-__all__ = ["ANSWERS", "FETCH_PROGRAM", "FETCH_SCRIPT", "TAIL_BYTES", "fetch_argv"]
+__all__ = ["ANSWERS", "FETCH_PROGRAM", "FETCH_SCRIPT", "REFUSED_EXIT_CODE", "TAIL_BYTES", "fetch_argv"]
 
 FETCH_PROGRAM: Final = "specdeploy-fetch"
 """`$0` of the script: the name its messages and `ps` show."""
+REFUSED_EXIT_CODE: Final = 3
+"""The script's exit code when the store refused the download (401, 403, 404): trying again cannot help, so
+the build Job fails at once on it (its `podFailurePolicy`) instead of using up its retries."""
 TAIL_BYTES: Final = 1500
 """Bytes of the failed download's output kept in the termination message (the kubelet keeps 4096)."""
 
@@ -64,6 +68,8 @@ name=${uri#*://}
 at=${revision:+ at revision $revision}
 log=$(mktemp) || exit 1
 export NO_COLOR=1
+# The image's huggingface_hub is pinned: no look for a newer one on PyPI from a build pod.
+export HF_HUB_DISABLE_UPDATE_CHECK="${HF_HUB_DISABLE_UPDATE_CHECK:-1}"
 esc=$(printf '\033')
 tail_of_log() { tail -c __TAIL__ "$log" | tr '\r' '\n' | sed "s/$esc\[[0-9;]*[A-Za-z]//g"; }
 tell() {
@@ -101,7 +107,7 @@ def _render() -> str:
         keyword = "elif"
     lines += ["fi", "case $scheme:$code in"]
     lines += [f'{case}) tell "{sentence}" ;;' for case, sentence in ANSWERS.items()]
-    lines += ["esac", 'exit "$rc"', ""]
+    lines += ["esac", f'if [ -n "$code" ]; then exit {REFUSED_EXIT_CODE}; fi', 'exit "$rc"', ""]
     return "\n".join(lines)
 
 
