@@ -253,3 +253,20 @@ def test_a_refused_download_fails_the_build_job_without_retries() -> None:
     assert spec["backoffLimit"] == 3
     pvc = {**engine, "spec": {**engine["spec"], "model": {"uri": "pvc://models/llama"}}}
     assert "podFailurePolicy" not in build_job(pvc)["spec"]  # no download step, nothing to refuse
+
+
+def test_a_hub_that_cannot_be_reached_is_no_refusal(tmp_path: Path) -> None:
+    """`hf` says "Local entry not found" when it cannot reach the Hub at all: that is the generic failure
+    (with the tool's own words in the tail and the tool's exit code, so the Job retries), not a 404."""
+    if not HF.exists():
+        pytest.skip("huggingface_hub's hf is a test dependency of the server")
+    argv = fetch_argv("hf", f"hf://{REPO}", str(tmp_path / "model"))
+    bin_dir = _bin(tmp_path, {"hf": ""})
+    code, message = _run(
+        tmp_path, argv, bin_dir, HF_ENDPOINT="http://127.0.0.1:1", HF_HUB_DISABLE_TELEMETRY="1"
+    )
+    assert code not in (0, REFUSED_EXIT_CODE)
+    assert message is not None
+    first, _, tail = message.partition("\n")
+    assert first == _sentence("*", uri=f"hf://{REPO}", rc=str(code))
+    assert "Connection refused" in tail, tail

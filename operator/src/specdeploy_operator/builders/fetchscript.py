@@ -30,10 +30,13 @@ _PATTERNS: Final = {
     "401": "unauthorized|unable to locate credentials|invalidaccesskeyid|signaturedoesnotmatch|"
     "expiredtoken|invalid_grant|anonymous caller",
     "403": "forbidden|accessdenied|access denied|gatedrepo|gated repo",
-    "404": "notfound|not found|nosuchbucket|nosuchkey|does not exist",
+    "404": "repositorynotfound|revisionnotfound|repository not found|revision not found|nosuchbucket|"
+    "nosuchkey|bucketnotfound|does not exist",
 }
 """What a tool prints for each answer besides the status code itself (case-insensitive extended regexes),
-checked in this order: an unauthenticated request to a gated model is a 401 whose text also says "gated"."""
+checked in this order: an unauthenticated request to a gated model is a 401 whose text also says "gated".
+Not a bare "not found": `hf` says "Local entry not found" for every failure to reach the Hub (offline,
+connection refused), which is no answer of the Hub's."""
 
 _ACCOUNT = "spec.serviceAccounts"
 ANSWERS: Final[Mapping[str, str]] = {
