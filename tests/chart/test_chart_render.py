@@ -233,6 +233,8 @@ def test_values_files_reach_the_settings(helm: Helm) -> None:
     assert settings.cache_size == "4Ti"
     assert settings.keep_previous_engines == 2
     assert settings.gc_grace_seconds == 7200
+    # The serving, build and staging pods pull the private images with the same Secret as the operator's pod.
+    assert settings.image_pull_secrets == ("registry-credentials",)
     namespaced = OperatorSettings.from_env(
         env_of(render(helm, values=[CHART / "ci" / "namespaced-values.yaml"]))
     )
@@ -405,6 +407,8 @@ BAD_VALUES = [
     (["settings.prometheusUrl=prometheus:9090"], "/settings/prometheusUrl"),
     (["settings.severImage.repository=x"], "severImage"),
     (["watchNamespace={a}"], "watchNamespace"),
+    (["managedPods.buildServiceAccount=Not_A_Name"], "/managedPods/buildServiceAccount"),
+    (["managedPods.imagePullSecrets={Bad_Secret}"], "/managedPods/imagePullSecrets"),
 ]
 
 
@@ -458,3 +462,16 @@ def test_helm_template_needs_no_kube_version(helm: Helm) -> None:
     assumes v1.20 and refuses the chart)."""
     out = helm("template", "x", str(CHART)).stdout
     assert "kind: Deployment" in out
+
+
+def test_managed_pod_credentials_reach_the_settings(helm: Helm) -> None:
+    """`managedPods.*`: the operator-wide defaults of `spec.images.pullSecrets` and `spec.serviceAccounts`."""
+    sets = [
+        "managedPods.imagePullSecrets={regcred,mirror-cred}",
+        "managedPods.servingServiceAccount=llm-serving",
+        "managedPods.buildServiceAccount=model-reader",
+    ]
+    settings = OperatorSettings.from_env(env_of(render(helm, sets=sets)))
+    assert settings.image_pull_secrets == ("regcred", "mirror-cred")
+    assert settings.serving_service_account == "llm-serving"
+    assert settings.build_service_account == "model-reader"

@@ -1,9 +1,12 @@
-"""The container images, checked without a Docker engine: both Dockerfiles parse, every COPY/ADD source exists
-in the build context and is not dropped by .dockerignore, bases are pinned, and the operator image is
-non-root, labelled and runs the operator's entry point with its health endpoint."""
+"""The container images, checked without a Docker engine: both Dockerfiles are read with a maintained
+parser (dockerfile-parse), every COPY/ADD source exists in the build context and is not dropped by
+.dockerignore, bases are pinned to a version, each image runs as the numeric non-root user the pods name, and
+each entry point is a console script of the package the image installs. The install steps themselves run in
+tests/chart/test_image_install.py."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import tomllib
@@ -11,13 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from dockerfile_parse import DockerfileParser
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = ["Dockerfile.operator", "Dockerfile.server"]
-INSTRUCTIONS = {
-    "FROM", "RUN", "CMD", "LABEL", "MAINTAINER", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME",
-    "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL",
-}  # fmt: skip
+PACKAGE_OF = {"Dockerfile.operator": "operator", "Dockerfile.server": "server"}
+"""The package directory each image installs."""
 
 
 @dataclass(frozen=True)
@@ -28,30 +30,15 @@ class Instruction:
 
 
 def parse(path: Path) -> list[Instruction]:
-    """Instructions of a Dockerfile: comments and blank lines dropped, `\\` continuations joined. Fails on an
-    unknown instruction (what `docker build` would reject first)."""
-    out: list[Instruction] = []
-    pending = ""
-    start = 0
-    for n, raw in enumerate(path.read_text().splitlines(), 1):
-        stripped = raw.strip()
-        if not pending and (not stripped or stripped.startswith("#")):
-            continue
-        if pending and stripped.startswith("#"):
-            continue  # a comment inside a continued instruction
-        if not pending:
-            start = n
-        if stripped.endswith("\\"):
-            pending += stripped[:-1] + " "
-            continue
-        text = pending + stripped
-        pending = ""
-        keyword, _, args = text.partition(" ")
-        assert keyword.upper() in INSTRUCTIONS, f"{path.name}:{start}: unknown instruction {keyword}"
-        assert keyword == keyword.upper(), f"{path.name}:{start}: write instructions in upper case"
-        out.append(Instruction(start, keyword.upper(), args.strip()))
-    assert not pending, f"{path.name}: ends inside a continued line"
-    return out
+    """Instructions of a Dockerfile as dockerfile-parse reads them (comments dropped, continuations joined;
+    `line` is 1-based)."""
+    with path.open(encoding="utf-8") as dockerfile:
+        structure = DockerfileParser(fileobj=dockerfile).structure
+    return [
+        Instruction(item["startline"] + 1, item["instruction"], item["value"].strip())
+        for item in structure
+        if item["instruction"] != "COMMENT"
+    ]
 
 
 def arg_defaults(instructions: list[Instruction]) -> dict[str, str]:
@@ -191,17 +178,16 @@ def test_operator_image() -> None:
     uid = users[-1].split(":")[0]
     assert uid.isdigit(), users[-1]
     assert int(uid) != 0, users[-1]
+    from specdeploy_operator.builders.podsecurity import IMAGE_USER
+
+    assert int(uid) == IMAGE_USER, "the operator image's user is the one every specdeploy pod runs as"
     chart_values = (REPO / "charts" / "specdeploy" / "values.yaml").read_text()
     assert f"runAsUser: {uid}" in chart_values, "the chart's runAsUser must be the image's user"
-    # The entry point is the operator package, with the health and metrics ports.
-    entrypoint = [ins.args for ins in final if ins.keyword == "ENTRYPOINT"][-1]
-    assert entrypoint == '["python", "-m", "specdeploy_operator"]'
+    # The entry point (a console script, test_entry_points_are_the_packages_console_scripts) gets the health
+    # and metrics ports.
     cmd = [ins.args for ins in final if ins.keyword == "CMD"][-1]
     assert "--health-port" in cmd
     assert "--metrics-port" in cmd
-    assert (REPO / "operator" / "src" / "specdeploy_operator" / "__main__.py").is_file(), (
-        "Dockerfile.operator runs `python -m specdeploy_operator`, which does not exist"
-    )
     labels = " ".join(ins.args for ins in final if ins.keyword == "LABEL")
     for key in ("title", "description", "version", "source", "licenses"):
         assert f"org.opencontainers.image.{key}=" in labels, key
@@ -235,3 +221,41 @@ def test_server_image_runs_as_the_numeric_user_the_operators_pods_name() -> None
     image = DEFAULT_IMAGES["ghcr.io/specdeploy/server:0.1.0"]
     assert image.user == (IMAGE_USER, IMAGE_USER)
     assert image.env["HOME"] == TMP_MOUNT
+
+
+def _console_scripts(package: str) -> dict[str, str]:
+    project = tomllib.loads((REPO / package / "pyproject.toml").read_text())["project"]
+    scripts: dict[str, str] = project["scripts"]
+    return scripts
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_entry_points_are_the_packages_console_scripts(name: str) -> None:
+    """The image starts a console script of the package it installs (exec form), so the image and `pip
+    install` start the same code; the install script checks the script exists (test_image_install.py)."""
+    instructions = parse(REPO / name)
+    entrypoint = [ins.args for ins in instructions if ins.keyword == "ENTRYPOINT"][-1]
+    assert entrypoint.startswith("["), f"{name}: use the exec form of ENTRYPOINT"
+    argv = json.loads(entrypoint)
+    scripts = _console_scripts(PACKAGE_OF[name])
+    assert argv[0] in scripts, f"{name}: ENTRYPOINT {argv} is not one of {sorted(scripts)}"
+    assert len(argv) == 1, argv
+    module, _, function = scripts[argv[0]].partition(":")
+    source = REPO / PACKAGE_OF[name] / "src" / Path(*module.split("."))
+    text = (source / "__init__.py" if source.is_dir() else source.with_suffix(".py")).read_text()
+    assert f"def {function}(" in text, f"{scripts[argv[0]]} does not exist"
+
+
+@pytest.mark.parametrize("name", DOCKERFILES)
+def test_the_install_step_is_the_packages_install_script(name: str) -> None:
+    """The RUN that installs the package runs the script the tests run outside Docker, copied from the
+    package's own directory."""
+    instructions = parse(REPO / name)
+    package = PACKAGE_OF[name]
+    script = f"{package}/image/install.sh"
+    assert (REPO / script).is_file()
+    copied = [s for ins in instructions if ins.keyword == "COPY" for s in copy_sources(ins)]
+    assert any(script.startswith(source.rstrip("/")) for source in copied), (name, copied)
+    runs = [ins.args for ins in instructions if ins.keyword == "RUN"]
+    assert any("install.sh" in run and run.lstrip().startswith(("sh ", "--mount")) for run in runs), runs
+    assert not any("pip install" in run for run in runs), f"{name}: pip runs in {script}, not beside it"

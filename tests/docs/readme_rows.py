@@ -153,6 +153,7 @@ COMMANDS: dict[str, Row] = {
         " --set image.repository=registry.example.com/specdeploy/operator"
         " --set settings.serverImage.repository=registry.example.com/specdeploy/server"
         " --set settings.builderImage.repository=registry.example.com/specdeploy/server"
+        " --set engineCache.storageClassName=efs-rwx"
     ): Here("test_helm_install_commands"),
     "kubectl -n specdeploy-system rollout status deployment/specdeploy": Here("test_helm_install_commands"),
     "make crds": Suite(
@@ -161,6 +162,9 @@ COMMANDS: dict[str, Row] = {
         recipe="-m specdeploy_operator.crdgen --out-dir crds --out-dir charts/specdeploy/crds",
     ),
     # Writing a SpeculativeDeployment
+    "kubectl create secret generic hf-token --from-literal=HF_TOKEN=hf_your_token_here": Here(
+        "test_hf_token_secret_command"
+    ),
     ".venv/bin/specdeploy validate -f examples/01-draft-target-llama70b-8b-h100.yaml": Here(
         "test_validate_and_render_commands"
     ),

@@ -3,6 +3,7 @@ the session's cluster and operator (tests/docs/readme_rows.py names each one's t
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -139,7 +140,8 @@ def test_helm_install_commands(cluster_shell: Shell, kubectl: Kubectl, install_c
             "helm install specdeploy charts/specdeploy -n specdeploy-system --create-namespace"
             " --set image.repository=registry.example.com/specdeploy/operator"
             " --set settings.serverImage.repository=registry.example.com/specdeploy/server"
-            " --set settings.builderImage.repository=registry.example.com/specdeploy/server",
+            " --set settings.builderImage.repository=registry.example.com/specdeploy/server"
+            " --set engineCache.storageClassName=efs-rwx",
             release_ns,
             timeout=300,
         )
@@ -165,6 +167,8 @@ def test_helm_install_commands(cluster_shell: Shell, kubectl: Kubectl, install_c
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["SPECDEPLOY_SERVER_IMAGE"] == images["Dockerfile.server"]
         assert env["SPECDEPLOY_BUILDER_IMAGE"] == images["Dockerfile.server"]
+        # The engine cache's class reaches the operator (here a name only: the operator pod is kwok's).
+        assert env["SPECDEPLOY_CACHE_STORAGE_CLASS_NAME"] == "efs-rwx"
         subject = {"kind": "ServiceAccount", "name": "specdeploy", "namespace": namespace}
         bindings = [b for b in get("clusterrolebindings")["items"] if subject in (b.get("subjects") or [])]
         assert bindings, "no ClusterRoleBinding for the operator's ServiceAccount"
@@ -178,6 +182,48 @@ def test_helm_install_commands(cluster_shell: Shell, kubectl: Kubectl, install_c
     finally:
         cluster_shell.tool("helm", "uninstall", "specdeploy", "-n", namespace, "--wait", check=False)
         kubectl("delete", "namespace", namespace, "--ignore-not-found", "--wait=false", check=False)
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("operator", "install_crds")
+def test_hf_token_secret_command(cluster_shell: Shell, kubectl: Kubectl, core: client.CoreV1Api) -> None:
+    """The README's one command for a Hugging Face token makes the Secret a model's `credentialsSecret` names;
+    the operator's build Job of a deployment naming it mounts it, as a file, in the download step only."""
+    sh = cluster_shell
+    with fresh_namespace(core, f"{OPERATOR_NAMESPACE_PREFIX}-readme") as namespace:
+        sh.run(
+            "kubectl config set-context --current --namespace=demo",
+            {"--namespace=demo": f"--namespace={namespace}"},
+        )
+        created = sh.run("kubectl create secret generic hf-token --from-literal=HF_TOKEN=hf_your_token_here")
+        assert created.stdout.strip() == "secret/hf-token created", created.stdout
+        secret = core.read_namespaced_secret("hf-token", namespace)
+        assert base64.b64decode(secret.data["HF_TOKEN"]) == b"hf_your_token_here"
+
+        doc = yaml.safe_load((REPO / "examples" / "02-draft-target-llama8b-1b-h100.yaml").read_text())
+        doc["metadata"]["namespace"] = namespace
+        doc["spec"]["target"]["model"]["credentialsSecret"] = "hf-token"
+        kubectl("apply", "--server-side", "-f", "-", input=json.dumps(doc))
+
+        def target_job() -> dict[str, Any] | None:
+            jobs = json.loads(kubectl("get", "jobs", "-n", namespace, "-o", "json").stdout)["items"]
+            labels = "specdeploy.dev/engine-role"
+            return next((j for j in jobs if j["metadata"]["labels"].get(labels) == "target"), None)
+
+        job = wait_for(target_job, timeout=120, interval=1, what="the target's build Job")
+        pod = job["spec"]["template"]["spec"]
+        secret_volumes = [
+            v["name"] for v in pod["volumes"] if (v.get("secret") or {}).get("secretName") == "hf-token"
+        ]
+        assert len(secret_volumes) == 1, pod["volumes"]
+        for step in pod["initContainers"] + pod["containers"]:
+            mounted = any(m["name"] in secret_volumes for m in step.get("volumeMounts") or [])
+            assert mounted == (step["name"] == "download"), step["name"]
+        download = next(c for c in pod["initContainers"] if c["name"] == "download")
+        assert {"name": "HF_TOKEN_PATH", "value": "/var/run/secrets/specdeploy/model/HF_TOKEN"} in download[
+            "env"
+        ]
+        assert "hf_your_token_here" not in json.dumps(job)
 
 
 @pytest.mark.integration

@@ -210,7 +210,8 @@ def test_remote_checkpoints_are_staged_by_engine_builds_without_gpus() -> None:
         source = gpu.spec.target if spec["role"] == "target" else gpu.spec.draft
         assert source is not None
         assert download["command"] == download_step(source.model, out_dir)[0]
-        assert download["command"][:2] == ["huggingface-cli", "download"]
+        assert download["command"][:2] == ["sh", "-c"]  # the fetch script: `hf download` or the older CLI
+        assert download["command"][4:6] == ["hf", source.model.uri]
         assert "resources" not in download
         [complete] = pod_spec_["containers"]
         assert complete["name"] == "complete"

@@ -16,6 +16,7 @@ from .conditions import (
     CONDITION_REASONS,
     CREATION_REASONS,
     BuildPhase,
+    ClaimPhase,
     ConditionStatus,
     ConditionType,
     DeploymentPhase,
@@ -43,6 +44,7 @@ from .flags import (
     render_build_flags,
     render_quantize_args,
 )
+from .identity import ServiceAccountsSpec
 from .meta import Condition, ObjectMeta
 from .parse import KINDS, FieldError, InvalidObjectError, parse_object, validate_object
 from .placement import MultiNodeSpec, NcclSpec
@@ -96,6 +98,7 @@ __all__ = [
     "Backend",
     "BuildPhase",
     "BuildSpec",
+    "ClaimPhase",
     "Condition",
     "ConditionStatus",
     "ConditionType",
@@ -139,6 +142,7 @@ __all__ = [
     "ScaleDownSpec",
     "ScaleUpSpec",
     "SeccompProfileSpec",
+    "ServiceAccountsSpec",
     "ServingSpec",
     "SpeculationFigures",
     "SpeculativeDeployment",

@@ -3,7 +3,8 @@ and the condition types and reasons of Kubernetes objects it reads. Every other 
 the wire form of each is its string value.
 
 A `SpeculativeDeployment` carries the conditions `EnginesReady`, `Available`, `Progressing`, `Degraded`,
-`Synced` and, once speculation has been measured, `SpeculationEffective`; an `EngineBuild` carries
+`Synced`, `EngineCacheReady` while it uses an engine-cache claim and, once speculation has been measured,
+`SpeculationEffective`; an `EngineBuild` carries
 `Succeeded`. `CONDITION_REASONS` lists the reasons each of them may take (docs/operator.md renders it).
 """
 
@@ -17,6 +18,7 @@ __all__ = [
     "CONDITION_REASONS",
     "CREATION_REASONS",
     "BuildPhase",
+    "ClaimPhase",
     "ConditionStatus",
     "ConditionType",
     "DeploymentPhase",
@@ -65,6 +67,8 @@ class ConditionType(StrEnum):
     DEGRADED = "Degraded"
     SYNCED = "Synced"
     SPECULATION_EFFECTIVE = "SpeculationEffective"
+    ENGINE_CACHE_READY = "EngineCacheReady"
+    """Whether the engine-cache claim is bound and can be mounted by pods on several nodes."""
     SUCCEEDED = "Succeeded"
     """The EngineBuild's one condition: `True` once built, `False` once failed, `Unknown` before."""
 
@@ -107,6 +111,13 @@ class Reason(StrEnum):
     # SpeculationEffective
     ACCEPTANCE_HEALTHY = "AcceptanceHealthy"
     LOW_ACCEPTANCE = "LowAcceptance"
+    # EngineCacheReady
+    CLAIM_BOUND = "ClaimBound"
+    CLAIM_PENDING = "ClaimPending"
+    CLAIM_MISSING = "ClaimMissing"
+    CLAIM_PROVISIONING_FAILED = "ClaimProvisioningFailed"
+    CLAIM_NOT_READ_WRITE_MANY = "ClaimNotReadWriteMany"
+    CLAIM_LOST = "ClaimLost"
     # events only
     BUILD_STARTED = "BuildStarted"
     ROLLOUT_STARTED = "RolloutStarted"
@@ -159,6 +170,14 @@ CONDITION_REASONS: Final[Mapping[ConditionType, tuple[Reason, ...]]] = {
         Reason.POD_CREATION_FAILED,
     ),
     ConditionType.SPECULATION_EFFECTIVE: (Reason.ACCEPTANCE_HEALTHY, Reason.LOW_ACCEPTANCE),
+    ConditionType.ENGINE_CACHE_READY: (
+        Reason.CLAIM_BOUND,
+        Reason.CLAIM_PENDING,
+        Reason.CLAIM_MISSING,
+        Reason.CLAIM_PROVISIONING_FAILED,
+        Reason.CLAIM_NOT_READ_WRITE_MANY,
+        Reason.CLAIM_LOST,
+    ),
     ConditionType.SUCCEEDED: (
         Reason.JOB_PENDING,
         Reason.UNSCHEDULABLE,
@@ -202,9 +221,19 @@ class PodPhase(StrEnum):
     FAILED = "Failed"
 
 
+class ClaimPhase(StrEnum):
+    """`status.phase` of a PersistentVolumeClaim."""
+
+    PENDING = "Pending"
+    BOUND = "Bound"
+    LOST = "Lost"
+
+
 class KubeReason(StrEnum):
     """Reasons of Kubernetes conditions and events the operator reads."""
 
+    PROVISIONING_FAILED = "ProvisioningFailed"
+    """A provisioner could not create a volume for a claim (an event about the claim)."""
     POD_UNSCHEDULABLE = "Unschedulable"
     JOB_FAILED_CREATE = "FailedCreate"
     JOB_SUCCESSFUL_CREATE = "SuccessfulCreate"

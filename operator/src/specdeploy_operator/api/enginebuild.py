@@ -96,7 +96,8 @@ class EngineBuildSpec(ApiModel):
     when `buildFlags` is not empty."""
     hash: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{16,64}$")]
     """Content hash over model, revision, role, parallelism, quantization, build flags, staging, builder
-    image, GPU product, cache claim and pod security (when set): the engine's identity, computed by the
+    image, GPU product, cache claim and pod security (when set), not over credentials, pull secrets,
+    ServiceAccount or scheduling: the engine's identity, computed by the
     operator (`EngineBuildSpec.content_hash()`)."""
     builder_image: Annotated[str, StringConstraints(pattern=r"^\S+$", min_length=1, max_length=512)]
     """Image that runs the build; it pins the TensorRT-LLM version."""
@@ -118,6 +119,13 @@ class EngineBuildSpec(ApiModel):
     pod_security: PodSecuritySpec | None = None
     """Security context of the build pod: the `spec.podSecurity` of the deployment that asked for the engine;
     unset: the defaults. Part of the hash when set, since the user and group own the files it writes."""
+    image_pull_secrets: Annotated[list[DnsSubdomain], Field(max_length=32)] | None = None
+    """`imagePullSecrets` of the build pod: the operator's default ones, then the deployment's
+    `spec.images.pullSecrets`. Not in the hash: how the builder image is pulled does not change the engine."""
+    service_account_name: DnsSubdomain | None = None
+    """ServiceAccount of the build pod (the deployment's `spec.serviceAccounts.build`, else the operator's
+    default); unset: the namespace's `default`. Not in the hash: who reads the checkpoint does not change
+    the engine."""
 
     def content_hash(self) -> str:
         """The hash this spec should carry: SHA-256 over everything that changes the engine, 16 hex digits."""
@@ -132,6 +140,9 @@ class EngineBuildSpec(ApiModel):
         content.pop("gpuResource", None)
         content.pop("buildGpus", None)
         content.pop("tolerations", None)
+        # Nor do the credentials the pod pulls its image and reads its checkpoint with.
+        content.pop("imagePullSecrets", None)
+        content.pop("serviceAccountName", None)
         canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 

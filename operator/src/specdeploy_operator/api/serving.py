@@ -167,6 +167,11 @@ class ImagesSpec(ApiModel):
     """Image of the inference server (TensorRT-LLM runtime plus the specdeploy server)."""
     builder: _NoSpace | None = None
     """Image of the download, quantize and engine build Jobs; it pins the TensorRT-LLM version."""
+    pull_secrets: Annotated[list[DnsSubdomain], Field(max_length=16)] | None = None
+    """Secrets (`kubernetes.io/dockerconfigjson`, in the deployment's namespace) of every pod the operator
+    creates for this deployment: serving, build and staging pods (`imagePullSecrets`), after the operator's
+    default ones (`SPECDEPLOY_IMAGE_PULL_SECRETS`). Not part of the engine hash: how an image is pulled does
+    not change what it builds."""
 
 
 def _is_zero(value: int | str) -> bool:

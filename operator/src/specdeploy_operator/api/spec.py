@@ -15,6 +15,7 @@ from .autoscaling import AutoscalingSpec
 from .base import ApiModel, Rule, Rules
 from .buildflags import MODELLED_BUILD_FLAGS, OPERATOR_BUILD_FLAGS, conflicting_args, conflicting_args_cel
 from .checkpoint import QuantizationSpec
+from .identity import ServiceAccountsSpec
 from .modelspec import ModelSpec
 from .placement import PlacementSpec
 from .podsecurity import PodSecuritySpec
@@ -333,6 +334,9 @@ class SpeculativeDeploymentSpec(ApiModel):
     pod_security: PodSecuritySpec | None = None
     """Security context of the serving and build pods; unset: the defaults, which pass the `restricted`
     Pod Security Standard (non-root user 10001, read-only root filesystem, no capabilities)."""
+    service_accounts: ServiceAccountsSpec | None = None
+    """ServiceAccounts of the serving pods and of the build and staging pods (a cloud role for `s3://` or
+    `gs://` checkpoints); unset: the operator's defaults, else the namespace's `default` account."""
 
     @property
     def gpus_per_replica(self) -> int:

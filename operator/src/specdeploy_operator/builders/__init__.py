@@ -11,7 +11,14 @@ from .autoscaling import (
     keda_query,
     quantity,
 )
-from .claims import CacheClaim, build_cache_pvc, build_default_cache_pvc, cache_claim, cache_pvc_name
+from .claims import (
+    READ_WRITE_MANY,
+    CacheClaim,
+    build_cache_pvc,
+    build_default_cache_pvc,
+    cache_claim,
+    cache_pvc_name,
+)
 from .common import (
     FIELD_MANAGER,
     endpoint,
@@ -34,6 +41,7 @@ from .settings import OperatorSettings
 __all__ = [
     "FIELD_MANAGER",
     "METRIC_NAMES",
+    "READ_WRITE_MANY",
     "BuildCommands",
     "CacheClaim",
     "OperatorSettings",

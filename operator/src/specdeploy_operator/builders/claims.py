@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from specdeploy_operator.api import SpeculativeDeployment
 
@@ -20,7 +20,18 @@ from .common import (
 )
 from .settings import OperatorSettings
 
-__all__ = ["CacheClaim", "build_cache_pvc", "build_default_cache_pvc", "cache_claim", "cache_pvc_name"]
+__all__ = [
+    "READ_WRITE_MANY",
+    "CacheClaim",
+    "build_cache_pvc",
+    "build_default_cache_pvc",
+    "cache_claim",
+    "cache_pvc_name",
+]
+
+READ_WRITE_MANY: Final = "ReadWriteMany"
+"""The access mode the engine cache needs: a build pod writes it on one node, serving pods read it on
+others."""
 
 
 def cache_pvc_name(sdep: SpeculativeDeployment, settings: OperatorSettings) -> str:
@@ -49,7 +60,7 @@ def build_cache_pvc(
     if cache is None or not cache.size:
         return None
     claim: dict[str, Any] = {
-        "accessModes": ["ReadWriteMany"],
+        "accessModes": [READ_WRITE_MANY],
         "resources": {"requests": {"storage": str(cache.size)}},
     }
     storage_class = cache.storage_class_name or settings.cache_storage_class_name
@@ -69,7 +80,7 @@ def build_default_cache_pvc(namespace: str, settings: OperatorSettings | None = 
     deployment of the namespace, so it has no owner: deleting the namespace (or the claim) removes it."""
     settings = settings or OperatorSettings()
     claim: dict[str, Any] = {
-        "accessModes": ["ReadWriteMany"],
+        "accessModes": [READ_WRITE_MANY],
         "resources": {"requests": {"storage": settings.cache_size}},
     }
     if settings.cache_storage_class_name:

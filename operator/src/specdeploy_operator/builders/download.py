@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from specdeploy_operator.api import ModelSource
 
+from .fetchscript import fetch_argv
 from .layout import CREDENTIALS_MOUNT, SOURCE_MOUNT, PvcSource, pvc_source
 
 __all__ = ["CheckpointFetch", "download_step", "fetch_checkpoint"]
@@ -29,27 +30,24 @@ def fetch_checkpoint(source: ModelSource, dest: str, claim_mount: str = SOURCE_M
     """`source` downloaded into `dest`, or, for `pvc://`, its claim mounted at `claim_mount`. Credentials are
     read from files under `CREDENTIALS_MOUNT`; no secret value appears in argv or env."""
     uri = source.uri
-    scheme, _, rest = uri.partition("://")
+    scheme = uri.partition("://")[0]
     env: list[dict[str, str]] = []
     claim = pvc_source(source)
     if claim is not None:
         return CheckpointFetch(source, None, claim.under(claim_mount), env, claim)
     if scheme == "hf":
-        argv = ["huggingface-cli", "download", rest, "--local-dir", dest]
-        if source.revision:
-            argv += ["--revision", source.revision]
         if source.credentials_secret:
             env.append({"name": "HF_TOKEN_PATH", "value": f"{CREDENTIALS_MOUNT}/HF_TOKEN"})
-        return CheckpointFetch(source, argv, dest, env)
+        return CheckpointFetch(source, fetch_argv(scheme, uri, dest, source.revision), dest, env)
     if scheme == "s3":
         if source.credentials_secret:
             env.append({"name": "AWS_SHARED_CREDENTIALS_FILE", "value": f"{CREDENTIALS_MOUNT}/credentials"})
-        return CheckpointFetch(source, ["aws", "s3", "sync", "--only-show-errors", uri, dest], dest, env)
+        return CheckpointFetch(source, fetch_argv(scheme, uri, dest), dest, env)
     if source.credentials_secret:
         env.append(
             {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": f"{CREDENTIALS_MOUNT}/credentials.json"}
         )
-    return CheckpointFetch(source, ["gsutil", "-m", "rsync", "-r", uri, dest], dest, env)
+    return CheckpointFetch(source, fetch_argv(scheme, uri, dest), dest, env)
 
 
 def download_step(source: ModelSource, dest: str) -> tuple[list[str] | None, str, list[dict[str, str]]]:

@@ -29,6 +29,7 @@ from .common import (
     NAME_LABEL,
     dns_label,
 )
+from .identity import build_service_account, pull_secrets
 from .layout import builder_image, engine_dir
 from .scheduling import DEFAULT_GPU_RESOURCE
 from .settings import OperatorSettings
@@ -115,6 +116,8 @@ def _engine_build(
         tolerations=None if staged else spec.placement.tolerations,
         cache=EngineCacheLocation(pvc_name=cache_pvc_name(sdep, settings), path="pending"),
         pod_security=spec.pod_security,
+        image_pull_secrets=pull_secrets(sdep, settings) or None,
+        service_account_name=build_service_account(sdep, settings),
     )
     hash_ = draft.content_hash()
     engine_spec = draft.model_copy(

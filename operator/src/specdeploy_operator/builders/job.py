@@ -25,6 +25,8 @@ from .common import (
 )
 from .download import CheckpointFetch, download_step, fetch_checkpoint
 from .engines import engine_build
+from .fetchscript import REFUSED_EXIT_CODE
+from .identity import PodIdentity
 from .layout import COMPLETION_MARKER, CREDENTIALS_MOUNT, SOURCE_MOUNT, TOKENIZER_DIR, CacheLayout
 from .podsecurity import harden_pod_spec
 from .scheduling import DEFAULT_GPU_RESOURCE, GpuScheduling
@@ -250,15 +252,25 @@ def build_job(
         meta["namespace"] = engine.metadata.namespace
     meta["labels"] = labels
     owner = {"name": engine.metadata.name, "uid": (engine.metadata.model_extra or {}).get("uid", "")}
+    identity = PodIdentity.of(
+        spec.service_account_name,
+        spec.image_pull_secrets or (),
+        [source] if commands.download is not None else [],
+    )
     meta["ownerReferences"] = [
         owner_reference({"apiVersion": engine.api_version, "kind": engine.kind, "metadata": owner})
     ]
+    job_spec: dict[str, Any] = {"backoffLimit": settings.build_backoff_limit}
+    if commands.download is not None:
+        # A download the store refused (401, 403, 404) fails the build at once: a retry gets the same answer.
+        refused = {"containerName": "download", "operator": "In", "values": [REFUSED_EXIT_CODE]}
+        job_spec["podFailurePolicy"] = {"rules": [{"action": "FailJob", "onExitCodes": refused}]}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
         "metadata": meta,
         "spec": {
-            "backoffLimit": settings.build_backoff_limit,
+            **job_spec,
             "ttlSecondsAfterFinished": settings.build_ttl_seconds,
             "template": {
                 "metadata": {"labels": labels},
@@ -266,11 +278,13 @@ def build_job(
                     {
                         "restartPolicy": "Never",
                         **pod_scheduling,
+                        **identity.pod_fields(),
                         "initContainers": steps,
                         "containers": [complete],
                         "volumes": volumes,
                     },
                     spec.pod_security,
+                    mount_token=identity.mount_token,
                 ),
             },
         },

@@ -15,6 +15,7 @@ from specdeploy_operator.api import EngineBuild, EngineRole, ModelSource, Specul
 from .common import configmap_name, quantity_value
 from .download import CheckpointFetch, fetch_checkpoint
 from .engines import engine_models, gpu_product
+from .identity import PodIdentity, pull_secrets, serving_service_account
 from .layout import (
     CREDENTIALS_MOUNT,
     MODELS_MOUNT,
@@ -87,6 +88,8 @@ class ServingPod:
     resources: dict[str, Any]
     node_selector: dict[str, str]
     tolerations: list[dict[str, Any]]
+    identity: PodIdentity
+    """ServiceAccount, pull secrets and whether the account's token is mounted (`identity.py`)."""
 
 
 def grace_period(sdep: SpeculativeDeployment, settings: OperatorSettings) -> int:
@@ -334,4 +337,9 @@ def serving_pod(
         resources=resources,
         node_selector=node_selector,
         tolerations=tolerations,
+        identity=PodIdentity.of(
+            serving_service_account(sdep, settings),
+            pull_secrets(sdep, settings),
+            [fetch.source for _, fetch in direct if fetch.argv is not None],
+        ),
     )

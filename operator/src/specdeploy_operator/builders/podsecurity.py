@@ -6,7 +6,9 @@ labelled `pod-security.kubernetes.io/enforce: restricted`:
 - the image's non-root numeric user (`IMAGE_USER`, defined by Dockerfile.server), `runAsNonRoot: true`;
 - `allowPrivilegeEscalation: false`, every capability dropped, not privileged;
 - the runtime's default seccomp profile;
-- `automountServiceAccountToken: false`: neither the server nor the build tools talk to the Kubernetes API;
+- `automountServiceAccountToken: false`: neither the server nor the build tools talk to the Kubernetes API
+  (the one exception, a pod whose named ServiceAccount is its cloud identity for a `s3://` or `gs://`
+  download, is `identity.py`'s; the `restricted` profile does not restrict the token);
 - a read-only root filesystem. What must stay writable is a volume: `/tmp` (`TMP_VOLUME`, an emptyDir), which
   is also the image's `HOME`, so Python's temporary files, the Hugging Face and PyTorch caches, Triton's
   kernel cache and Open MPI's session directory (TensorRT-LLM's tensor-parallel executors) land there;
@@ -74,13 +76,16 @@ def container_security_context(security: PodSecuritySpec | None) -> dict[str, An
     }
 
 
-def harden_pod_spec(pod_spec: Mapping[str, Any], security: PodSecuritySpec | None) -> dict[str, Any]:
-    """`pod_spec` with the security contexts, no service-account token, and the `/tmp` emptyDir mounted in
-    every container. The other keys keep their order; the new ones go where `kubectl get -o yaml` would
-    look for them (security settings first, the volume last)."""
+def harden_pod_spec(
+    pod_spec: Mapping[str, Any], security: PodSecuritySpec | None, *, mount_token: bool = False
+) -> dict[str, Any]:
+    """`pod_spec` with the security contexts, no service-account token (unless `mount_token`: a pod whose
+    ServiceAccount is its cloud identity, `identity.py`), and the `/tmp` emptyDir mounted in every container.
+    The other keys keep their order; the new ones go where `kubectl get -o yaml` would look for them
+    (security settings first, the volume last)."""
     container_context = container_security_context(security)
     out: dict[str, Any] = {
-        "automountServiceAccountToken": False,
+        "automountServiceAccountToken": mount_token,
         "securityContext": pod_security_context(security),
     }
     for key, value in pod_spec.items():

@@ -76,11 +76,12 @@ def pod_spec_for(
         pod_spec["affinity"] = spec.placement.affinity.to_dict()
     if spec.placement.priority_class_name:
         pod_spec["priorityClassName"] = spec.placement.priority_class_name
+    pod_spec.update(pod.identity.pod_fields())
     if pod.init_containers:
         pod_spec["initContainers"] = pod.init_containers
     pod_spec["containers"] = containers
     pod_spec["volumes"] = pod.volumes
-    return harden_pod_spec(pod_spec, spec.pod_security)
+    return harden_pod_spec(pod_spec, spec.pod_security, mount_token=pod.identity.mount_token)
 
 
 def template_annotations(pod: ServingPod, configmap: Mapping[str, Any]) -> dict[str, str]:

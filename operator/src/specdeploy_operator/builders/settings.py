@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = ["ENV_PREFIX", "OperatorSettings"]
 
 ENV_PREFIX: Final = "SPECDEPLOY_"
+_EMPTY_IS_UNSET: Final = ("cache_storage_class_name", "serving_service_account", "build_service_account")
+"""Settings whose empty variable means unset (the chart renders every setting, unset ones as "")."""
 
 
 class OperatorSettings(BaseModel):
@@ -27,6 +29,16 @@ class OperatorSettings(BaseModel):
     builder_image: str = "ghcr.io/specdeploy/server:0.1.0"
     """Download/quantize/build image (`SPECDEPLOY_BUILDER_IMAGE`), unless `spec.images.builder` is set: the
     server image, which carries TensorRT-LLM's quantize.py, convert_checkpoint.py and trtllm-build."""
+    image_pull_secrets: tuple[str, ...] = ()
+    """`imagePullSecrets` of every pod the operator creates (serving, build, staging), comma-separated
+    (`SPECDEPLOY_IMAGE_PULL_SECRETS`); a deployment's `spec.images.pullSecrets` come after these. Each
+    Secret must exist in the deployment's namespace."""
+    serving_service_account: str | None = None
+    """ServiceAccount of serving pods unless `spec.serviceAccounts.serving` is set
+    (`SPECDEPLOY_SERVING_SERVICE_ACCOUNT`); unset: the namespace's `default`."""
+    build_service_account: str | None = None
+    """ServiceAccount of build and staging pods unless `spec.serviceAccounts.build` is set
+    (`SPECDEPLOY_BUILD_SERVICE_ACCOUNT`); unset: the namespace's `default`."""
     cache_pvc_name: str = "specdeploy-engine-cache"
     """Engine-cache claim used when `spec.engineCache` is unset (`SPECDEPLOY_CACHE_PVC_NAME`)."""
     cache_storage_class_name: str | None = None
@@ -97,9 +109,9 @@ class OperatorSettings(BaseModel):
             raw = environ.get(ENV_PREFIX + name.upper())
             if raw is None:
                 continue
-            if name == "watch_namespaces":
+            if name in ("watch_namespaces", "image_pull_secrets"):
                 values[name] = tuple(part.strip() for part in raw.split(",") if part.strip())
-            elif name == "cache_storage_class_name" and raw == "":
+            elif name in _EMPTY_IS_UNSET and raw == "":
                 values[name] = None
             else:
                 values[name] = raw

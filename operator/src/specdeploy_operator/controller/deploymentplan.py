@@ -49,7 +49,7 @@ from specdeploy_operator.builders.common import COMPONENT_LABEL, SERVER_COMPONEN
 from specdeploy_operator.builders.leaderworkerset import NAME_LABEL as LWS_NAME_LABEL
 
 from .conditions import ConditionSpec, find_condition, merge_conditions
-from .events import Event, acceptance_event, sync_event
+from .events import Event, acceptance_event, cache_event, sync_event
 from .kube import ObjectRef
 from .livestate import contains
 from .podcreation import PodCreationProblem
@@ -290,6 +290,7 @@ def deployment_report(
     outcome: Outcome,
     pods: Sequence[Obj],
     creation: PodCreationProblem | None = None,
+    cache: ConditionSpec | None = None,
     speculation: tuple[Obj | None, ConditionSpec | None],
     settings: OperatorSettings,
     now: datetime,
@@ -327,8 +328,13 @@ def deployment_report(
         sync_reason=outcome.sync_reason,
         speculation=figures,
         speculation_condition=effective,
+        cache_condition=cache,
     )
-    events = [acceptance_event(previous, status), sync_event(previous, outcome.error, outcome.sync_reason)]
+    events = [
+        acceptance_event(previous, status),
+        cache_event(previous, status),
+        sync_event(previous, outcome.error, outcome.sync_reason),
+    ]
     # The `Deploying` milestone says nothing the `RolloutStarted` event of this reconcile has not said.
     quiet = (str(DeploymentPhase.DEPLOYING),) if outcome.rollout_started else ()
     return Report(status, quiet, [e for e in events if e is not None])

@@ -15,9 +15,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from specdeploy_operator.api import EngineBuild, EventType, Reason, SpeculativeDeployment
-from specdeploy_operator.builders import engine_builds, group_set_name
+from specdeploy_operator.api import (
+    ClaimPhase,
+    ConditionStatus,
+    EngineBuild,
+    EventType,
+    Reason,
+    SpeculativeDeployment,
+)
+from specdeploy_operator.builders import cache_pvc_name, engine_builds, group_set_name
 
+from .cachestatus import CACHE_RETRY_SECONDS, cache_condition
+from .conditions import ConditionSpec
 from .deploymentplan import (
     AutoscalerPlan,
     DeploymentPlan,
@@ -95,12 +104,16 @@ async def reconcile_deployment(port: ClusterPort, namespace: str, name: str) -> 
         else:
             events = [e for s in asked for e in await port.events_about(namespace, "StatefulSet", s)]
             creation = events_creation_problem(events)
+    cache = await _cache_condition(port, sdep) if engines else None
+    if cache is not None and cache.status != ConditionStatus.TRUE:
+        retry = CACHE_RETRY_SECONDS if retry is None else min(retry, CACHE_RETRY_SECONDS)
     report = deployment_report(
         sdep,
         body,
         outcome=outcome,
         pods=pods,
         creation=creation,
+        cache=cache,
         speculation=port.speculation_figures(namespace, name),
         settings=port.settings,
         now=port.now(),
@@ -112,6 +125,20 @@ async def reconcile_deployment(port: ClusterPort, namespace: str, name: str) -> 
     if outcome.error is not None:
         raise ReconcileFailed(outcome.error)
     return retry
+
+
+async def _cache_condition(port: ClusterPort, sdep: SpeculativeDeployment) -> ConditionSpec:
+    """`EngineCacheReady` of the deployment's engine-cache claim; the events about the claim are read (one
+    request) only while it is not bound."""
+    namespace = sdep.metadata.namespace or ""
+    name = cache_pvc_name(sdep, port.settings)
+    claim = port.observe("PersistentVolumeClaim", namespace, name)
+    bound = claim is not None and (claim.get("status") or {}).get("phase") == ClaimPhase.BOUND
+    events = (
+        [] if claim is None or bound else await port.events_about(namespace, "PersistentVolumeClaim", name)
+    )
+    user_claim = sdep.spec.engine_cache is not None and sdep.spec.engine_cache.pvc_name is not None
+    return cache_condition(name, claim, events, user_claim=user_claim)
 
 
 @dataclass

@@ -89,13 +89,27 @@ def status_events(kind: str, previous: Obj, status: Obj, *, quiet: Collection[st
     return events
 
 
-def acceptance_event(previous: Obj, status: Obj) -> Event | None:
-    """A Warning when speculation stops paying (condition `SpeculationEffective` turns False)."""
-    now = find_condition(status, ConditionType.SPECULATION_EFFECTIVE)
-    before = find_condition(previous, ConditionType.SPECULATION_EFFECTIVE)
-    if now.get("status") == ConditionStatus.FALSE and before.get("status") != ConditionStatus.FALSE:
+def _turned_false(previous: Obj, status: Obj, type_: ConditionType) -> Event | None:
+    """A Warning with the condition's reason and message when `type_` turns False (or, False already, changes
+    its reason)."""
+    now = find_condition(status, type_)
+    before = find_condition(previous, type_)
+    if now.get("status") == ConditionStatus.FALSE and (
+        before.get("status") != ConditionStatus.FALSE or before.get("reason") != now.get("reason")
+    ):
         return Event(EventType.WARNING, str(now["reason"]), str(now["message"]))
     return None
+
+
+def acceptance_event(previous: Obj, status: Obj) -> Event | None:
+    """A Warning when speculation stops paying (condition `SpeculationEffective` turns False)."""
+    return _turned_false(previous, status, ConditionType.SPECULATION_EFFECTIVE)
+
+
+def cache_event(previous: Obj, status: Obj) -> Event | None:
+    """A Warning when the engine-cache claim cannot serve the pods (condition `EngineCacheReady` turns
+    False): a provisioning failure, a claim that is not ReadWriteMany, missing or lost."""
+    return _turned_false(previous, status, ConditionType.ENGINE_CACHE_READY)
 
 
 def sync_event(previous: Obj, error: str | None, reason: Reason) -> Event | None:

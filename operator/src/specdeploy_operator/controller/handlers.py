@@ -119,8 +119,9 @@ def register_indexes(registry: kopf.OperatorRegistry) -> None:
         ("hpas", ("autoscaling", "v2", "horizontalpodautoscalers"), ("metadata", "spec", "status")),
     ):
         by_name(id_, *resource, *parts)
-    # Every claim, not only ours: a user's claim named like the default one must not be overwritten.
-    by_name("pvcs", "", "v1", "persistentvolumeclaims", "metadata", "spec", managed=False)
+    # Every claim, not only ours: a user's claim named like the default one must not be overwritten; with its
+    # status, which says whether it is bound and with which access modes (condition EngineCacheReady).
+    by_name("pvcs", "", "v1", "persistentvolumeclaims", "metadata", "spec", "status", managed=False)
 
     @kopf.index(*sdep, id="engine_users", registry=registry)
     async def engine_users(**kw: Any) -> dict[Any, Any]:

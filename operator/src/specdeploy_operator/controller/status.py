@@ -264,6 +264,7 @@ def deployment_status(
     sync_reason: Reason = Reason.RECONCILE_ERROR,
     speculation: Obj | None = None,
     speculation_condition: ConditionSpec | None = None,
+    cache_condition: ConditionSpec | None = None,
 ) -> dict[str, Any]:
     """The SpeculativeDeployment status for what is observed; `autoscaler` is `status.autoscaler`;
     `sync_error` says why the last reconcile could not write what it wanted (condition `Synced`, reason
@@ -320,6 +321,8 @@ def deployment_status(
         else ConditionSpec(ConditionType.SYNCED, TRUE, Reason.RECONCILE_SUCCESS, "")
     )
     current = [engines_cond, available, progressing, degraded, synced]
+    if cache_condition is not None:
+        current.append(cache_condition)
     if speculation_condition is not None:
         current.append(speculation_condition)
     status["conditions"] = merge_conditions(previous.get("conditions"), current, now, generation)
