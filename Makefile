@@ -34,7 +34,7 @@ lint: venv ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy operator/src server/src server/testkit/src hack/cluster/src tests benchmarks hack/demo_client.py \
-	  hack/demo_pods.py hack/docgen.py hack/measure.py
+	  hack/demo_pods.py hack/docgen.py hack/measure.py hack/dashboard_picture.py
 
 .PHONY: fmt
 fmt: venv ## format the code with ruff
