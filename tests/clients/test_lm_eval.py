@@ -1,7 +1,7 @@
 """lm-evaluation-harness's ``local-completions`` model against the live server, on two tasks made here (no
 data set or tokenizer is downloaded): a multiple-choice task scored by loglikelihood (prompt logprobs, from
-``echo`` with ``logprobs``) and a ``generate_until`` task. The loglikelihoods lm-eval computes from the server's
-answers are the target model's own, computed here with transformers."""
+``echo`` with ``logprobs``) and a ``generate_until`` task. The loglikelihoods lm-eval computes from the
+server's answers are the target model's own, computed here with transformers."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-from lm_eval import simple_evaluate
-from lm_eval.tasks import TaskManager
+from lm_eval import simple_evaluate  # type: ignore[import-untyped]
+from lm_eval.tasks import TaskManager  # type: ignore[import-untyped]
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.clients.conftest import MODEL, ClientServer
