@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import openai
 import pytest
@@ -176,3 +176,28 @@ def test_the_openai_client_receives_an_auto_call_incrementally(server: LiveServe
     # the first fragment arrives before the last event: the call is open while its arguments stream
     first_fragment = next(i for i, c in enumerate(chunks) if c.choices and c.choices[0].delta.tool_calls)
     assert first_fragment < len(chunks) - 3
+
+
+@pytest.mark.parametrize("tool_choice", ["auto", "required"])
+def test_a_chunk_carries_at_most_one_delta_per_call(
+    server: LiveServer, tool_choice: Literal["auto", "required"]
+) -> None:
+    """OpenAI sends a call's opening and its first fragment in separate chunks; clients that read one delta
+    per chunk (instructor's partial streaming) lose the fragment otherwise."""
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    extra = {"response_format": {"type": "lark_grammar", "lark_grammar": CALL_GRAMMAR}}
+    chunks = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "weather in oslo?"}],
+        max_tokens=200,
+        temperature=0,
+        tools=[WEATHER],
+        tool_choice=tool_choice,
+        extra_body=extra if tool_choice == "auto" else {},
+        stream=True,
+    )
+    per_chunk = [[d.index for d in c.choices[0].delta.tool_calls or []] for c in chunks if c.choices]
+    assert any(per_chunk)
+    assert all(len(indexes) == len(set(indexes)) for indexes in per_chunk)
+    openings = [i for i, indexes in enumerate(per_chunk) if indexes]
+    assert len(openings) > 1
