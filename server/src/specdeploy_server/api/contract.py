@@ -164,7 +164,7 @@ class FunctionCallDelta(BaseModel):
 class ToolCallDelta(BaseModel):
     """A tool call in a stream, by its position: the first delta of a call has its ``id``, ``type`` and
     ``function.name`` (and ``arguments: ""``), later ones fragments of ``function.arguments`` (OpenAI's
-    shape). A call found in the text of ``tool_choice: auto`` comes whole, once the text is complete."""
+    shape), for forced calls and for the calls a model makes on its own (``tool_choice: auto``) alike."""
 
     index: int = Field(ge=0)
     id: str | None = None

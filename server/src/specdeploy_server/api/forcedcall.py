@@ -66,6 +66,18 @@ def forced_tool_call(call: ForcedCall) -> ToolCall:
     )
 
 
+def per_chunk(deltas: list[ToolCallDelta]) -> list[list[ToolCallDelta]]:
+    """``deltas`` in the chunks they go out in: a new chunk wherever a call already has a delta in the current
+    one (a call's opening, then its first fragment), as OpenAI sends at most one delta per call in a chunk;
+    clients read only the first (instructor's partial streaming does)."""
+    groups: list[list[ToolCallDelta]] = []
+    for delta in deltas:
+        if not groups or any(d.index == delta.index for d in groups[-1]):
+            groups.append([])
+        groups[-1].append(delta)
+    return groups
+
+
 class ForcedCallStream:
     """One choice's forced call, streamed: :meth:`feed` each text delta, get the tool-call deltas to send."""
 

@@ -17,21 +17,22 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from specdeploy_server.api.autocall import AutoCallStream
 from specdeploy_server.api.context import ResponseContext
 from specdeploy_server.api.contract import (
     ChatCompletionChunk,
+    ChatLogprobs,
     ChunkChoice,
     ChunkDelta,
     CompletionChoice,
     CompletionChunk,
     FinishReasonName,
-    FunctionCallDelta,
     ToolCallDelta,
     Usage,
     body,
 )
 from specdeploy_server.api.errors import ExecutorFailedError, InternalServerError
-from specdeploy_server.api.forcedcall import ForcedCallStream
+from specdeploy_server.api.forcedcall import ForcedCallStream, per_chunk
 from specdeploy_server.api.responses import Envelope, assistant_message, completion_logprobs
 from specdeploy_server.api.runs import Run, kept_outputs
 from specdeploy_server.core.executors import ExecutorError
@@ -43,8 +44,9 @@ _string: Callable[[str], str] = json.encoder.encode_basestring_ascii
 #: stands for the text while a text-only choice is serialised to be cut around it (no text escapes to it)
 _MARK = "\x00text\x00"
 
-#: a choice, or a text-only choice already serialised (:func:`text_parts`), or None for no event
-Choice = BaseModel | str | None
+#: a choice, or a text-only choice already serialised (:func:`text_parts`), or None for no event; or the
+#: choices of several events in a row (a tool call's opening, then its first fragment)
+Choice = BaseModel | str | list[BaseModel] | None
 #: ``chunk(index, text, finish_reason, token_ids, logprobs)``: the choice one output of a choice makes
 ChunkBuilder = Callable[[int, str, FinishReasonName | None, list[int], list[TokenLogprob]], Choice]
 
@@ -134,8 +136,8 @@ def stream_chat(context: ResponseContext, run: Run) -> AsyncIterator[str]:
     chunks = ChunkFormat(ChatCompletionChunk, Envelope.new(context, "chatcmpl"), "chat.completion.chunk")
     prepared = run.prepared
     wants_logprobs = prepared.params.logprobs is not None
-    held = [""] * prepared.n  # with tools: the text so far, sent (as calls or content) once complete
-    held_logprobs: list[list[TokenLogprob]] = [[] for _ in range(prepared.n)]  # ... and its logprobs
+    # with tools: the logprobs of text not sent yet (held while it may be part of a call)
+    held_logprobs: list[list[TokenLogprob]] = [[] for _ in range(prepared.n)]
     first: list[BaseModel] = [
         ChunkChoice(
             index=i, delta=ChunkDelta(role="assistant", content=""), logprobs=None, finish_reason=None
@@ -143,8 +145,9 @@ def stream_chat(context: ResponseContext, run: Run) -> AsyncIterator[str]:
         for i in range(prepared.n)
     ]
 
-    forced_mode = prepared.tool_mode == "forced"
-    calls = [ForcedCallStream(prepared.tool_names) for _ in range(prepared.n)] if forced_mode else None
+    mode, names = prepared.tool_mode, prepared.tool_names
+    calls = [ForcedCallStream(names) for _ in range(prepared.n)] if mode == "forced" else None
+    autos = [AutoCallStream(names) for _ in range(prepared.n)] if mode == "auto" else None
 
     def forced(index: int, text: str, finish: FinishReasonName | None, items: list[TokenLogprob]) -> Choice:
         """A forced call's arguments go out as they are generated (its logprobs with them)."""
@@ -157,45 +160,24 @@ def stream_chat(context: ResponseContext, run: Run) -> AsyncIterator[str]:
             message, finish = assistant_message(stream.text, finish, prepared)
             deltas_or_text = ChunkDelta(content=message.content) if message.content else ChunkDelta()
         elif finish is not None:
-            deltas_or_text = ChunkDelta(tool_calls=deltas) if deltas else ChunkDelta()
             finish = "tool_calls" if stream.call is not None and stream.call.complete else finish
-        elif deltas:
-            deltas_or_text = ChunkDelta(tool_calls=deltas)
-        else:
+            deltas_or_text = ChunkDelta()
+        elif not deltas:
             return None
+        else:
+            deltas_or_text = ChunkDelta()
         logprobs = context.logprobs.chat(held_logprobs[index]) if wants_logprobs else None
         held_logprobs[index] = []
-        return ChunkChoice(index=index, delta=deltas_or_text, logprobs=logprobs, finish_reason=finish)
+        return _call_choices(index, deltas_or_text.model_dump(exclude_unset=True), deltas, logprobs, finish)
 
     def chunk(
         index: int, text: str, finish: FinishReasonName | None, ids: list[int], items: list[TokenLogprob]
     ) -> Choice:
         if calls is not None:
             return forced(index, text, finish, items)
-        if prepared.tool_mode is not None:  # calls in free text are sent whole once the text is complete
-            held[index] += text
-            if wants_logprobs:
-                held_logprobs[index] += items
-            if finish is None:
-                return None
-            logprobs = context.logprobs.chat(held_logprobs[index]) if wants_logprobs else None
-            message, finish = assistant_message(held[index], finish, prepared)
-            delta: dict[str, Any] = {"content": message.content} if message.content else {}
-            if message.tool_calls is not None:
-                delta["tool_calls"] = [
-                    ToolCallDelta(
-                        index=i,
-                        id=call.id,
-                        type=call.type,
-                        function=FunctionCallDelta(
-                            name=call.function.name, arguments=call.function.arguments
-                        ),
-                    )
-                    for i, call in enumerate(message.tool_calls)
-                ]
-            return ChunkChoice(
-                index=index, delta=ChunkDelta(**delta), logprobs=logprobs, finish_reason=finish
-            )
+        if autos is not None:
+            held = held_logprobs[index] if wants_logprobs else None
+            return _auto_choice(context, autos[index], held, (index, text, finish, items))
         if not (text or finish or (wants_logprobs and ids)):
             return None
         if not (wants_logprobs or finish):  # the common event, serialised without building it
@@ -207,6 +189,65 @@ def stream_chat(context: ResponseContext, run: Run) -> AsyncIterator[str]:
 
     text_only = None if wants_logprobs or prepared.tool_mode is not None else chat_text_choice
     return _stream(context, run, chunks, first, chunk, text_only=text_only)
+
+
+def _auto_choice(
+    context: ResponseContext,
+    stream: AutoCallStream,
+    held: list[TokenLogprob] | None,
+    output: tuple[int, str, FinishReasonName | None, list[TokenLogprob]],
+) -> Choice:
+    """The model's own calls (``tool_choice: auto``): content as it comes, each call's arguments as they are
+    generated. ``held``: the logprobs of text not sent yet, sent with the next event (None: none wanted);
+    ``output``: the choice's index, its new text, its finish reason and the new text's logprobs."""
+    index, text, finish, items = output
+    found = stream.feed(text, finished=finish is not None)
+    if held is not None:
+        held += items
+    if finish is None and not (found.content or found.calls):
+        return None
+    if finish is not None and stream.calls and stream.complete_calls == stream.calls:
+        finish = "tool_calls"
+    parts: dict[str, Any] = {"content": found.content} if found.content else {}
+    logprobs = None
+    if held is not None:
+        logprobs = context.logprobs.chat(list(held))
+        held.clear()
+    return _call_choices(index, parts, found.calls, logprobs, finish)
+
+
+def _call_choices(
+    index: int,
+    parts: dict[str, Any],
+    calls: list[ToolCallDelta],
+    logprobs: ChatLogprobs | None,
+    finish: FinishReasonName | None,
+) -> BaseModel | list[BaseModel]:
+    """A choice's event(s) of tool-call deltas: ``parts`` (content) and the logprobs with the first, the
+    finish reason with the last; one event per call's delta (:func:`per_chunk`)."""
+    groups = per_chunk(calls) or [[]]
+    choices: list[BaseModel] = []
+    for i, group in enumerate(groups):
+        delta = dict(parts) if i == 0 else {}
+        if group:
+            delta["tool_calls"] = group
+        last = i == len(groups) - 1
+        choices.append(
+            ChunkChoice(
+                index=index,
+                delta=ChunkDelta(**delta),
+                logprobs=logprobs if i == 0 else None,
+                finish_reason=finish if last else None,
+            )
+        )
+    return choices[0] if len(choices) == 1 else choices
+
+
+def _events(choice: Choice) -> tuple[list[BaseModel], BaseModel | str | None]:
+    """The choices of the events ``choice`` makes: those before the last, and the last (None: no event)."""
+    if isinstance(choice, list):
+        return choice[:-1], choice[-1]
+    return [], choice
 
 
 async def _stream(
@@ -243,7 +284,9 @@ async def _stream(
                             yield f"{before}{_string(text)}{after}"
                         continue
                     ids, logprobs = kept_outputs(out, kept)
-                    body_ = chunk(0, text, finish, ids, logprobs or [])
+                    leading, body_ = _events(chunk(0, text, finish, ids, logprobs or []))
+                    for leading_choice in leading:
+                        yield chunks.choice_event(leading_choice)
                     if finish is not None:
                         assert isinstance(body_, BaseModel)  # a finish is never a text-only event
                         yield chunks.event([body_], None if extra_chunk else run.usage())
@@ -253,7 +296,10 @@ async def _stream(
         else:
             finished = 0
             async for index, delta in run.deltas():
-                body_ = chunk(index, delta.text, delta.finish_reason, delta.token_ids, delta.logprobs or [])
+                built = chunk(index, delta.text, delta.finish_reason, delta.token_ids, delta.logprobs or [])
+                leading, body_ = _events(built)
+                for leading_choice in leading:
+                    yield chunks.choice_event(leading_choice)
                 if body_ is None:
                     continue
                 if delta.finish_reason is not None:
