@@ -17,7 +17,7 @@ from specdeploy_server.api.errors import BadRequestError, ModelNotFoundError, Ov
 from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest
 from specdeploy_server.api.runs import Delta, Prepared, Run
 from specdeploy_server.api.sampling import choice_seed, required_features, sampling_params
-from specdeploy_server.api.structured import requested_guide, tool_dicts
+from specdeploy_server.api.structured import requested_guide, structured_output, tool_dicts
 from specdeploy_server.core.scheduler import EngineStoppedError, QueueFullError
 from specdeploy_server.core.types import FinishReason, RequestSpeculation, SeqStats, StepOutput, TokenLogprob
 from specdeploy_server.engine import EngineClient, Generation, ScoresPrompts
@@ -364,26 +364,6 @@ class OpenAIServing:
 
     def stream_chat(self, run: Run) -> AsyncIterator[str]:
         return streams.stream_chat(self.context, run)
-
-
-def structured_output(engine: EngineClient) -> tuple[GrammarCompiler | None, str | None]:
-    """The grammar compiler for the served tokenizer, or why structured output is not available: decided
-    once, at start-up (the grammar engine indexes the vocabulary then), and logged once."""
-    hf = getattr(engine.tokenizer, "hf", None)
-    vocab = engine.info.vocab_size
-    if hf is None or vocab is None:
-        problem = "it needs a Hugging Face tokenizer and a known vocabulary size"
-        log.info("structured output (response_format, tools) is not available: %s", problem)
-        return None, problem
-    compiler = GrammarCompiler(hf, vocab, engine.tokenizer.eos_token_ids)
-    try:
-        compiler.tokenizer  # noqa: B018 (builds the grammar engine's index of the vocabulary)
-    except Exception as exc:  # llguidance refuses tokenizers it cannot read, with various errors
-        problem = f"the grammar engine cannot read this tokenizer ({type(exc).__name__}: {exc})"
-        log.warning("structured output (response_format, tools) is not available: %s", problem)
-        return None, problem
-    log.info("structured output (response_format, tools) is available")
-    return compiler, None
 
 
 def _check_min_tokens(req: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> None:

@@ -17,16 +17,20 @@ dictionary) stays open either way.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import uuid
 from typing import Any
 
 from specdeploy_server.api.errors import BadRequestError
 from specdeploy_server.api.protocol import ChatCompletionRequest, CompletionRequest, Tool
-from specdeploy_server.grammar import Guide
+from specdeploy_server.engine import EngineClient
+from specdeploy_server.grammar import GrammarCompiler, Guide
 
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema", "lark_grammar", "llguidance")
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+log = logging.getLogger(__name__)
 
 
 def requested_guide(req: CompletionRequest | ChatCompletionRequest) -> Guide | None:
@@ -199,3 +203,23 @@ def tool_dicts(req: ChatCompletionRequest) -> list[dict[str, Any]] | None:
     if not req.tools:
         return None
     return [t.model_dump(exclude_none=True) for t in req.tools]
+
+
+def structured_output(engine: EngineClient) -> tuple[GrammarCompiler | None, str | None]:
+    """The grammar compiler for the served tokenizer, or why structured output is not available: decided
+    once, at start-up (the grammar engine indexes the vocabulary then), and logged once."""
+    hf = getattr(engine.tokenizer, "hf", None)
+    vocab = engine.info.vocab_size
+    if hf is None or vocab is None:
+        problem = "it needs a Hugging Face tokenizer and a known vocabulary size"
+        log.info("structured output (response_format, tools) is not available: %s", problem)
+        return None, problem
+    compiler = GrammarCompiler(hf, vocab, engine.tokenizer.eos_token_ids)
+    try:
+        compiler.tokenizer  # noqa: B018 (builds the grammar engine's index of the vocabulary)
+    except Exception as exc:  # llguidance refuses tokenizers it cannot read, with various errors
+        problem = f"the grammar engine cannot read this tokenizer ({type(exc).__name__}: {exc})"
+        log.warning("structured output (response_format, tools) is not available: %s", problem)
+        return None, problem
+    log.info("structured output (response_format, tools) is available")
+    return compiler, None
