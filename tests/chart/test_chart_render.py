@@ -326,7 +326,13 @@ def test_service_monitor(helm: Helm) -> None:
     monitor = one(objs, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
     assert monitor["spec"]["endpoints"] == [
-        {"port": "metrics", "path": "/metrics", "interval": "15s", "scrapeTimeout": "10s"}
+        {
+            "port": "metrics",
+            "path": "/metrics",
+            "interval": "15s",
+            "scrapeTimeout": "10s",
+            "honorLabels": True,  # the per-deployment figures' `namespace` is the deployment's own
+        }
     ]
     service = one(objs, "Service")
     assert all(

@@ -288,6 +288,13 @@ def test_every_alert_expression_is_evaluated_against_the_real_prometheus(run: Ru
     servers = f"{OPERATOR_NAMESPACE}/specdeploy-servers"
     serving = query(run, f'sum by (deployment) (up{{job="{servers}", namespace="{ns}"}})')
     assert {labels["deployment"]: value for labels, value in serving} == {good: 1.0, BAD: 1.0}
+    figures = query(run, f'specdeploy_operator_deployment_replicas{{namespace="{ns}"}}')
+    assert {(labels["deployment"], labels["state"]): value for labels, value in figures} == {
+        (good, "desired"): 1.0,
+        (good, "ready"): 1.0,
+        (BAD, "desired"): 1.0,
+        (BAD, "ready"): 1.0,
+    }  # the operator's figures, in the deployment's own namespace (the operator's job honours its labels)
 
     assert not ours(by_name["SpecDeployHighErrorRatio"]["expr"])
     statuses = {

@@ -168,6 +168,7 @@ def prometheus_config(
         jobs.append(
             {
                 "job_name": OPERATOR_JOB,
+                "honor_labels": True,  # the chart's ServiceMonitor honours the operator's `namespace` labels
                 "scrape_interval": SCRAPE_INTERVAL,
                 "scrape_timeout": "1s",
                 "metrics_path": "/metrics",

@@ -25,6 +25,7 @@ from specdeploy_operator.api import (
 )
 from specdeploy_operator.builders import cache_pvc_name, engine_builds, group_set_name
 
+from . import metrics
 from .cachestatus import CACHE_RETRY_SECONDS, cache_condition
 from .conditions import ConditionSpec
 from .deploymentplan import (
@@ -118,6 +119,8 @@ async def reconcile_deployment(port: ClusterPort, namespace: str, name: str) -> 
         settings=port.settings,
         now=port.now(),
     )
+    status = report.status if report is not None else body.get("status") or {}
+    metrics.record_deployment(namespace, name, sdep.spec.replicas, int(status.get("readyReplicas") or 0))
     if report is not None:
         await write_status(port, body, report.status, report.quiet)
         for event in report.events:

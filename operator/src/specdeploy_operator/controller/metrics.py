@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Final
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -38,3 +39,22 @@ SPECULATION_SCRAPES: Final = Counter(
     "Scrapes of serving pods' /metrics for status.speculation, by result (ok, failed).",
     ["result"],
 )
+DEPLOYMENT_REPLICAS: Final = Gauge(
+    "specdeploy_operator_deployment_replicas",
+    "Serving replicas of each SpeculativeDeployment (groups, for one that spans nodes) as of its last "
+    "reconcile: desired (spec.replicas) and ready (status.readyReplicas); `namespace` is the deployment's.",
+    ["namespace", "deployment", "state"],
+)
+
+
+def record_deployment(namespace: str, name: str, desired: int, ready: int) -> None:
+    """The replica figures of a SpeculativeDeployment, for an alert on one that has none ready."""
+    DEPLOYMENT_REPLICAS.labels(namespace, name, "desired").set(desired)
+    DEPLOYMENT_REPLICAS.labels(namespace, name, "ready").set(ready)
+
+
+def forget_deployment(namespace: str, name: str) -> None:
+    """A deleted SpeculativeDeployment's figures go with it."""
+    for state in ("desired", "ready"):
+        with contextlib.suppress(KeyError):
+            DEPLOYMENT_REPLICAS.remove(namespace, name, state)

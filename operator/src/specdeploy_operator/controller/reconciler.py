@@ -127,8 +127,7 @@ class Reconciler:
         await self.kube.close()
 
     def _schedule_resync(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._resync = loop.call_later(self.settings.resync_seconds, self._resync_all)
+        self._resync = asyncio.get_running_loop().call_later(self.settings.resync_seconds, self._resync_all)
 
     def _resync_all(self) -> None:
         """Periodic safety net: look at everything again (no request when nothing changed, but one apply per
@@ -171,7 +170,8 @@ class Reconciler:
         return self.engine_names.used(body)
 
     def deployment_deleted(self, namespace: str, name: str, body: Obj) -> None:
-        """A deleted deployment's engines may have become garbage."""
+        """A deleted deployment's engines may have become garbage; its replica figures go."""
+        metrics.forget_deployment(namespace, name)
         for engine in self.engines_used(body):
             self.queue.add(("engine", namespace, engine))
 
