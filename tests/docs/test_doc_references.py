@@ -100,3 +100,16 @@ def test_references_that_exist_and_mentions_that_are_not_references_pass() -> No
     refs = references(REPO / "docs" / "planted.md", RIGHT, top_level_entries())
     assert {ref.kind for ref in refs} == KINDS
     assert _missing(REPO / "docs" / "planted.md", RIGHT) == []
+
+
+def test_the_map_of_the_docs_lists_every_page_once() -> None:
+    """docs/README.md is the reading order: a page it leaves out is one a newcomer never reaches."""
+    links = [
+        ref.name
+        for ref in references(
+            REPO / "docs" / "README.md", (REPO / "docs" / "README.md").read_text(), frozenset()
+        )
+        if ref.kind == "link" and "/" not in ref.name
+    ]
+    pages = sorted(p.name for p in (REPO / "docs").glob("*.md") if p.name != "README.md")
+    assert sorted(links) == pages
