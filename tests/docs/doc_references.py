@@ -17,6 +17,7 @@ DOCS: tuple[Path, ...] = (
     REPO / "README.md",
     *sorted((REPO / "docs").glob("*.md")),
     REPO / "examples" / "README.md",
+    REPO / "benchmarks" / "README.md",
 )
 
 #: Python packages of the repository: `specdeploy_` names that are not metrics.
@@ -147,7 +148,7 @@ def missing(
     bad = []
     for ref in refs:
         if ref.kind == "path":
-            ok = (root / ref.name).exists()
+            ok = (root / ref.name).exists() or (ref.doc.parent / ref.name).exists()  # or beside the doc
         elif ref.kind == "link":
             ok = (ref.doc.parent / ref.name).resolve().exists()
         elif ref.kind == "make target":

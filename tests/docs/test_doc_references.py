@@ -1,6 +1,6 @@
-"""Every repository path, `make` target, test function, test file and metric name that README.md, docs/*.md
-and examples/README.md name exists: a doc cannot send its reader to a file that moved, a target that was
-renamed, a test that is gone or a metric no server or operator exports."""
+"""Every repository path, `make` target, test function, test file and metric name that README.md, docs/*.md,
+examples/README.md and benchmarks/README.md name exists: a doc cannot send its reader to a file that moved, a
+target that was renamed, a test that is gone or a metric no server or operator exports."""
 
 from __future__ import annotations
 
