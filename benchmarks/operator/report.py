@@ -120,8 +120,8 @@ def report(f: Figures) -> str:
         "",
         "From the audit log (every request of the operator's identity, received between the start of "
         "`kubectl apply` and the moment all were Ready), next to the operator's own counter "
-        f"`{METRIC}` over the same interval (it counts the operator's writes only; kopf's lists and "
-        "watches are not in it).",
+        f"`{METRIC}` over the same interval (it counts the operator's own client's requests: its writes "
+        "and the event lists of build Jobs without a pod; kopf's lists and watches are not in it).",
         "",
         request_table(f["requests_rollout"], f["count"]),
         "",

@@ -9,7 +9,8 @@ from prometheus_client import Counter, Gauge, Histogram
 
 API_REQUESTS: Final = Counter(
     "specdeploy_operator_api_requests",
-    "Write requests the operator made to the API server (reads are kopf's watches).",
+    "Requests the operator's own client made to the API server, by HTTP method, resource and status code "
+    "(applies, status patches, deletes, events and event lists; kopf's watches and lists are not counted).",
     ["verb", "resource", "code"],
 )
 RECONCILES: Final = Counter(
