@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from typing import Any
 
 from prometheus_client import REGISTRY
 from specdeploy_operator.controller.deployments import reconcile_deployment
 
 from tests.unit.fake_cluster import FakeKube, bound_reconciler
-
-NS = "replicas-metric"
+from tests.unit.test_reconciler import NS, cpu_deployment
 
 
 def _figure(name: str, state: str) -> float | None:
@@ -21,24 +19,9 @@ def _figure(name: str, state: str) -> float | None:
     )
 
 
-def _cpu_deployment(name: str, replicas: int) -> dict[str, Any]:
-    return {
-        "apiVersion": "specdeploy.dev/v1alpha1",
-        "kind": "SpeculativeDeployment",
-        "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "generation": 1},
-        "spec": {
-            "backend": "transformers",
-            "replicas": replicas,
-            "target": {"model": {"uri": "pvc://models/target"}},
-            "speculative": {"method": "promptLookup"},
-            "placement": {"device": "cpu"},
-        },
-    }
-
-
 def test_a_deployment_whose_pods_never_become_ready_reads_desired_but_none_ready() -> None:
     kube = FakeKube()
-    doc = _cpu_deployment("waiting", 2)
+    doc = cpu_deployment("waiting", 2)
     kube.store[("SpeculativeDeployment", NS, "waiting")] = copy.deepcopy(doc)
     reconciler = bound_reconciler(kube)
     asyncio.run(reconcile_deployment(reconciler, NS, "waiting"))
@@ -58,6 +41,6 @@ def test_a_deployment_whose_pods_never_become_ready_reads_desired_but_none_ready
 
 def test_a_deployment_scaled_to_zero_asks_for_none() -> None:
     kube = FakeKube()
-    kube.store[("SpeculativeDeployment", NS, "parked")] = _cpu_deployment("parked", 0)
+    kube.store[("SpeculativeDeployment", NS, "parked")] = cpu_deployment("parked", 0)
     asyncio.run(reconcile_deployment(bound_reconciler(kube), NS, "parked"))
     assert (_figure("parked", "desired"), _figure("parked", "ready")) == (0.0, 0.0)
