@@ -35,6 +35,7 @@ from specdeploy_operator.controller.buildstatus import engine_build_status
 NOW = datetime(2026, 11, 21, 12, 0, tzinfo=UTC)
 REPO = "meta-llama/Llama-3.2-1B-Instruct"
 HF = Path(sys.executable).with_name("hf")
+assert HF.exists(), "huggingface_hub's hf (a test dependency of the server) is missing: run `make venv`"
 
 
 class _Hub(http.server.BaseHTTPRequestHandler):
@@ -135,7 +136,6 @@ def _failed_build(message: str) -> dict[str, Any]:
     return engine_build_status(job, [pod], None, NOW)
 
 
-@pytest.mark.skipif(not HF.exists(), reason="huggingface_hub's hf is a test dependency of the server")
 @pytest.mark.parametrize("status", [401, 403, 404])
 def test_a_hub_refusal_reaches_the_engine_build_status_as_a_sentence_and_the_log_tail(
     tmp_path: Path, hub: tuple[str, type[_Hub]], status: int
@@ -258,8 +258,6 @@ def test_a_refused_download_fails_the_build_job_without_retries() -> None:
 def test_a_hub_that_cannot_be_reached_is_no_refusal(tmp_path: Path) -> None:
     """`hf` says "Local entry not found" when it cannot reach the Hub at all: that is the generic failure
     (with the tool's own words in the tail and the tool's exit code, so the Job retries), not a 404."""
-    if not HF.exists():
-        pytest.skip("huggingface_hub's hf is a test dependency of the server")
     argv = fetch_argv("hf", f"hf://{REPO}", str(tmp_path / "model"))
     bin_dir = _bin(tmp_path, {"hf": ""})
     code, message = _run(
