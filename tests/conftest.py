@@ -109,32 +109,33 @@ def local_cluster() -> Iterator[LocalCluster | None]:
         shutil.rmtree(state, ignore_errors=True)
 
 
+def cluster_running(
+    local_cluster: LocalCluster | None, part: str, attribute: str, switch: str
+) -> LocalCluster:
+    """The local cluster, when it runs `part` (its flag `attribute`). Tests that need a part are skipped,
+    saying why, only where a person switched it off: against an existing cluster (USE_EXISTING_CLUSTER=1) or
+    with `switch`; `make test` runs them."""
+    if local_cluster is None:
+        pytest.skip(f"needs the local cluster's {part} (USE_EXISTING_CLUSTER=1)")
+    if not getattr(local_cluster, attribute):
+        pytest.skip(f"the local cluster runs without its {part} ({switch})")
+    return local_cluster
+
+
 @pytest.fixture
 def autoscaling_cluster(local_cluster: LocalCluster | None) -> LocalCluster:
-    """The local cluster with its custom metrics adapter and Cluster Autoscaler. Tests that need them are
-    skipped, saying why, only where a person switched them off: against an existing cluster
-    (USE_EXISTING_CLUSTER=1) or with SPECDEPLOY_AUTOSCALING=0; `make test` runs them."""
-    if local_cluster is None:
-        pytest.skip(
-            "needs the local cluster's metrics adapter and Cluster Autoscaler (USE_EXISTING_CLUSTER=1)"
-        )
-    if not local_cluster.autoscaling:
-        pytest.skip("the local cluster runs without autoscaling (SPECDEPLOY_AUTOSCALING=0)")
-    return local_cluster
+    """The local cluster with its custom metrics adapter and Cluster Autoscaler."""
+    return cluster_running(
+        local_cluster, "metrics adapter and Cluster Autoscaler", "autoscaling", "SPECDEPLOY_AUTOSCALING=0"
+    )
 
 
 @pytest.fixture
 def lws_cluster(local_cluster: LocalCluster | None) -> LocalCluster:
-    """The local cluster with its LeaderWorkerSet controller and multinode pools. Tests that need them are
-    skipped, saying why, only where a person switched them off: against an existing cluster
-    (USE_EXISTING_CLUSTER=1) or with SPECDEPLOY_LWS=0; `make test` runs them."""
-    if local_cluster is None:
-        pytest.skip(
-            "needs the local cluster's LeaderWorkerSet controller and node pools (USE_EXISTING_CLUSTER=1)"
-        )
-    if not local_cluster.lws:
-        pytest.skip("the local cluster runs without the LeaderWorkerSet controller (SPECDEPLOY_LWS=0)")
-    return local_cluster
+    """The local cluster with its LeaderWorkerSet controller and multinode pools."""
+    return cluster_running(
+        local_cluster, "LeaderWorkerSet controller and node pools", "lws", "SPECDEPLOY_LWS=0"
+    )
 
 
 @pytest.fixture(scope="session")

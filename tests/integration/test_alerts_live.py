@@ -49,7 +49,7 @@ from specdeploy_localcluster.metricsstack import (
 from specdeploy_localcluster.operatorproc import OperatorProcess
 from specdeploy_localcluster.serviceload import ServiceEndpoints, StreamingLoad
 
-from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
+from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, cluster_running, fresh_namespace, wait_for
 from tests.integration.test_real_pods import GROUP, TRAINING_STEPS, VERSION, Served
 from tests.unit.dashboard_chart import dashboard, dashboard_variables, panel_queries, rule_groups
 
@@ -145,11 +145,7 @@ def run(
     local_cluster: LocalCluster | None,
     operator: OperatorProcess,
 ) -> Iterator[Run]:
-    if local_cluster is None or not local_cluster.autoscaling:
-        pytest.skip(
-            "needs the local cluster's Prometheus (not USE_EXISTING_CLUSTER=1 nor SPECDEPLOY_AUTOSCALING=0)"
-        )
-    cluster = local_cluster
+    cluster = cluster_running(local_cluster, "Prometheus", "autoscaling", "SPECDEPLOY_AUTOSCALING=0")
     port, prom = prometheus_port(cluster), prometheus_dir(cluster)
     write_operator_targets(prom / OPERATOR_TARGETS, operator.metrics_port)
     load_rules(port, prom / RULES_DIR, "specdeploy", rule_groups(RULE_SETS))
