@@ -156,19 +156,18 @@ def stream_chat(context: ResponseContext, run: Run) -> AsyncIterator[str]:
         deltas = stream.feed(text, finished=finish is not None)
         if wants_logprobs:
             held_logprobs[index] += items
+        parts: dict[str, Any] = {}
         if finish is not None and stream.call is None:  # not a call after all (cut before its name)
             message, finish = assistant_message(stream.text, finish, prepared)
-            deltas_or_text = ChunkDelta(content=message.content) if message.content else ChunkDelta()
+            if message.content:
+                parts["content"] = message.content
         elif finish is not None:
             finish = "tool_calls" if stream.call is not None and stream.call.complete else finish
-            deltas_or_text = ChunkDelta()
         elif not deltas:
             return None
-        else:
-            deltas_or_text = ChunkDelta()
         logprobs = context.logprobs.chat(held_logprobs[index]) if wants_logprobs else None
         held_logprobs[index] = []
-        return _call_choices(index, deltas_or_text.model_dump(exclude_unset=True), deltas, logprobs, finish)
+        return _call_choices(index, parts, deltas, logprobs, finish)
 
     def chunk(
         index: int, text: str, finish: FinishReasonName | None, ids: list[int], items: list[TokenLogprob]
