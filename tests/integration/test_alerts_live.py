@@ -4,7 +4,8 @@ Two CPU deployments of examples/09 serve for real: `tiny-cpu` with its own draft
 that disagrees with the target (cut from a model trained one step from another seed: same tokenizer, next to
 no agreement). Prometheus scrapes their pods (the chart's PodMonitor) and the session's operator (as the
 chart's ServiceMonitor would, by a file_sd target), and loads the chart's PrometheusRule as a rule file. After
-traffic at two concurrencies, one abandoned request and one invalid request:
+one abandoned request, one invalid request and traffic at two concurrencies (queries are evaluated as of the
+run's end):
 
 - `SpecDeployLowAcceptance` (window 1 m, `for` 0 s here; threshold and minimum the chart's defaults, the
   operator's own) is seen firing for `bad-draft` in `/api/v1/alerts`, while the operator's
@@ -163,6 +164,9 @@ def run(
             good.wait_ready(timeout=300)
             bad.wait_ready(timeout=300)
             start = time.time()
+            for s in (good, bad):  # first: their counts are scraped by the time the traffic is over
+                abort_one_request(s.endpoints)
+                invalid_request(s.endpoints)
             for clients, seconds in PHASES:
                 loads = [StreamingLoad(s.endpoints, clients=clients) for s in (good, bad)]
                 for load in loads:
@@ -173,9 +177,6 @@ def run(
                     report = load.stop()
                     assert not report.failed, report.failed[:3]
                     assert report.completed > 0
-            for s in (good, bad):
-                abort_one_request(s.endpoints)
-                invalid_request(s.endpoints)
             for status in ("499", "400"):  # the abandoned and the invalid request of each deployment
                 counted = functools.partial(counted_for_both, cluster, namespace, status)
                 wait_for(counted, timeout=120, interval=2, what=f"the requests answered {status} scraped")
@@ -198,7 +199,9 @@ def run(
 
 
 def query(run: Run, promql: str) -> list[tuple[dict[str, str], float]]:
-    return run.cluster.prometheus_metric(promql)
+    """`promql` as of the run's end: the windows of the rules and panels (1 m) still hold its traffic, however
+    long the tests before took."""
+    return run.cluster.prometheus_metric(promql, at=run.end)
 
 
 def fill(expr: str, run: Run) -> str:
@@ -244,7 +247,7 @@ def test_the_operator_calls_the_same_deployment_ineffective(
             c["type"] == "SpeculationEffective" and c.get("reason") == "LowAcceptance" for c in conditions
         )
 
-    # The operator judges the last window it scraped: the traffic is over, so its last figures stay.
+    # The operator judges the last window that drafted enough: the traffic is over, so that verdict stays.
     wait_for(low, timeout=60, interval=1, what="SpeculationEffective LowAcceptance on bad-draft")
 
 

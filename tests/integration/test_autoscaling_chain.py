@@ -14,6 +14,7 @@ test_autoscaling.py raises replicas through the scale subresource as an HPA does
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -183,12 +184,14 @@ def test_real_load_scales_out_through_prometheus_and_the_adapter_onto_a_new_node
         shown = s.kubectl("get", "sdep", s.name, "-n", s.namespace).stdout.splitlines()
         assert shown[0].split()[6:8] == ["ACCEPTANCE", "TOKENS/STEP"], shown
         assert float(shown[1].split()[6]) == s.status()["speculation"]["acceptanceRate"]
-        # The verdict follows the figures (these briefly trained demo models may well fall under 20 %).
+        # The verdict follows the acceptance it names: that of the last window drafting enough to judge by,
+        # often the published one (these briefly trained demo models may well fall under 20 %).
         effective = next(c for c in s.status()["conditions"] if c["type"] == "SpeculationEffective")
-        if s.status()["speculation"]["acceptanceRate"] < LOW_ACCEPTANCE:
+        judged = int(re.findall(r"(\d+)%", effective["message"])[0]) / 100
+        if judged < LOW_ACCEPTANCE - 0.005:
             assert (effective["status"], effective["reason"]) == ("False", "LowAcceptance")
             assert "LowAcceptance" in operator_reasons(core, s.namespace)
-        else:
+        elif judged > LOW_ACCEPTANCE + 0.005:  # (a rate within half a percent of it prints as 20 %)
             assert (effective["status"], effective["reason"]) == ("True", "AcceptanceHealthy")
     finally:
         report = load.stop()

@@ -116,15 +116,14 @@ def test_only_meaningful_changes_are_worth_a_write() -> None:
     assert meaningful_change(base, {**base, "pods": 3})
 
 
-def test_low_acceptance_while_drafting_enough_is_an_alarm_and_a_few_tokens_are_not() -> None:
+def test_low_acceptance_while_drafting_enough_is_an_alarm_and_a_few_tokens_judge_nothing() -> None:
     low = {"acceptanceRate": 0.1, "tokensPerStep": 1.1, "windowSeconds": 30, "_drafted": 400}
     cond = effectiveness_condition(low, low=0.2)
     assert cond is not None
     assert (cond.type, cond.status, cond.reason) == ("SpeculationEffective", "False", "LowAcceptance")
     assert "10%" in cond.message
-    few = effectiveness_condition({**low, "_drafted": 8}, low=0.2)
-    assert few is not None
-    assert few.status == "True"
+    assert effectiveness_condition({**low, "_drafted": 8}, low=0.2) is None  # no claim either way
+    assert effectiveness_condition({**low, "acceptanceRate": 0.6, "_drafted": 8}, low=0.2) is None
     healthy = effectiveness_condition({**low, "acceptanceRate": 0.6}, low=0.2)
     assert healthy is not None
     assert (healthy.status, healthy.reason) == ("True", "AcceptanceHealthy")
@@ -191,6 +190,40 @@ def test_the_sampler_publishes_after_two_scrapes_then_only_on_change_and_never_w
     assert published is not None
     assert (published["pods"], published["podsSkipped"]) == (1, 1)
     assert sampler.scrape_failures == 1
+
+
+def test_the_tail_of_a_burst_leaves_the_verdict_of_the_traffic_before_it(clock: list[float]) -> None:
+    pods = Pods(["p1"])
+    sampler = SpeculationSampler(pods.fetch, lambda: NOW, monotonic=lambda: clock[0])
+    key = ("ns", "dep")
+    server = pods.servers["http://p1/metrics"]
+
+    def tick() -> list[tuple[str, str]]:
+        clock[0] += 3.0
+        return asyncio.run(sampler.sample(pods.targets()))
+
+    tick()
+    assert sampler.condition(key, low=0.2) is None  # nothing measured: no claim
+    server.steps(sequence_steps=100, drafted=400, accepted=20, generated=120)
+    assert tick() == [key]
+    cond = sampler.condition(key, low=0.2)
+    assert cond is not None
+    assert cond.reason == "LowAcceptance"
+    # The last request's few steps, one lucky acceptance among them: published, but too few to judge by.
+    server.steps(sequence_steps=3, drafted=12, accepted=6, generated=9)
+    assert tick() == [key]
+    published = sampler.published(key)
+    assert published is not None
+    assert published["acceptanceRate"] == 0.5
+    cond = sampler.condition(key, low=0.2)
+    assert cond is not None
+    assert (cond.reason, "5%" in cond.message) == ("LowAcceptance", True)
+    # Enough traffic again, and the draft fits now: the verdict turns, and that alone is worth a write.
+    server.steps(sequence_steps=100, drafted=400, accepted=300, generated=400)
+    assert tick() == [key]
+    cond = sampler.condition(key, low=0.2)
+    assert cond is not None
+    assert cond.reason == "AcceptanceHealthy"
 
 
 def _status(previous: dict[str, object] | None, **kw: object) -> dict[str, object]:

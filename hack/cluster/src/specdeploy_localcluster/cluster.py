@@ -387,9 +387,10 @@ class LocalCluster:
         return items
 
     # -- metrics ----------------------------------------------------------------------------------------
-    def prometheus_metric(self, promql: str) -> list[tuple[dict[str, str], float]]:
-        """An instant query of the cluster's Prometheus: (labels, value) per series."""
-        return prometheus_query(self.state()["ports"]["prometheus"], promql)
+    def prometheus_metric(self, promql: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
+        """An instant query of the cluster's Prometheus, now or at the Unix time `at`: (labels, value) per
+        series."""
+        return prometheus_query(self.state()["ports"]["prometheus"], promql, at)
 
     def prometheus_targets(self) -> list[dict[str, Any]]:
         """Prometheus' active scrape targets (the serving pods it discovered), with health and labels."""

@@ -269,9 +269,10 @@ def _get_json(url: str, timeout: float = 5.0) -> Any:
         return json.loads(resp.read())
 
 
-def prometheus_query(port: int, promql: str) -> list[tuple[dict[str, str], float]]:
-    """An instant query: (labels, value) per series."""
-    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+def prometheus_query(port: int, promql: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
+    """An instant query, now or at the Unix time `at`: (labels, value) per series."""
+    params = {"query": promql} if at is None else {"query": promql, "time": f"{at:.3f}"}
+    url = f"http://127.0.0.1:{port}/api/v1/query?" + urllib.parse.urlencode(params)
     body = _get_json(url)
     result: Sequence[Mapping[str, Any]] = body["data"]["result"]
     return [(dict(r["metric"]), float(r["value"][1])) for r in result]

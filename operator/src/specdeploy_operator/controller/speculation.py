@@ -6,7 +6,9 @@ of a window are counter deltas between two scrapes, summed over the pods scraped
 restarted, its counters lower, or that could not be scraped, is skipped and counted). They are published,
 and the deployment queued for a reconcile that writes them, only when they differ meaningfully from the
 published ones (`CHANGE`): an idle deployment (no step in the window) publishes nothing, so its status is
-never rewritten, and no deployment is written more than once per interval.
+never rewritten, and no deployment is written more than once per interval. `SpeculationEffective` judges the
+last window that drafted at least `MIN_DRAFTED_FOR_ALARM` tokens: the tail of a burst (a request or two) is
+published but leaves the verdict of the traffic before it standing.
 
 Why scrape pods rather than query Prometheus: the operator must not depend on a monitoring stack to tell a
 user whether their draft fits (most clusters that try speculative decoding have none wired to these
@@ -176,12 +178,20 @@ def meaningful_change(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> 
     return old.get("pods") != new.get("pods") or old.get("podsSkipped") != new.get("podsSkipped")
 
 
-def effectiveness_condition(figures: Mapping[str, Any] | None, low: float) -> ConditionSpec | None:
-    """`SpeculationEffective` for published figures (None where nothing is drafted: no claim either way)."""
+def judgeable(figures: Mapping[str, Any] | None) -> bool:
+    """Whether a window drafted enough tokens for its acceptance rate to say anything either way."""
     if not figures or figures.get("acceptanceRate") is None:
+        return False
+    return float(figures.get("_drafted", 0)) >= MIN_DRAFTED_FOR_ALARM
+
+
+def effectiveness_condition(figures: Mapping[str, Any] | None, low: float) -> ConditionSpec | None:
+    """`SpeculationEffective` for a window's figures; None where it drafted too little to judge (nothing, or
+    a few requests' tail): no claim either way."""
+    if not figures or not judgeable(figures):
         return None
-    rate, drafted = float(figures["acceptanceRate"]), float(figures.get("_drafted", 0))
-    if rate < low and drafted >= MIN_DRAFTED_FOR_ALARM:
+    rate = float(figures["acceptanceRate"])
+    if rate < low:
         return ConditionSpec(
             ConditionType.SPECULATION_EFFECTIVE,
             ConditionStatus.FALSE,
@@ -203,6 +213,7 @@ def effectiveness_condition(figures: Mapping[str, Any] | None, low: float) -> Co
 class _Deployment:
     samples: dict[str, PodSample]
     published: Obj | None = None
+    judged: Obj | None = None  # the last window that drafted enough to judge the acceptance by
 
 
 class SpeculationSampler:
@@ -227,7 +238,9 @@ class SpeculationSampler:
 
     def condition(self, key: tuple[str, str], low: float) -> ConditionSpec | None:
         state = self._state.get(key)
-        return effectiveness_condition(state.published if state else None, low)
+        """`SpeculationEffective` by the last window that drafted enough to judge: a window of a few requests'
+        tail (or no drafting) leaves the verdict of the traffic before it standing."""
+        return effectiveness_condition(state.judged if state else None, low)
 
     def forget(self, keep: set[tuple[str, str]]) -> None:
         """Drop deployments that are gone."""
@@ -272,7 +285,11 @@ class SpeculationSampler:
             if win is None:
                 continue
             figures = {**win.figures(now), "_drafted": win.drafted}
-            if meaningful_change(state.published, figures):
+            verdict_changed = False
+            if judgeable(figures):
+                verdict_changed = meaningful_change(state.judged, figures)
+                state.judged = figures
+            if meaningful_change(state.published, figures) or verdict_changed:
                 state.published = figures
                 changed.append(key)
         self.forget(set(targets))
