@@ -70,6 +70,13 @@ def test_each_step_is_one_event_serialised_as_json_dumps_would(per_step: int) ->
         {"max_tokens": 64, "stream_options": {"include_usage": True}},
         {"max_tokens": 7, "n": 2, "stream_options": {"include_usage": True}},
         {"max_tokens": 3, "echo": True},
+        {"max_tokens": 64, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+        {"max_tokens": 7, "n": 2, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+        {
+            "max_tokens": 3,
+            "echo": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        },
     ],
 )
 def test_every_event_is_the_serialisation_of_its_contract_chunk(fields: dict[str, Any]) -> None:
@@ -85,6 +92,41 @@ def test_every_event_is_the_serialisation_of_its_contract_chunk(fields: dict[str
         for event in events:
             model = chunk.model_validate_json(event)
             assert event == json.dumps(body(model), separators=(",", ":"))
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_continuous_usage_puts_the_usage_so_far_in_every_chunk_and_the_total_in_the_last(n: int) -> None:
+    app = create_app(_TextEngine(tokens_per_step=3), served_model_name="instant")
+    both = {"include_usage": True, "continuous_usage_stats": True}
+    with run_live(app) as live:
+        streams = {
+            path: [
+                json.loads(e) for e in _events(live.base_url, path, {**extra, "n": n, "stream_options": both})
+            ]
+            for path, extra in (
+                ("/v1/completions", {"prompt": "hi", "max_tokens": 64}),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+            )
+        }
+        alone = {  # continuous_usage_stats without include_usage: as without either (vLLM's reading)
+            path: [json.loads(e) for e in _events(live.base_url, path, {**extra, "stream_options": only})]
+            for path, extra, only in (
+                ("/v1/completions", {"prompt": "hi", "max_tokens": 64}, {"continuous_usage_stats": True}),
+            )
+        }
+    for path, events in streams.items():
+        usages = [e["usage"] for e in events]
+        assert all(u["prompt_tokens"] == usages[0]["prompt_tokens"] > 0 for u in usages), path
+        so_far = [u["completion_tokens"] for u in usages]
+        assert so_far == sorted(so_far), path
+        assert all(u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"] for u in usages)
+        assert events[-1]["choices"] == []
+        assert so_far[-1] == n * len(TEXT), path  # the total, once every choice has finished
+        assert so_far[-2] == so_far[-1]  # the last finish already counts every token
+        texts = [c for e in events[:-1] for c in e["choices"]]
+        assert texts, path
+    plain = alone["/v1/completions"]
+    assert [i for i, e in enumerate(plain) if "usage" in e] == [len(plain) - 1]  # with the finish only
 
 
 @pytest.mark.parametrize("index", [0, 1, 15])

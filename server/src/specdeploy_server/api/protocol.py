@@ -49,6 +49,8 @@ MAX_TOP_LOGPROBS = 20
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    #: vLLM's extension: with ``include_usage``, every chunk carries the usage so far
+    continuous_usage_stats: bool = False
 
 
 class _Sampling(_Request):

@@ -58,6 +58,8 @@ class Prepared:
     speculation: RequestSpeculation = NO_REQUEST_SPECULATION
     #: the request carried a prediction: usage reports completion_tokens_details
     predicted: bool = False
+    #: ``stream_options.continuous_usage_stats`` with ``include_usage``: each chunk carries the usage so far
+    continuous_usage: bool = False
 
 
 @dataclass

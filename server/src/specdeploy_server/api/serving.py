@@ -216,6 +216,7 @@ class OpenAIServing:
             params,
             req.stop_strings(),
             self._include_usage(req),
+            continuous_usage=self._continuous_usage(req),
             n=req.n,
             constraint=constraint,
             speculation=speculation,
@@ -279,6 +280,7 @@ class OpenAIServing:
             sampling_params(req, self.engine.info.vocab_size),
             req.stop_strings(),
             self._include_usage(req),
+            continuous_usage=self._continuous_usage(req),
             n=req.n,
             constraint=constraint,
             speculation=speculation,
@@ -319,6 +321,11 @@ class OpenAIServing:
     @staticmethod
     def _include_usage(req: CompletionRequest | ChatCompletionRequest) -> bool:
         return bool(req.stream_options and req.stream_options.include_usage)
+
+    @staticmethod
+    def _continuous_usage(req: CompletionRequest | ChatCompletionRequest) -> bool:
+        options = req.stream_options
+        return bool(options and options.include_usage and options.continuous_usage_stats)
 
     def start(self, prepared: Prepared) -> Run:
         """Queue the request's ``n`` generations (each its own sequence, speculative state and grammar

@@ -97,9 +97,12 @@ class ChunkFormat:
         extra = {} if usage is None else {"usage": usage}
         return sse(self._chunk(**self._fields, choices=choices, **extra))
 
-    def choice_event(self, choice: BaseModel | str) -> str:
-        """A chunk of one choice and nothing else."""
-        return f"{self.head}{choice if isinstance(choice, str) else _json(body(choice))}{self.tail}"
+    def choice_event(self, choice: BaseModel | str, usage: Usage | None = None) -> str:
+        """A chunk of one choice and nothing else (but ``usage``, when given)."""
+        serialised = choice if isinstance(choice, str) else _json(body(choice))
+        if usage is None:
+            return f"{self.head}{serialised}{self.tail}"
+        return f'{self.head}{serialised}],"usage":{_json(body(usage))}{self.tail[1:]}'
 
 
 def stream_completion(context: ResponseContext, run: Run) -> AsyncIterator[str]:
@@ -128,7 +131,7 @@ def stream_completion(context: ResponseContext, run: Run) -> AsyncIterator[str]:
         offsets[index] += len(text)
         return CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish)
 
-    text_only = None if wants_logprobs else completion_text_choice
+    text_only = None if wants_logprobs or prepared.continuous_usage else completion_text_choice
     return _stream(context, run, chunks, first, chunk, text_only=text_only)
 
 
@@ -186,7 +189,8 @@ def stream_chat(context: ResponseContext, run: Run) -> AsyncIterator[str]:
         content = ChunkDelta(content=text) if text or finish is None else ChunkDelta()
         return ChunkChoice(index=index, delta=content, logprobs=logprobs, finish_reason=finish)
 
-    text_only = None if wants_logprobs or prepared.tool_mode is not None else chat_text_choice
+    plain = not (wants_logprobs or prepared.tool_mode is not None or prepared.continuous_usage)
+    text_only = chat_text_choice if plain else None
     return _stream(context, run, chunks, first, chunk, text_only=text_only)
 
 
@@ -263,11 +267,17 @@ async def _stream(
     nothing else (no logprobs, no tool calls), so that the events of a one-choice request are formatted
     right here, one string per event."""
     # Usage goes out once: in the final `choices: []` chunk when the client asks for it (OpenAI's shape;
-    # clients that add up usage across chunks count it once), else with the last finish_reason.
+    # clients that add up usage across chunks count it once), else with the last finish_reason; with
+    # `continuous_usage_stats`, also the usage so far in every chunk (vLLM's shape).
     extra_chunk = run.prepared.include_usage
+    continuous = run.prepared.continuous_usage  # (its callers give no `text_only` then)
+
+    def choice_event(choice: BaseModel | str) -> str:
+        return chunks.choice_event(choice, run.usage() if continuous else None)
+
     try:
         for choice in first:
-            yield chunks.event([choice])
+            yield chunks.event([choice], run.usage() if continuous else None)
         if len(run.choices) == 1:
             single = run.choices[0]
             step = single.stepper()
@@ -285,20 +295,20 @@ async def _stream(
                     ids, logprobs = kept_outputs(out, kept)
                     leading, body_ = _events(chunk(0, text, finish, ids, logprobs or []))
                     for leading_choice in leading:
-                        yield chunks.choice_event(leading_choice)
+                        yield choice_event(leading_choice)
                     if finish is not None:
                         assert isinstance(body_, BaseModel)  # a finish is never a text-only event
-                        yield chunks.event([body_], None if extra_chunk else run.usage())
+                        yield chunks.event([body_], run.usage() if continuous or not extra_chunk else None)
                         break
                     if body_ is not None:
-                        yield chunks.choice_event(body_)
+                        yield choice_event(body_)
         else:
             finished = 0
             async for index, delta in run.deltas():
                 built = chunk(index, delta.text, delta.finish_reason, delta.token_ids, delta.logprobs or [])
                 leading, body_ = _events(built)
                 for leading_choice in leading:
-                    yield chunks.choice_event(leading_choice)
+                    yield choice_event(leading_choice)
                 if body_ is None:
                     continue
                 if delta.finish_reason is not None:
@@ -307,7 +317,7 @@ async def _stream(
                         assert isinstance(body_, BaseModel)
                         yield chunks.event([body_], run.usage())
                         continue
-                yield chunks.choice_event(body_)
+                yield choice_event(body_)
         if extra_chunk:
             yield chunks.event([], run.usage())
     except Exception as exc:  # headers are sent: report in-band, then end the stream
