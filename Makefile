@@ -34,7 +34,7 @@ lint: venv ## ruff (lint + format check) and mypy
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy operator/src server/src server/testkit/src hack/cluster/src tests benchmarks hack/demo_client.py \
-	  hack/demo_pods.py hack/docgen.py hack/measure.py hack/dashboard_picture.py
+	  hack/demo_pods.py hack/docgen.py hack/doc_words.py hack/measure.py hack/dashboard_picture.py
 
 .PHONY: fmt
 fmt: venv ## format the code with ruff
@@ -57,6 +57,10 @@ crds: venv ## regenerate crds/, the chart's crds/ and docs/api.md from the pydan
 docs: venv bins ## regenerate the docs' tables from the code, the chart and the measurement records (tests fail if they are stale)
 	$(PY) hack/docgen.py
 	$(PY) -m benchmarks.records
+
+.PHONY: words
+words: ## words per file of README.md and docs/ (docs/api.md, generated, not counted), the total and its budget
+	@$(PYTHON) hack/doc_words.py
 
 # Each measuring command writes its record, benchmarks/results/<name>.json, and the doc block rendered from it.
 .PHONY: bench-server

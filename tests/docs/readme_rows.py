@@ -1,10 +1,11 @@
-"""Every command of README.md, and how it is exercised (issue #7: "Every command in the README is exercised by
-a test or by `make demo`").
+"""Every command of README.md and docs/quickstart.md (COMMAND_PAGES, "the README's commands" below), and how
+it is exercised: every command there is exercised by a test or by `make demo`.
 
-The commands are read from the README itself (tests/docs/mdshell.py): every command of its fenced shell blocks
-(`\\` continuations joined, comments and `$ ` prompts dropped), and every inline code span that is a command
-(it starts with a program, or with an executable of the repository, and is not just a mention of a command of
-a fenced block, such as `kubectl apply`). Each must have a row in COMMANDS saying how it is exercised:
+The commands are read from the pages themselves (tests/docs/mdshell.py): every command of their fenced shell
+blocks (`\\` continuations joined, comments and `$ ` prompts dropped), and every inline code span that is a
+command (it starts with a program, or with an executable of the repository, and is not just a mention of a
+command of a fenced block, such as `kubectl apply`). Each must have a row in COMMANDS saying how it is
+exercised:
 
 - `Here(test)`: run by `test`, a test function of one of the README test modules (TEST_MODULES:
   tests/docs/test_readme_{offline,cluster,table}.py), against the local cluster or on this machine. The
@@ -58,6 +59,8 @@ from tests.docs.mdshell import commands, fenced_blocks, inline_code
 
 REPO = Path(__file__).resolve().parents[2]
 README = REPO / "README.md"
+#: The pages whose commands are all exercised: the README, and the quickstart the README's details moved to.
+COMMAND_PAGES = (README, REPO / "docs" / "quickstart.md")
 DOCS_TESTS = Path(__file__).resolve().parent
 # The modules whose test functions `Here` and `NotHere` rows name.
 TEST_MODULES = (
@@ -269,22 +272,32 @@ class Found:
     text: str
     line: int
     inline: bool
+    page: str = "README.md"
+
+    def __str__(self) -> str:
+        return f"{self.page}:{self.line}{' (inline)' if self.inline else ''}: {self.text}"
 
 
 @functools.cache
 def readme_commands() -> tuple[Found, ...]:
-    """Every command of the README: those of its fenced shell blocks, then its inline commands that are not a
-    mention of a fenced one (the command itself, or its first words)."""
-    text = README.read_text()
-    fenced = [Found(c.text, c.line, False) for block in fenced_blocks(text) for c in commands(block)]
+    """Every command of COMMAND_PAGES: those of their fenced shell blocks, then their inline commands that are
+    not a mention of a fenced one of any page (the command itself, or its first words)."""
+    texts = {page.relative_to(REPO).as_posix(): page.read_text() for page in COMMAND_PAGES}
+    fenced = [
+        Found(c.text, c.line, False, page)
+        for page, text in texts.items()
+        for block in fenced_blocks(text)
+        for c in commands(block)
+    ]
     found = list(fenced)
-    for span in inline_code(text):
-        if not is_command(span.text):
-            continue
-        words = span.text.split()
-        if any(f.text.split()[: len(words)] == words for f in fenced):
-            continue
-        found.append(Found(" ".join(words), span.line, True))
+    for page, text in texts.items():
+        for span in inline_code(text):
+            if not is_command(span.text):
+                continue
+            words = span.text.split()
+            if any(f.text.split()[: len(words)] == words for f in fenced):
+                continue
+            found.append(Found(" ".join(words), span.line, True, page))
     return tuple(found)
 
 
@@ -300,7 +313,9 @@ def is_command(code: str) -> bool:
 
 def readme_command(command: str) -> str:
     texts = {f.text for f in readme_commands()}
-    assert command in texts, f"not a command of README.md (any more?): {command}"
+    assert command in texts, (
+        f"not a command of {', '.join(p.name for p in COMMAND_PAGES)} (any more?): {command}"
+    )
     return command
 
 

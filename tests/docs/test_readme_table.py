@@ -1,5 +1,5 @@
-"""The README's commands against the table of how each is exercised (tests/docs/readme_rows.py), and the
-parser that reads them from the README (tests/docs/mdshell.py)."""
+"""The commands of the README and docs/quickstart.md against the table of how each is exercised
+(tests/docs/readme_rows.py), and the parser that reads them from the pages (tests/docs/mdshell.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 
 from tests.docs.mdshell import SHELL_LANGUAGES, commands, fenced_blocks, inline_code
 from tests.docs.readme_rows import (
+    COMMAND_PAGES,
     COMMANDS,
     README,
     REPO,
@@ -28,11 +29,12 @@ from tests.docs.readme_rows import (
 from tests.docs.readme_shell import Shell, make_dry_run, make_target
 
 
-def test_every_fenced_block_names_its_language() -> None:
+@pytest.mark.parametrize("page", COMMAND_PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_fenced_block_names_its_language(page: Path) -> None:
     """A block without a language could hold commands that nothing checks."""
-    unnamed = [block.line for block in fenced_blocks(README.read_text()) if not block.language]
+    unnamed = [block.line for block in fenced_blocks(page.read_text()) if not block.language]
     assert not unnamed, (
-        f"README.md: fenced blocks without a language (```bash, ```text, ...) at lines {unnamed}"
+        f"{page.name}: fenced blocks without a language (```bash, ```text, ...) at lines {unnamed}"
     )
 
 
@@ -43,16 +45,15 @@ def test_the_two_commands_come_first() -> None:
 
 def test_every_readme_command_has_a_row() -> None:
     missing = [f for f in readme_commands() if f.text not in COMMANDS]
-    assert not missing, (
-        "README.md commands with no row in COMMANDS (say how each is exercised):\n"
-        + "\n".join(f"  line {f.line}{' (inline)' if f.inline else ''}: {f.text}" for f in missing)
+    assert not missing, "commands with no row in COMMANDS (say how each is exercised):\n" + "\n".join(
+        f"  {f}" for f in missing
     )
 
 
 def test_every_row_is_a_readme_command() -> None:
     texts = {f.text for f in readme_commands()}
     stale = [command for command in COMMANDS if command not in texts]
-    assert not stale, "rows of COMMANDS whose command is not in README.md:\n" + "\n".join(stale)
+    assert not stale, "rows of COMMANDS whose command is on no page of COMMAND_PAGES:\n" + "\n".join(stale)
 
 
 def function_node(path: Path, name: str) -> ast.FunctionDef:
