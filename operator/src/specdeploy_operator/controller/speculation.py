@@ -14,7 +14,7 @@ Why scrape pods rather than query Prometheus: the operator must not depend on a 
 user whether their draft fits (most clusters that try speculative decoding have none wired to these
 metrics), it already knows the ready pods from its own watch, and one small scrape per pod per 30 s costs
 less than the Prometheus queries would. A cluster with Prometheus has the same counters there for longer
-windows (docs/autoscaling.md, "Speculation figures").
+windows (docs/operator.md, "Speculation figures").
 """
 
 from __future__ import annotations
