@@ -11,7 +11,9 @@ import sys
 import uuid
 from typing import Any
 
+import openai
 import pytest
+from specdeploy_server.api.app import create_app
 from specdeploy_server.backends import llmapi_drafter
 from specdeploy_server.backends.factory import build_engine
 from specdeploy_server.backends.llmapi_drafter import (
@@ -28,7 +30,7 @@ from specdeploy_server.core.types import RequestSpeculation, SamplingParams
 from specdeploy_server.engine import Feature
 from transformers import AutoModelForCausalLM
 
-from tests.server.conftest import TinyModels
+from tests.server.conftest import TinyModels, run_live
 from tests.server.trtllm_double import DoubleState, trtllm_double
 from tests.server.trtllm_double_drafter import Drafter, DrafterV10, PyExecutor, UserProvidedDecodingConfig
 from tests.server.trtllm_double_llmapi import ValidationError
@@ -287,3 +289,44 @@ def test_the_drafter_and_its_channel_pickle_by_name(trtllm_double: DoubleState) 
     assert type(copy).__name__ == "LlmApiDrafter"
     assert type(copy) is llmapi_drafter.LlmApiDrafter
     assert copy.hints is hints  # the same process: the same channel
+
+
+def test_disable_above_concurrency_reaches_our_drafter_and_its_config(
+    tiny_models: TinyModels, trtllm_double: DoubleState
+) -> None:
+    """The executor reads max_concurrency from the drafter object (get_spec_drafter returns it unchanged)."""
+    config = {"model": {"target": str(tiny_models.target)}, "backend": "trtllm-llmapi"}
+    config["speculative"] = {"method": "promptLookup", "draftLen": 4, "disableAboveConcurrency": 1}
+    build_engine(ServerConfig.model_validate(config))
+    (llm,) = trtllm_double.llms
+    spec = llm.kwargs["speculative_config"]
+    assert spec.max_concurrency == 1
+    assert llm.drafter.max_concurrency == 1
+    assert spec.drafter.draft_len_schedule is None  # a fixed draftLen: no schedule
+    assert llm.drafter.should_use_spec_decode([1]) is True
+    assert llm.drafter.should_use_spec_decode([1, 2]) is False
+
+
+def test_predictions_and_speculation_control_are_served_over_http_in_single_process_mode(
+    tiny_models: TinyModels, trtllm_double: DoubleState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(SINGLE_PROCESS_ENV, "1")
+    config = {"model": {"target": str(tiny_models.target)}, "backend": "trtllm-llmapi"}
+    config["speculative"] = {"method": "promptLookup", "draftLen": 4}
+    engine = build_engine(ServerConfig.model_validate(config))
+    with run_live(create_app(engine, served_model_name="tiny")) as live:
+        client = openai.OpenAI(base_url=f"{live.base_url}/v1", api_key="unused", max_retries=0)
+
+        def complete(body: dict[str, Any]) -> str:
+            out = client.completions.create(
+                model="tiny", prompt="draft target", max_tokens=16, temperature=0, extra_body=body
+            )
+            return out.choices[0].text
+
+        plain = complete({"speculation": {"enabled": False}})
+        assert complete({"prediction": {"type": "content", "content": plain}}) == plain
+        assert complete({"speculation": {"max_draft_tokens": 2}}) == plain
+    off, predicted, capped = trtllm_double.llms[0].requests
+    assert off.accepted == 0
+    assert predicted.accepted > 0
+    assert capped.responses >= predicted.responses
