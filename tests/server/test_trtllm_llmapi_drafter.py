@@ -326,7 +326,21 @@ def test_predictions_and_speculation_control_are_served_over_http_in_single_proc
         plain = complete({"speculation": {"enabled": False}})
         assert complete({"prediction": {"type": "content", "content": plain}}) == plain
         assert complete({"speculation": {"max_draft_tokens": 2}}) == plain
-    off, predicted, capped = trtllm_double.llms[0].requests
+        unrelated = "zz qq " * 8
+        out = client.completions.create(
+            model="tiny",
+            prompt="draft target",
+            max_tokens=16,
+            temperature=0,
+            extra_body={"prediction": {"type": "content", "content": plain}},
+        )
+        details = out.usage.completion_tokens_details if out.usage else None
+        assert details is not None
+        accepted = trtllm_double.llms[0].requests[-1].accepted  # of the drafts, from the prediction or not
+        assert details.accepted_prediction_tokens is not None
+        assert 0 < details.accepted_prediction_tokens <= accepted
+        assert complete({"prediction": {"type": "content", "content": unrelated}}) == plain
+    off, predicted, capped, _, _ = trtllm_double.llms[0].requests
     assert off.accepted == 0
     assert predicted.accepted > 0
     assert capped.responses >= predicted.responses

@@ -54,6 +54,15 @@ def hints_reach_the_drafter() -> bool:
     return os.environ.get(SINGLE_PROCESS_ENV) == "1"
 
 
+def _common_prefix(draft: Sequence[int], tokens: Sequence[int]) -> int:
+    n = 0
+    for a, b in zip(draft, tokens, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
+
+
 class RequestHints:
     """Per-request speculation (prediction, draft-length cap) by LLM API request id, registered by the
     serving layer when a request is submitted and dropped when it ends. Pickles by name: a copy in the same
@@ -62,12 +71,35 @@ class RequestHints:
     def __init__(self, name: str) -> None:
         self.name = name
         self._by_client: dict[int, RequestSpeculation] = {}
+        #: the drafts taken from a request's prediction, by the token count they were drafted at
+        self._predicted: dict[int, dict[int, list[int]]] = {}
 
     def register(self, client_id: int, speculation: RequestSpeculation) -> None:
         self._by_client[client_id] = speculation
+        self._predicted[client_id] = {}
 
     def drop(self, client_id: int) -> None:
         self._by_client.pop(client_id, None)
+        self._predicted.pop(client_id, None)
+
+    def record_prediction_draft(self, client_id: int, at_len: int, draft: list[int]) -> None:
+        """The drafter proposed ``draft`` from the request's prediction when it had ``at_len`` tokens."""
+        drafts = self._predicted.get(client_id)
+        if drafts is not None:
+            drafts[at_len] = draft
+
+    def prediction_accepted(self, client_id: int, at_len: int, new_tokens: Sequence[int]) -> int:
+        """Of the tokens a request gained from ``at_len`` on, those that were accepted from a prediction draft
+        (for the response's ``accepted_prediction_tokens``); forgets the drafts up to ``at_len``."""
+        drafts = self._predicted.get(client_id)
+        if not drafts:
+            return 0
+        draft = drafts.pop(at_len, None)
+        for stale in [n for n in drafts if n < at_len]:
+            del drafts[stale]
+        if draft is None:
+            return 0
+        return min(_common_prefix(draft, new_tokens), max(len(new_tokens) - 1, 0))
 
     def get(self, client_id: int) -> RequestSpeculation | None:
         return self._by_client.get(client_id)
@@ -98,15 +130,6 @@ class _Track:
     from_prediction: bool = False
     limit: int = 0
     last_call: int = 0
-
-
-def _common_prefix(draft: Sequence[int], tokens: Sequence[int]) -> int:
-    n = 0
-    for a, b in zip(draft, tokens, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 class DraftingLogic:
@@ -182,6 +205,8 @@ class DraftingLogic:
             if start is not None and start < len(track.alignment.tokens):
                 draft = track.alignment.tokens[start : start + min(k, track.alignment.window)]
                 track.draft, track.from_prediction, track.limit = draft, True, k
+                if self.hints is not None:
+                    self.hints.record_prediction_draft(request.py_client_id, len(tokens), list(draft))
                 self.prediction_drafted += len(draft)
                 self.drafted += len(draft)
                 return list(draft)

@@ -6,11 +6,8 @@ into the same serving layer, with the same admission rules (``maxBatchSize`` run
 waiting, then 503) and the same load figures for autoscaling. Checkpoints are Hugging Face directories;
 nothing is built.
 
-Stopping: ``end_id`` is left unset, so TensorRT-LLM's own ``SamplingParams`` setup takes the tokenizer's
-end-of-sequence id and the generation config's other ones (Llama-3 Instruct's ``<|eot_id|>``); every
-end-of-sequence id of our tokenizer (``eos_token_ids``: tokenizer and ``generation_config.json``) is also
-sent as ``stop_token_ids``, with ``include_stop_str_in_output`` so the stop token is emitted as the other
-backends emit it.
+Stopping: ``end_id`` is left unset, so TensorRT-LLM's own ``SamplingParams`` setup takes the model's end ids;
+every end-of-sequence id of our tokenizer is also sent as ``stop_token_ids``, kept in the output.
 
 Acceptance: every request sets ``return_perf_metrics``; the draft/accepted counts come from TensorRT-LLM's
 request perf metrics where they are real, else from the stream (``llmapi_acceptance``).
@@ -275,7 +272,10 @@ class LlmApiEngine:
             async for out in output:
                 completion = out.outputs[0]
                 token_ids = list(completion.token_ids)
-                new, sent = token_ids[sent:], len(token_ids)
+                new, at_len, sent = token_ids[sent:], len(prompt_ids) + sent, len(token_ids)
+                predicted = 0
+                if client_id is not None and self._hints is not None:
+                    predicted = self._hints.prediction_accepted(client_id, at_len, new)
                 counts.observe(len(new))
                 self._account(request_id, len(new), stats)
                 finish = None
@@ -283,7 +283,7 @@ class LlmApiEngine:
                     finish = _FINISH.get(str(completion.finish_reason), FinishReason.ABORT)
                     self._speculation(completion, counts, stats)
                     finished = True
-                yield StepOutput(new, finish, 0, 0)
+                yield StepOutput(new, finish, 0, 0, prediction_accepted=predicted)
                 if finished:
                     return
             finished = True
