@@ -80,7 +80,15 @@ def _edited(tokens: list[int]) -> tuple[int, ...]:
 
 @pytest.mark.parametrize(
     "case",
-    ["prompt-lookup", "prediction-equal", "prediction-edited", "prediction-unrelated", "caps", "schedule"],
+    [
+        "prompt-lookup",
+        "prediction-equal",
+        "prediction-edited",
+        "prediction-unrelated",
+        "caps",
+        "schedule",
+        "schedule-lower",
+    ],
 )
 def test_our_drafter_keeps_greedy_output_identical_to_plain_decoding(
     case: str, target: Any, trtllm_double: DoubleState, monkeypatch: pytest.MonkeyPatch
@@ -101,6 +109,8 @@ def test_our_drafter_keeps_greedy_output_identical_to_plain_decoding(
     elif case == "schedule":  # a newer release: upper bounds, the padded width follows the batch size
         monkeypatch.setattr(Drafter, "schedule_meaning", "upper")
         kwargs["draft_len_schedule"] = {1: 4, 2: 2}
+    elif case == "schedule-lower":  # 1.2: lower bounds, the drafter shortens, the target still verifies 4
+        kwargs["draft_len_schedule"] = {1: 4, 2: 1, 3: 0}
     drafter = _drafter(hints, **kwargs)
     executor = _run(target, UserProvidedDecodingConfig(max_draft_len=4, drafter=drafter), speculation)
     assert _outputs(executor) == plain
@@ -108,6 +118,11 @@ def test_our_drafter_keeps_greedy_output_identical_to_plain_decoding(
     if case == "caps":
         assert drafter.prediction_drafted > 0
     assert executor.drafter is drafter  # single process: the drafter itself, with our channel
+    if case == "schedule-lower":  # 3 active: off; 2: at most 1 token each, padded to 4; 1: 4
+        assert {(r.active, r.width) for r in executor.iterations if r.drafted} <= {(2, 4), (1, 4)}
+        assert all(r.drafted <= 2 for r in executor.iterations if r.active == 2)
+        assert any(r.width == 4 for r in executor.iterations if r.active == 2)
+        assert all(r.width == 0 for r in executor.iterations if r.active == 3)
     if case == "schedule":  # 3 active: off; 2: width 2; 1: width 4
         widths = {(r.active, r.width) for r in executor.iterations}
         assert widths <= {(3, 0), (2, 2), (1, 4), (2, 0), (1, 0)}
