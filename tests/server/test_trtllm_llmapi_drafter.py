@@ -278,6 +278,27 @@ def test_an_older_drafter_base_warns_what_it_does_not_take(
     assert "takes no draft_len_schedule" in caplog.text
 
 
+class _KeywordsBase(Drafter):
+    """A base that takes any keyword: it is given every argument we have."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.given = kwargs
+        super().__init__(**kwargs)
+
+
+def test_a_drafter_base_taking_any_keyword_gets_every_argument(
+    trtllm_double: DoubleState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys.modules["tensorrt_llm._torch.speculative.drafter"], "Drafter", _KeywordsBase)
+    drafter = _drafter(max_concurrency=2, draft_len_schedule={1: 4, 8: 0})
+    assert drafter.given == {
+        "max_draft_len": 4,
+        "max_total_draft_tokens": 4,
+        "max_concurrency": 2,
+        "draft_len_schedule": {1: 4, 8: 0},
+    }
+
+
 def test_bad_input_gives_clear_errors(trtllm_double: DoubleState) -> None:
     with pytest.raises(ValueError, match="max_draft_len must be > 0"):
         _drafter(max_draft_len=0)

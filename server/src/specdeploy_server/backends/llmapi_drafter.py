@@ -156,7 +156,12 @@ class DraftingLogic:
             "draft_len_schedule": draft_len_schedule,
         }
         base_init = super().__init__
-        accepted = inspect.signature(base_init).parameters
+        mro = type(self).__mro__
+        accepted: set[str] = set()
+        if mro[mro.index(DraftingLogic) + 1] is not object:  # TensorRT-LLM's Drafter under us
+            parameters = inspect.signature(base_init).parameters
+            takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+            accepted = set(wanted) if takes_any else set(parameters)
         for name in ("max_concurrency", "draft_len_schedule"):
             if wanted[name] is not None and name not in accepted:
                 log.warning("this TensorRT-LLM's Drafter takes no %s: it is not honoured", name)
