@@ -186,7 +186,7 @@ class DraftingLogic:
 
     # ------------------------------------------------------------------------------------------
     def _draft(self, request: Any, width: int) -> list[int]:
-        tokens: list[int] = list(request.get_tokens(0))
+        tokens: Sequence[int] = request.get_tokens(0)  # a new list per call (the binding copies)
         prompt_len = int(request.py_orig_prompt_len)
         track = self._tracks.get(request.request_id)
         if track is None:
