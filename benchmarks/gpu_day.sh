@@ -10,7 +10,8 @@
 # --results DIR  where the records go (default benchmarks/results); copy them into benchmarks/results and
 #                run `python -m benchmarks.records` to render docs/benchmarks-server.md "On a GPU"
 #
-# Writes DIR/gpu-day.log too (the run's output, with the GPU's nvidia-smi line). Exits non-zero when a section
+# Writes DIR/gpu-day.log too (the run's output, with the GPU's nvidia-smi line), and DIR/gpu-llmapi-drafter.log
+# (benchmarks/server/gpu_llmapi_drafter.py, where TensorRT-LLM is installed). Exits non-zero when a section
 # failed; the others' records are written all the same.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,5 +48,11 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TQDM_DIS
 set +e
 "$python" -m benchmarks.server.gpu_day --results "$results" "${passed[@]}" 2>&1 | tee -a "$log"
 status=${PIPESTATUS[0]}
+# Our drafter inside TensorRT-LLM's PyTorch flow (only where tensorrt_llm is installed; says "skipped" else):
+# greedy identity, tokens per step with predictions, the drafter's cost per iteration. Its own log; a
+# failure here fails the run at the end, after everything else ran.
+"$python" -m benchmarks.server.gpu_llmapi_drafter 2>&1 | tee "$results/gpu-llmapi-drafter.log" | tee -a "$log"
+drafter_status=${PIPESTATUS[0]}
+((status == 0)) && status=$drafter_status
 date -u +"ended %Y-%m-%dT%H:%M:%SZ" | tee -a "$log"
 exit "$status"

@@ -103,7 +103,10 @@ def test_the_speculative_config_is_rendered_from_the_method(
     extra_model: str | None,
     kind: str,
     fields: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    if speculative["method"] == "promptLookup":  # TensorRT-LLM's own NGram: a version without user drafters
+        monkeypatch.delattr(sys.modules["tensorrt_llm.llmapi"], "UserProvidedDecodingConfig")
     config = _config(tiny_models, **speculative)
     if extra_model is not None:
         config["model"][extra_model] = str(tiny_models.draft_same)
@@ -129,6 +132,7 @@ def test_load_aware_fields_a_version_lacks_are_left_out_with_a_warning(
     older = dict.fromkeys(("max_draft_len", "speculative_model", "max_matching_ngram_size"))
     monkeypatch.setattr(llmapi.DraftTargetDecodingConfig, "model_fields", older)
     monkeypatch.delattr(llmapi, "AutoDecodingConfig")
+    monkeypatch.delattr(llmapi, "UserProvidedDecodingConfig")
     config = _config(tiny_models, method="draftTarget", draftLen="auto", disableAboveConcurrency=4)
     config["model"]["draft"] = str(tiny_models.draft_same)
     build_engine(ServerConfig.model_validate(config))

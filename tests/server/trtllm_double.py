@@ -58,6 +58,10 @@ Differences from the real API that remain, and why:
 8. ``request_perf_metrics.speculative_decoding`` comes back zeroed, as in 1.2.x's PyTorch flow with the
    default sampler; the state's ``perf_metrics_count_speculation = True`` reports the real counts (upstream PR
    #17082).
+10. User-provided drafters (``UserProvidedDecodingConfig``, ``Drafter``): as in
+   ``tests/server/trtllm_double_drafter.py``, whose differences hold here too; the LLM steps each request
+   alone (item 7), so the drafter sees batches of one request here (the drafter double's ``PyExecutor`` runs
+   real batches).
 9. ``generate_async`` checks only an empty prompt, a prompt longer than ``max_num_tokens`` without chunked
    prefill, and a prompt longer than ``max_seq_len``; the state's ``fail_when`` makes it raise
    ``RuntimeError`` (TensorRT-LLM's ``RequestError``) for chosen prompts. Error messages are the double's own.
@@ -74,6 +78,7 @@ from typing import Any
 
 import pytest
 
+from tests.server import trtllm_double_drafter as drafter_double
 from tests.server import trtllm_double_executor as executor_double
 from tests.server import trtllm_double_llmapi as llmapi_double
 from tests.server.trtllm_double_sampling import GuidedDecodingParams
@@ -127,10 +132,12 @@ def trtllm_double(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[D
         DraftTargetDecodingConfig=llmapi_double.DraftTargetDecodingConfig,
         MTPDecodingConfig=llmapi_double.MTPDecodingConfig,
         AutoDecodingConfig=llmapi_double.AutoDecodingConfig,
+        UserProvidedDecodingConfig=drafter_double.UserProvidedDecodingConfig,
         SamplingParams=llmapi_double.SamplingParams,
         GuidedDecodingParams=GuidedDecodingParams,
     )
     bindings = _module("tensorrt_llm.bindings", executor=executor)
+    drafter = _module("tensorrt_llm._torch.speculative.drafter", Drafter=drafter_double.Drafter)
     root = _module(
         "tensorrt_llm",
         str(tmp_path / "tensorrt_llm" / "__init__.py"),
@@ -138,12 +145,14 @@ def trtllm_double(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[D
         SamplingParams=llmapi_double.SamplingParams,
         bindings=bindings,
         llmapi=llmapi,
+        __version__="1.2.1",
     )
     for name, module in (
         ("tensorrt_llm", root),
         ("tensorrt_llm.bindings", bindings),
         ("tensorrt_llm.bindings.executor", executor),
         ("tensorrt_llm.llmapi", llmapi),
+        ("tensorrt_llm._torch.speculative.drafter", drafter),
     ):
         monkeypatch.setitem(sys.modules, name, module)
     yield state

@@ -67,11 +67,13 @@ def _model(
 
 
 #: DecodingBaseConfig's load-aware fields, in every decoding config: max_concurrency (PositiveInt: off above
-#: that many active requests), acceptance_rate_window_size (NonNegativeInt), acceptance_rate_threshold (0..1)
+#: that many active requests), acceptance_rate_window_size (NonNegativeInt), acceptance_rate_threshold (0..1),
+#: draft_len_schedule (batch-size thresholds -> draft length, 1.2 on)
 _LOAD_AWARE = {
     "max_concurrency": None,
     "acceptance_rate_window_size": None,
     "acceptance_rate_threshold": None,
+    "draft_len_schedule": None,
 }
 
 
@@ -84,6 +86,11 @@ def _base_fields(config: Any) -> str | None:
         return f"acceptance_rate_window_size: Input should be greater than or equal to 0, got {window}"
     if threshold is not None and not 0.0 <= threshold <= 1.0:
         return f"acceptance_rate_threshold: Input should be between 0 and 1, got {threshold}"
+    schedule = config.draft_len_schedule
+    if schedule is not None and not all(
+        isinstance(b, int) and isinstance(k, int) and b >= 1 and k >= 0 for b, k in schedule.items()
+    ):
+        return f"draft_len_schedule: batch sizes >= 1 and draft lengths >= 0, got {schedule}"
     return None
 
 
@@ -219,6 +226,8 @@ class RequestOutput:
         self._done = False
         self._aborted = False
         self.responses = 0
+        self.request_id = llm.next_client_id()  # GenerationResult.request_id: the executor's py_client_id
+        self.llm_request: Any = None  # its LlmRequest, for a user-provided drafter
         self.drafted = 0  # what the double really drafted and accepted, for the tests
         self.accepted = 0
 
@@ -260,6 +269,7 @@ class RequestOutput:
             room,
             first=first,
             matcher=self.matcher,
+            request=self,
         )
         self.drafted += drafted
         self.accepted += accepted
@@ -337,6 +347,12 @@ class LLM:
         self.spec = cast(Any, kwargs.get("speculative_config"))
         self.draft_model: Any = None
         kind = type(self.spec).__name__
+        self.drafter: Any = None
+        if kind == "UserProvidedDecodingConfig":
+            from tests.server.trtllm_double_drafter import worker_drafter  # it imports this module
+
+            self.drafter = worker_drafter(self.spec.drafter)
+        self._client_ids = 0
         if kind in ("DraftTargetDecodingConfig", "EagleDecodingConfig", "Eagle3DecodingConfig"):
             draft: Any = AutoModelForCausalLM.from_pretrained(
                 self.spec.speculative_model, local_files_only=True
@@ -345,6 +361,10 @@ class LLM:
         self.requests: list[RequestOutput] = []
         self.shut = False
         current_state().llms.append(self)
+
+    def next_client_id(self) -> int:
+        self._client_ids += 1
+        return self._client_ids
 
     def generate_async(
         self,
@@ -408,8 +428,35 @@ class LLM:
             matcher.consume_token(token)
         return token
 
-    def _draft(self, ids: list[int]) -> list[int]:
+    def _user_provided(self, ids: list[int], request: RequestOutput) -> list[int]:
+        """One request's draft from the user-provided drafter, padded with 0 to max_total_draft_tokens."""
+        from tests.server.trtllm_double_drafter import LlmRequest, ScheduledRequests, padded_width
+
+        active = [r for r in self.requests if not r.finished]
+        if not self.drafter.should_use_spec_decode(active):
+            return []
+        if request.llm_request is None:
+            request.llm_request = LlmRequest(
+                len(self.requests),
+                request.request_id,
+                [],
+                len(request.prompt_token_ids),
+                request.params.max_tokens,
+            )
+        llm_request = request.llm_request
+        llm_request.tokens, llm_request.state = list(ids), "GENERATION_IN_PROGRESS"
+        self.drafter.prepare_draft_tokens(ScheduledRequests([], [llm_request]), None)
+        asked = getattr(self.drafter, "max_total_draft_tokens", self.spec.max_total_draft_tokens)
+        width = padded_width(self.drafter, self.spec)
+        draft = list(llm_request.py_draft_tokens)
+        if len(draft) > asked:
+            raise ValueError(f"{len(draft)} draft tokens > max_total_draft_tokens {width}")
+        return draft + [0] * (width - len(draft))
+
+    def _draft(self, ids: list[int], request: RequestOutput | None = None) -> list[int]:
         spec, kind = self.spec, type(self.spec).__name__
+        if self.drafter is not None and request is not None:
+            return self._user_provided(ids, request)
         active = sum(1 for r in self.requests if not r.finished)
         if getattr(spec, "max_concurrency", None) is not None and active > spec.max_concurrency:
             return []  # speculation is off above max_concurrency active requests
@@ -445,13 +492,14 @@ class LLM:
         *,
         first: bool,
         matcher: Any = None,
+        request: RequestOutput | None = None,
     ) -> tuple[list[int], int, int]:
         """One iteration of one request: (new tokens, drafted, accepted). The context step yields one
         token; a generation step verifies the drafter's tokens and yields the accepted ones + one. Each
         position is picked from the target's logits there, penalised and masked by the grammar state after
         the tokens before it (the matcher consumes each picked token)."""
         ids = prompt + output
-        draft = [] if first else self._draft(ids)
+        draft = [] if first else self._draft(ids, request)
         logits = self.model(torch.tensor([ids + draft])).logits[0, len(ids) - 1 :].float()
         out: list[int] = []
         for i, token in enumerate(draft):

@@ -8,6 +8,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from specdeploy_server.backends.llmapi_drafter import RequestHints, drafter_class
+from specdeploy_server.backends.llmapi_schedule import draft_len_schedule, schedule_semantics
 from specdeploy_server.config import Method, ServerConfig
 from specdeploy_server.grammar import JSON_DEFAULTS, Guide
 
@@ -61,16 +63,72 @@ def load_aware_fields(cls: Any, config: ServerConfig) -> dict[str, Any]:
     return fields
 
 
-def speculative_config(llmapi: Any, config: ServerConfig) -> Any:
-    """The ``speculative_config`` for our method (None for plain decoding)."""
+def schedule_field(cls: Any, config: ServerConfig, version: str) -> dict[str, Any]:
+    """``draftLen: auto`` -> ``draft_len_schedule`` from our cost model (llmapi_schedule), in the meaning of
+    the installed version, where its class has the field and that meaning covers the method (``lower``, 1.2
+    and earlier: two-model drafters only; ``upper``: every method)."""
+    spec, method = config.speculative, config.method
+    if spec.draft_len != "auto" or not has_field(cls, "draft_len_schedule"):
+        return {}
+    semantics = schedule_semantics(version)
+    if semantics == "lower" and method != Method.DRAFT_TARGET:
+        return {}
+    schedule = draft_len_schedule(
+        spec.max_draft_len, config.runtime.max_batch_size, semantics, drafts_with_a_model=True
+    )
+    return {"draft_len_schedule": schedule}
+
+
+def user_provided_config(
+    llmapi: Any, config: ServerConfig, version: str, hints: RequestHints | None
+) -> Any | None:
+    """promptLookup as our own drafter (llmapi_drafter) in ``UserProvidedDecodingConfig``; None (with a
+    warning) where the installed version lacks the class or TensorRT-LLM's ``Drafter``."""
+    cls = getattr(llmapi, "UserProvidedDecodingConfig", None)
+    try:
+        drafter_cls = drafter_class()
+    except ImportError:
+        drafter_cls = None
+    if cls is None or drafter_cls is None:
+        log.warning("no user-provided drafters in this TensorRT-LLM: promptLookup runs its NGram drafter")
+        return None
+    spec = config.speculative
+    k = draft_len(config)
+    schedule = None
+    if spec.draft_len == "auto":
+        semantics = schedule_semantics(version)
+        schedule = draft_len_schedule(k, config.runtime.max_batch_size, semantics, drafts_with_a_model=False)
+    drafter = drafter_cls(
+        max_draft_len=k,
+        prompt_lookup_ngram=spec.prompt_lookup.max_matching_ngram_size,
+        hints=hints,
+        max_concurrency=spec.disable_above_concurrency,
+        draft_len_schedule=schedule,
+    )
+    return cls(max_draft_len=k, drafter=drafter, **load_aware_fields(cls, config))
+
+
+def speculative_config(
+    llmapi: Any, config: ServerConfig, version: str, hints: RequestHints | None = None
+) -> Any:
+    """The ``speculative_config`` for our method (None for plain decoding); ``version``: TensorRT-LLM's
+    ``__version__``; ``hints``: the channel for per-request speculation (promptLookup, single process)."""
     method, k, spec = config.method, draft_len(config), config.speculative
     if method == Method.NONE or k == 0:
         return None
     if method == Method.DRAFT_TARGET:
         cls = llmapi.DraftTargetDecodingConfig
         draft = str(config.model.draft)
-        return cls(max_draft_len=k, speculative_model_dir=draft, **load_aware_fields(cls, config))
+        return cls(
+            max_draft_len=k,
+            speculative_model_dir=draft,
+            **load_aware_fields(cls, config),
+            **schedule_field(cls, config, version),
+        )
     if method == Method.PROMPT_LOOKUP:
+        ours = user_provided_config(llmapi, config, version, hints)
+        if ours is not None:
+            return ours
         auto = getattr(llmapi, "AutoDecodingConfig", None)
         if spec.draft_len == "auto" and spec.disable_above_concurrency is None and auto is not None:
             # TensorRT-LLM's NGram heuristic: K and n by active requests, off above 32 (it ignores the
@@ -93,14 +151,22 @@ def speculative_config(llmapi: Any, config: ServerConfig) -> Any:
             max_draft_len=k,
             speculative_model_dir=str(config.model.speculative_model),
             **load_aware_fields(cls, config),
+            **schedule_field(cls, config, version),
         )
     if method == Method.MTP:
         cls = llmapi.MTPDecodingConfig
-        return cls(num_nextn_predict_layers=k, **load_aware_fields(cls, config))
+        fields = {**load_aware_fields(cls, config), **schedule_field(cls, config, version)}
+        return cls(num_nextn_predict_layers=k, **fields)
     raise ValueError(f"speculative.method {method.value} is not supported by {BACKEND}")
 
 
-def llm_arguments(llmapi: Any, config: ServerConfig, tokenizer: Path) -> dict[str, Any]:
+def llm_arguments(
+    llmapi: Any,
+    config: ServerConfig,
+    tokenizer: Path,
+    version: str,
+    hints: RequestHints | None = None,
+) -> dict[str, Any]:
     """Keyword arguments of ``tensorrt_llm.LLM`` (the LLM API's ``TorchLlmArgs`` fields)."""
     runtime = config.runtime
     policy = (
@@ -108,7 +174,7 @@ def llm_arguments(llmapi: Any, config: ServerConfig, tokenizer: Path) -> dict[st
         if runtime.guaranteed_no_evict
         else llmapi.CapacitySchedulerPolicy.MAX_UTILIZATION
     )
-    spec = speculative_config(llmapi, config)
+    spec = speculative_config(llmapi, config, version, hints)
     args: dict[str, Any] = {
         "model": str(config.model.target),
         "tokenizer": str(tokenizer),

@@ -6,11 +6,8 @@ into the same serving layer, with the same admission rules (``maxBatchSize`` run
 waiting, then 503) and the same load figures for autoscaling. Checkpoints are Hugging Face directories;
 nothing is built.
 
-Stopping: ``end_id`` is left unset, so TensorRT-LLM's own ``SamplingParams`` setup takes the tokenizer's
-end-of-sequence id and the generation config's other ones (Llama-3 Instruct's ``<|eot_id|>``); every
-end-of-sequence id of our tokenizer (``eos_token_ids``: tokenizer and ``generation_config.json``) is also
-sent as ``stop_token_ids``, with ``include_stop_str_in_output`` so the stop token is emitted as the other
-backends emit it.
+Stopping: ``end_id`` is left unset, so TensorRT-LLM's own ``SamplingParams`` setup takes the model's end ids;
+every end-of-sequence id of our tokenizer is also sent as ``stop_token_ids``, kept in the output.
 
 Acceptance: every request sets ``return_perf_metrics``; the draft/accepted counts come from TensorRT-LLM's
 request perf metrics where they are real, else from the stream (``llmapi_acceptance``).
@@ -20,6 +17,10 @@ Request fields: penalties, ``top_k`` and ``min_p`` go into ``SamplingParams``; s
 TensorRT-LLM masks the target's logits at every draft position itself, with every speculative method we
 render.
 ``logit_bias``, ``logprobs`` and raw llguidance grammars are refused (``FEATURES``).
+
+promptLookup runs our own drafter inside TensorRT-LLM (``llmapi_drafter``, ``UserProvidedDecodingConfig``)
+where the version has user-provided drafters; with ``TLLM_WORKER_USE_SINGLE_PROCESS=1`` each request's
+prediction and draft-length cap reach it by the request's LLM API id (``HINTED_FEATURES``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from specdeploy_server.backends.llmapi_args import (
     guided_decoding,
     llm_arguments,
 )
+from specdeploy_server.backends.llmapi_drafter import RequestHints, hints_reach_the_drafter, request_hints
 from specdeploy_server.config import Acceptance, Method, ServerConfig
 from specdeploy_server.core.executors import ExecutorError
 from specdeploy_server.core.load import ThroughputMeter
@@ -87,6 +89,8 @@ _ABORT_WAIT_SECONDS = 1.0  # how long aborted streams get to end before the LLM 
 #: what this backend passes to TensorRT-LLM (SamplingParams' penalties, top_k, min_p; guided_decoding for
 #: json_object, json_schema, Lark and tools); logit_bias, logprobs and raw llguidance grammars are refused
 FEATURES = frozenset({Feature.PENALTIES, Feature.FILTERS, Feature.GRAMMAR})
+#: with our drafter in TensorRT-LLM's executor in this process (llmapi_drafter): predictions, per-request caps
+HINTED_FEATURES = frozenset({Feature.PREDICTION, Feature.SPECULATION_CONTROL})
 
 
 class LlmApiEngine:
@@ -103,11 +107,14 @@ class LlmApiEngine:
         max_batch_size: int,
         max_queue_size: int | None,
         draft_len: int = 0,
+        hints: RequestHints | None = None,
     ) -> None:
         self.tokenizer: Tokenizer = tokenizer
         self.info = info
         self._stop_ids = sorted(tokenizer.eos_token_ids)
         self._draft_len = draft_len  # tokens TensorRT-LLM drafts per generation step (0: not speculating)
+        #: our drafter's channel (predictions, per-request caps), where it runs in this process
+        self._hints = hints
         self.acceptance_sources = AcceptanceSources(info.served_model_name)
         self.executor_stats: Callable[[], list[ExecutorSample]] | None = None
         self._llm = llm
@@ -183,7 +190,9 @@ class LlmApiEngine:
             self._busy_since = time.perf_counter()
         stats = SeqStats()
         guide = getattr(constraint, "guide", None)
-        outputs = self._run(request_id, prompt_ids, lambda: self._sampling(max_tokens, params, guide), stats)
+        outputs = self._run(
+            request_id, prompt_ids, lambda: self._sampling(max_tokens, params, guide), stats, speculation
+        )
         return Generation(outputs, stats, lambda: self._forget(request_id))
 
     def _forget(self, request_id: str) -> None:
@@ -240,19 +249,33 @@ class LlmApiEngine:
         return self._sampling_params(**kwargs)
 
     async def _run(
-        self, request_id: str, prompt_ids: list[int], sampling: Callable[[], Any], stats: SeqStats
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: Callable[[], Any],
+        stats: SeqStats,
+        speculation: RequestSpeculation,
     ) -> AsyncGenerator[StepOutput, None]:
         finished = False
         output: Any = None
+        client_id: int | None = None
         try:
             output = self._llm.generate_async(list(prompt_ids), sampling_params=sampling(), streaming=True)
             self._outputs[request_id] = output
+            if self._hints is not None and speculation != NO_REQUEST_SPECULATION:
+                # the LLM API request's id, the executor request's py_client_id; registered before the
+                # request's first generation step (its first iteration is the context step, not drafted)
+                client_id = int(output.request_id)
+                self._hints.register(client_id, speculation)
             sent = 0
             counts = StreamCounts()
             async for out in output:
                 completion = out.outputs[0]
                 token_ids = list(completion.token_ids)
-                new, sent = token_ids[sent:], len(token_ids)
+                new, at_len, sent = token_ids[sent:], len(prompt_ids) + sent, len(token_ids)
+                predicted = 0
+                if client_id is not None and self._hints is not None:
+                    predicted = self._hints.prediction_accepted(client_id, at_len, new)
                 counts.observe(len(new))
                 self._account(request_id, len(new), stats)
                 finish = None
@@ -260,7 +283,7 @@ class LlmApiEngine:
                     finish = _FINISH.get(str(completion.finish_reason), FinishReason.ABORT)
                     self._speculation(completion, counts, stats)
                     finished = True
-                yield StepOutput(new, finish, 0, 0)
+                yield StepOutput(new, finish, 0, 0, prediction_accepted=predicted)
                 if finished:
                     return
             finished = True
@@ -270,6 +293,8 @@ class LlmApiEngine:
         except Exception as exc:  # TensorRT-LLM's RequestError & co: one OpenAI error, naming the backend
             raise ExecutorError(BACKEND, str(exc)) from exc
         finally:
+            if client_id is not None and self._hints is not None:
+                self._hints.drop(client_id)
             self._remaining.pop(request_id, None)
             self._outputs.pop(request_id, None)
             if not self._remaining:
@@ -331,7 +356,17 @@ def build_llmapi_engine(config: ServerConfig) -> LlmApiEngine:
     llmapi = import_tensorrt_llm("tensorrt_llm.llmapi", BACKEND)
     tokenizer_path = config.model.tokenizer or config.model.target
     tokenizer = HFTokenizer(tokenizer_path, config.serving.chat_template)
-    llm = package.LLM(**llm_arguments(llmapi, config, tokenizer_path))
+    version = str(getattr(package, "__version__", "0.0"))
+    hints = None
+    if config.method == Method.PROMPT_LOOKUP and draft_len(config) > 0:
+        if hints_reach_the_drafter():
+            hints = request_hints(f"trtllm-llmapi-{uuid.uuid4().hex}")
+        else:
+            log.info("predictions and per-request speculation need TLLM_WORKER_USE_SINGLE_PROCESS=1: refused")
+    arguments = llm_arguments(llmapi, config, tokenizer_path, version, hints)
+    if getattr(arguments["speculative_config"], "drafter", None) is None:
+        hints = None  # our drafter is not in use (the version has no user-provided drafters)
+    llm = package.LLM(**arguments)
     runtime = config.runtime
     max_len = (
         config.model.max_model_len or runtime.max_seq_len or checkpoint_max_len(config.model.target) or 4096
@@ -349,8 +384,15 @@ def build_llmapi_engine(config: ServerConfig) -> LlmApiEngine:
         llmapi.SamplingParams,
         lambda guide: guided_decoding(llmapi, guide),
         tokenizer,
-        model_info(config.model.name, max_len, vocab_size, FEATURES, backend=BACKEND),
+        model_info(
+            config.model.name,
+            max_len,
+            vocab_size,
+            FEATURES if hints is None else FEATURES | HINTED_FEATURES,
+            backend=BACKEND,
+        ),
         max_batch_size=runtime.max_batch_size,
         max_queue_size=runtime.max_queue_size,
         draft_len=0 if config.method == Method.NONE else draft_len(config),
+        hints=hints,
     )
