@@ -214,6 +214,9 @@ SCHEMA_CASES = [
     Case("replicas-negative", "none", _spec(replicas=-1), "spec.replicas"),
     Case("replicas-string", "none", _spec(replicas="2"), "spec.replicas"),
     Case("backend-unknown", "none", _spec(backend="onnx"), "spec.backend"),
+    Case(
+        "env-name-with-equals", "none", _spec(serving={"env": [{"name": "A=B"}]}), "spec.serving.env[0].name"
+    ),
     Case("method-unknown", "none", _speculative(method="medusa"), "spec.speculative.method"),
     Case("method-missing", "none", _speculative(method=None), "spec.speculative.method"),
     Case("speculative-missing", "none", _spec(speculative=None), "spec.speculative"),
@@ -916,6 +919,20 @@ RULE_CASES = [
         _spec(serving={"chatTemplate": "{{ messages }}", "chatTemplateConfigMap": {"name": "templates"}}),
         "spec.serving.chatTemplateConfigMap",
         "one-chat-template",
+    ),
+    Case(
+        "env-named-twice",
+        "none",
+        _spec(serving={"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}),
+        "spec.serving.env",
+        "env-names-unique",
+    ),
+    Case(
+        "env-sets-nccls",
+        "none",
+        _spec(serving={"env": [{"name": "NCCL_IB_DISABLE", "value": "0"}]}),
+        "spec.serving.env",
+        "env-not-the-operators",
     ),
     Case(
         "cache-claim-and-size",

@@ -471,6 +471,23 @@ def test_a_mig_deployment_builds_its_engines_on_the_mig_slices_it_serves_on() ->
     assert build_engine_builds(whole, settings)[0]["spec"]["hash"] == engine["spec"]["hash"]
 
 
+def test_the_serving_env_is_the_server_containers_and_rolls_the_pods() -> None:
+    body = _body(COLOCATED)
+    plain = _deployment(_sdep(body))
+    assert "env" not in plain["spec"]["template"]["spec"]["containers"][0]
+    body["spec"].setdefault("serving", {})["env"] = [
+        {"name": "TLLM_WORKER_USE_SINGLE_PROCESS", "value": "1"},
+        {"name": "EMPTY"},
+    ]
+    with_env = _deployment(_sdep(body))
+    (container,) = with_env["spec"]["template"]["spec"]["containers"]
+    assert container["env"] == [
+        {"name": "TLLM_WORKER_USE_SINGLE_PROCESS", "value": "1"},
+        {"name": "EMPTY", "value": ""},
+    ]
+    assert with_env["spec"]["template"] != plain["spec"]["template"]  # a changed env is a rollout
+
+
 def test_the_pod_template_rolls_when_the_inline_chat_template_changes() -> None:
     from specdeploy_operator.api import SpeculativeDeployment
     from specdeploy_operator.builders import OperatorSettings, build_deployment

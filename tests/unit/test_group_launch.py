@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from specdeploy_operator.api import SpeculativeDeployment, parse_object
-from specdeploy_operator.builders.grouplaunch import LEADER_SCRIPT, WORKER_SCRIPT, launch_scripts
+from specdeploy_operator.api import EnvVar, SpeculativeDeployment, parse_object
+from specdeploy_operator.builders.grouplaunch import LEADER_SCRIPT, WORKER_SCRIPT, launch_scripts, rank_env
 
 ROOT = Path(__file__).resolve().parents[2]
 LEADER = "deepseek-r1-mtp-lws-0.deepseek-r1-mtp-lws.models"
@@ -107,6 +107,15 @@ def test_nccl_settings_reach_every_rank() -> None:
         _sdep(multiNode={"nccl": {"socketInterface": "net1", "infiniband": False}}), SERVER
     )
     assert "-x NCCL_SOCKET_IFNAME -x NCCL_IB_DISABLE" in script[LEADER_SCRIPT]
+
+
+def test_the_serving_env_reaches_every_rank_after_nccls() -> None:
+    base = _sdep()
+    serving = base.spec.serving.model_copy(update={"env": [EnvVar(name="TLLM_LOG_LEVEL", value="INFO")]})
+    sdep = base.model_copy(update={"spec": base.spec.model_copy(update={"serving": serving})})
+    script = launch_scripts(sdep, SERVER)[LEADER_SCRIPT]
+    assert "-x NCCL_SOCKET_IFNAME -x TLLM_LOG_LEVEL" in script  # (this example keeps InfiniBand)
+    assert rank_env(sdep)[-1] == {"name": "TLLM_LOG_LEVEL", "value": "INFO"}
 
 
 def test_a_worker_authorizes_only_the_leaders_key_then_runs_sshd_as_its_own_user(tmp_path: Path) -> None:

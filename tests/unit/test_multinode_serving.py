@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from specdeploy_operator.api import SpeculativeDeployment, parse_object
+from specdeploy_operator.api import EnvVar, SpeculativeDeployment, parse_object
 from specdeploy_operator.builders import (
     OperatorSettings,
     build_job,
@@ -64,6 +64,16 @@ def test_a_replica_of_sixteen_gpus_on_eight_gpu_nodes_is_a_group_of_two_pods_of_
     leader = template["leaderTemplate"]["spec"]["containers"][0]
     assert leader["readinessProbe"]["httpGet"]["path"] == "/health/ready"
     assert spec["rolloutStrategy"]["rollingUpdateConfiguration"] == {"maxSurge": 0, "maxUnavailable": 1}
+
+
+def test_the_serving_env_is_every_ranks_after_nccls() -> None:
+    base = _sdep()
+    serving = base.spec.serving.model_copy(update={"env": [EnvVar(name="TLLM_LOG_LEVEL", value="INFO")]})
+    sdep = base.model_copy(update={"spec": base.spec.model_copy(update={"serving": serving})})
+    template = _children(sdep).workload["spec"]["leaderWorkerTemplate"]
+    for role in ("leaderTemplate", "workerTemplate"):
+        (container,) = template[role]["spec"]["containers"]
+        assert [e["name"] for e in container["env"]] == ["NCCL_SOCKET_IFNAME", "TLLM_LOG_LEVEL"]
 
 
 def test_the_service_reaches_the_leaders_only_and_the_budget_takes_one_pod_at_a_time() -> None:

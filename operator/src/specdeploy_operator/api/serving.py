@@ -16,6 +16,7 @@ __all__ = [
     "ROLLOUT_RULES",
     "SERVING_RULES",
     "EngineCacheSpec",
+    "EnvVar",
     "ImagesSpec",
     "RolloutSpec",
     "RuntimeSpec",
@@ -73,8 +74,32 @@ class RuntimeSpec(ApiModel):
     """Size of the KV cache event buffer (`event_buffer_max_size`); 0 turns events off."""
 
 
+#: environment the operator sets on serving containers from other fields (`spec.placement.multiNode.nccl`)
+OPERATOR_ENV = ("NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE")
+
+
+class EnvVar(ApiModel):
+    """An environment variable of the server container."""
+
+    name: Annotated[
+        str, StringConstraints(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", min_length=1, max_length=256)
+    ]
+    """Its name (letters, digits, `_`, `-`, `.`; not starting with a digit)."""
+    value: Annotated[str, StringConstraints(max_length=32768)] = ""
+    """Its value."""
+
+
 def _one_chat_template(s: ServingSpec) -> bool:
     return s.chat_template is None or s.chat_template_config_map is None
+
+
+def _env_names_unique(s: ServingSpec) -> bool:
+    names = [e.name for e in s.env or ()]
+    return len(names) == len(set(names))
+
+
+def _env_not_operators(s: ServingSpec) -> bool:
+    return not any(e.name in OPERATOR_ENV for e in s.env or ())
 
 
 SERVING_RULES: Rules = (
@@ -84,6 +109,22 @@ SERVING_RULES: Rules = (
         message="spec.serving.chatTemplate and spec.serving.chatTemplateConfigMap are mutually exclusive",
         field_path=".chatTemplateConfigMap",
         check=_one_chat_template,
+        reason="FieldValueForbidden",
+    ),
+    Rule["ServingSpec"](
+        name="env-names-unique",
+        cel="!has(self.env) || self.env.all(e, self.env.exists_one(f, f.name == e.name))",
+        message="spec.serving.env names each variable once",
+        field_path=".env",
+        check=_env_names_unique,
+    ),
+    Rule["ServingSpec"](
+        name="env-not-the-operators",
+        cel='!has(self.env) || self.env.all(e, !(e.name in ["NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"]))',
+        message="spec.serving.env cannot set " + " or ".join(OPERATOR_ENV) + ": they come from "
+        "spec.placement.multiNode.nccl",
+        field_path=".env",
+        check=_env_not_operators,
         reason="FieldValueForbidden",
     ),
 )
@@ -112,6 +153,10 @@ class ServingSpec(ApiModel):
     updated (a preStop sleep), then the server stops taking requests (SIGTERM) and drains the in-flight ones
     for up to this minus 10 s, ending the rest with `finish_reason: abort`. Unset: the operator's
     `SPECDEPLOY_TERMINATION_GRACE_PERIOD_SECONDS` (60)."""
+    env: Annotated[list[EnvVar], Field(max_length=64)] | None = None
+    """Environment variables of the server container (on a replica that spans nodes, of every rank), e.g.
+    TensorRT-LLM's `TLLM_WORKER_USE_SINGLE_PROCESS` (docs/trtllm.md). The operator's own
+    (`NCCL_SOCKET_IFNAME`, `NCCL_IB_DISABLE`, from `spec.placement.multiNode.nccl`) are refused."""
     unknown_fields: Literal["warn", "refuse"] | None = None
     """What the server does with request fields it does not know (docs/server.md): `warn` serves the request
     and logs their names (unset means this), `refuse` answers 400 naming the first, as OpenAI does."""

@@ -16,7 +16,7 @@ from .conditions import ConditionType
 from .meta import DNS_1035_LABEL, ObjectMeta
 from .modelspec import BuildSpec, ModelSpec
 from .placement import Device, PlacementSpec
-from .serving import EngineCacheSpec, ImagesSpec, RolloutSpec, RuntimeSpec, ServingSpec
+from .serving import EngineCacheSpec, EnvVar, ImagesSpec, RolloutSpec, RuntimeSpec, ServingSpec
 from .spec import Backend, SpeculativeDeploymentSpec
 from .speculation import EagleSpec, PromptLookupSpec, SpeculativeMethod, SpeculativeSpec
 from .status import (
@@ -39,6 +39,7 @@ __all__ = [
     "EngineCacheSpec",
     "EngineRef",
     "EngineRefs",
+    "EnvVar",
     "ImagesSpec",
     "ModelSpec",
     "Phase",

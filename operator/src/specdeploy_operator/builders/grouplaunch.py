@@ -23,13 +23,15 @@ from typing import Final
 
 from specdeploy_operator.api import NcclSpec, SpeculativeDeployment
 
+from .podtemplate import serving_env
+
 __all__ = [
     "KEY_PORT",
     "LEADER_SCRIPT",
     "SSH_PORT",
     "WORKER_SCRIPT",
     "launch_scripts",
-    "nccl_env",
+    "rank_env",
 ]
 
 SSH_PORT: Final = 2222
@@ -46,14 +48,15 @@ _SSH_OPTIONS: Final = (
 by their names in the group's headless Service."""
 
 
-def nccl_env(sdep: SpeculativeDeployment) -> list[dict[str, str]]:
-    """NCCL's network settings (`spec.placement.multiNode.nccl`) as container environment."""
+def rank_env(sdep: SpeculativeDeployment) -> list[dict[str, str]]:
+    """Every rank's environment: NCCL's network settings (`spec.placement.multiNode.nccl`), then
+    `spec.serving.env` (which may not name NCCL's)."""
     multi_node = sdep.spec.placement.multi_node
     nccl = multi_node.nccl if multi_node is not None else NcclSpec()
     env = [{"name": "NCCL_SOCKET_IFNAME", "value": nccl.socket_interface}]
     if not nccl.infiniband:
         env.append({"name": "NCCL_IB_DISABLE", "value": "1"})
-    return env
+    return env + serving_env(sdep)
 
 
 def _worker_script() -> str:
@@ -95,7 +98,7 @@ def _leader_script(sdep: SpeculativeDeployment, server: list[str]) -> str:
     command = " ".join(shlex.quote(part) for part in ["trtllm-llmapi-launch", *server])
     # The ranks on the workers start under sshd, with its default environment: they get the leader's.
     forwarded = " ".join(
-        f"-x {name}" for name in ("PATH", "LD_LIBRARY_PATH", *(e["name"] for e in nccl_env(sdep)))
+        f"-x {name}" for name in ("PATH", "LD_LIBRARY_PATH", *(e["name"] for e in rank_env(sdep)))
     )
     return f"""#!/bin/sh
 # The leader of a group: rank 0 (the server) here, ranks {slots}..{world - 1} on the workers, {slots} a node.

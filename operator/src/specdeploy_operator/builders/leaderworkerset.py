@@ -29,7 +29,7 @@ from .common import (
     labels,
     short_hash,
 )
-from .grouplaunch import KEY_PORT, LEADER_SCRIPT, SSH_PORT, WORKER_SCRIPT, nccl_env
+from .grouplaunch import KEY_PORT, LEADER_SCRIPT, SSH_PORT, WORKER_SCRIPT, rank_env
 from .pod import CONFIG_MOUNT, ServingPod
 from .podtemplate import pod_spec_for, server_container, template_annotations
 from .settings import OperatorSettings
@@ -73,7 +73,7 @@ def group_set_name(sdep: SpeculativeDeployment) -> str:
 def _leader(sdep: SpeculativeDeployment, pod: ServingPod, settings: OperatorSettings) -> dict[str, Any]:
     container = server_container(sdep, pod, settings)
     container["command"] = ["sh", f"{CONFIG_MOUNT}/{LEADER_SCRIPT}"]
-    container["env"] = nccl_env(sdep)
+    container["env"] = rank_env(sdep)
     container["ports"] = [
         *container["ports"],
         {"name": "rank-key", "containerPort": KEY_PORT, "protocol": "TCP"},
@@ -86,7 +86,7 @@ def _worker(sdep: SpeculativeDeployment, pod: ServingPod) -> dict[str, Any]:
         "name": "worker",
         "image": pod.image,
         "command": ["sh", f"{CONFIG_MOUNT}/{WORKER_SCRIPT}"],
-        "env": nccl_env(sdep),
+        "env": rank_env(sdep),
         "ports": [{"name": "ssh", "containerPort": SSH_PORT, "protocol": "TCP"}],
         "resources": pod.resources,
         "volumeMounts": pod.mounts,

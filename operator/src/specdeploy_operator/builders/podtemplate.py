@@ -21,6 +21,7 @@ __all__ = [
     "probe",
     "server_command",
     "server_container",
+    "serving_env",
     "template_annotations",
 ]
 
@@ -41,15 +42,22 @@ def server_command(pod: ServingPod) -> list[str]:
     return ["specdeploy-server", "--config", pod.config_file]
 
 
+def serving_env(sdep: SpeculativeDeployment) -> list[dict[str, str]]:
+    """`spec.serving.env` as container environment."""
+    return [{"name": e.name, "value": e.value} for e in sdep.spec.serving.env or ()]
+
+
 def server_container(
     sdep: SpeculativeDeployment, pod: ServingPod, settings: OperatorSettings
 ) -> dict[str, Any]:
     """The container that runs the server (HTTP on `spec.serving.port`, probed on it)."""
     port = sdep.spec.serving.port
+    env = serving_env(sdep)
     return {
         "name": "server",
         "image": pod.image,
         "command": server_command(pod),
+        **({"env": env} if env else {}),
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
         "resources": pod.resources,
         "volumeMounts": pod.mounts,
