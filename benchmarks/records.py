@@ -39,6 +39,7 @@ from benchmarks.recording import (
     now,
     provenance,
     save,
+    tree_hash,
 )
 
 __all__ = [
@@ -76,6 +77,7 @@ __all__ = [
     "replace_block",
     "save",
     "stale_blocks",
+    "tree_hash",
     "update_docs",
 ]
 
