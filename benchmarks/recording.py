@@ -174,23 +174,23 @@ def finish(record: Record, started: dt.datetime, figures: Any) -> Record:
 
 
 def provenance(record: Record) -> str:
-    """Where a record's figures come from, as one sentence for the docs."""
+    """Where a record's figures come from, as one sentence for the docs. The load averages are the machine's,
+    which is shared: other work may have run during the measurement, and the load at the end includes the
+    measurement's own processes."""
     m, git = record["machine"], record["git"]
     when = record["started"].replace("T", " ")[:16] + " UTC"
     commit = f"`{git['commit'][:10]}`" if git.get("commit") else "an unknown commit"
     if git.get("dirty"):
         commit += " with uncommitted changes"
     versions = ", ".join(f"{k} {v}" for k, v in sorted(m.items()) if k not in _MACHINE_KEYS and v is not None)
-    memory = f", {m['memory_gib']:g} GiB memory" if m.get("memory_gib") else ""
+    memory = f", {m['memory_gib']:g} GiB" if m.get("memory_gib") else ""
     cpu = f" ({m['cpu_model']})" if m.get("cpu_model") else ""
     return (
-        f"Measured {when} by `{record['command']}` at {commit} (record "
-        f"[`benchmarks/results/{record['name']}.json`](../benchmarks/results/{record['name']}.json), "
-        f"{record['seconds']:.0f} s in all). Machine: {m['cpu_cores']} CPU cores{cpu}{memory}, "
-        f"{m['system']}, Python {m['python']}{', ' + versions if versions else ''}; 1-minute load average "
-        f"{m['load_start']:.1f} at the start and {m.get('load_end', float('nan')):.1f} at the end "
-        "(the machine is shared: other people's builds and tests may have run during the measurement; the "
-        "load at the end includes the measurement's own processes)."
+        f"Measured {when} by `{record['command']}` at {commit} "
+        f"([record](../benchmarks/results/{record['name']}.json), {record['seconds']:.0f} s) on "
+        f"{m['cpu_cores']} CPU cores{cpu}{memory}, {m['system']}, Python {m['python']}"
+        f"{', ' + versions if versions else ''}; shared machine, 1-minute load {m['load_start']:.1f} → "
+        f"{m.get('load_end', float('nan')):.1f}."
     )
 
 
