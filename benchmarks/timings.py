@@ -216,6 +216,10 @@ def _details(results: Sequence[Mapping[str, Any]]) -> str:
     phases: Mapping[str, float] = results[0].get("phases") or {}
     if phases and len(results) == 1:
         parts.append(", ".join(f"{label} {duration(s)}" for label, s in phases.items()))
+    if "processes" in results[0]:
+        counts = sorted({len(r["processes"]) for r in results})
+        running = " or ".join(str(n) for n in counts)
+        parts.append(f"{running} processes running after it" if counts != [0] else "no process left running")
     tests = results[0].get("tests")
     if tests:
         parts.append(", ".join(f"{n} {outcome}" for outcome, n in tests.items()))

@@ -147,3 +147,15 @@ def test_the_processes_of_a_cluster_are_read_from_its_live_pid_files(tmp_path: P
     (pids / "gone.pid").write_text("999999999:1")
     (pids / "alive.argv.json").write_text("{}")
     assert measure.running_processes(tmp_path) == ["alive"]
+
+
+def test_a_cluster_row_says_how_many_processes_ran_after_each_step() -> None:
+    now = list(timings.cluster_processes(True))
+    up, down = {"seconds": 1.0, "processes": now}, {"seconds": 1.0, "processes": []}
+    record = {
+        **_timing("cluster", [up, up, down]),
+        "started": "2026-11-27T09:00:00Z",
+        "machine": {"load_start": 1.0, "load_end": 1.0},
+    }
+    details = [row[3] for row in timings.rows(record)]
+    assert details == [f"{len(now)} processes running after it"] * 2 + ["no process left running"]
