@@ -8,7 +8,9 @@ python -m benchmarks.memory --no-write   # print only
 The server is `specdeploy-server <target> <draft> --device cpu` on the demo models (`demo_models.build`, a
 short training: memory does not depend on how well they are trained), measured after a few completions; RSS,
 anonymous and file-backed parts come from /proc/<pid>/status. The cluster is a fresh `LocalCluster`
-(autoscaling on, as `make test` runs it), each process read from its pid file.
+(autoscaling and the LeaderWorkerSet controller on unless the environment switches them off, as `make test`
+runs it), each process read from its pid file; the record's parameters say which were on, so the records check
+can hold the processes it saw to those the cluster runs now.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from specdeploy_localcluster.cluster import LocalCluster
+from specdeploy_localcluster.cluster import LocalCluster, autoscaling_from_env, lws_from_env
 from specdeploy_localcluster.processes import PortTaken, free_port, port_taken, retry_on_taken_port
 
 from benchmarks import records
@@ -105,8 +107,8 @@ def server(work: Path) -> dict[str, float]:
         proc.wait(timeout=60)
 
 
-def cluster(work: Path) -> dict[str, dict[str, float]]:
-    local = LocalCluster(work / "cluster")
+def cluster(work: Path, autoscaling: bool, lws: bool) -> dict[str, dict[str, float]]:
+    local = LocalCluster(work / "cluster", autoscaling=autoscaling, lws=lws)
     local.up(timeout=180)
     try:
         time.sleep(5)  # past start-up: the first list of every informer
@@ -151,12 +153,13 @@ def main(argv: list[str] | None = None) -> int:
     import torch as torch_module  # noqa: PLC0415
 
     started = records.now()
+    autoscaling, lws = autoscaling_from_env(), lws_from_env()
     record = records.new_record(
         "memory",
         records.command_line(["python", "-m", "benchmarks.memory", *argv]),
         started,
         records.machine_facts(torch=torch_module.__version__),
-        {"requests": REQUESTS, "train_steps": 20},
+        {"requests": REQUESTS, "train_steps": 20, "autoscaling": autoscaling, "lws": lws},
     )
     with tempfile.TemporaryDirectory(prefix="specdeploy-memory-") as tmp:
         work = Path(tmp)
@@ -164,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             "requests": REQUESTS,
             "torch_import": torch_import(),
             "server": server(work),
-            "cluster": cluster(work),
+            "cluster": cluster(work, autoscaling, lws),
         }
     records.finish(record, started, figures)
     print(render([record]))

@@ -1,6 +1,8 @@
 """A record: what a measuring command writes, benchmarks/results/<name>.json, and what it says about where its
 figures come from. Layout: {"name", "command", "started" (UTC, ISO 8601), "seconds", "git": {"commit",
-"dirty"}, "machine": {... at the start, "load_end"}, "parameters": {...}, "figures": {...}}.
+"dirty"}, "code": {<measured path>: <its git tree or blob hash as measured>}, "machine": {... at the start,
+"load_end"}, "parameters": {...}, "figures": {...}}. The measured paths are declared per record in
+measured_paths.py.
 
 A command makes its record with `new_record`, fills it in with `finish` and writes it with `save`; renderers
 of the docs' blocks (records.py) cite it with `provenance`. Nothing here knows the docs."""
@@ -13,9 +15,12 @@ import os
 import platform
 import shlex
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from benchmarks.measured_paths import measured_paths
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
@@ -67,6 +72,41 @@ def git_facts(repo: Path = REPO) -> dict[str, Any]:
         return {"commit": os.environ.get(COMMIT_ENV) or None, "dirty": None}
 
 
+def code_facts(paths: Sequence[str], repo: Path = REPO) -> dict[str, str | None]:
+    """The git hash of each of `paths` as the working tree has it now (uncommitted changes and untracked files
+    that git does not ignore included): a tree for a directory, a blob for a file, None for a path git does
+    not have. Computed through a scratch index, so the repository's own index is untouched. All None in a
+    copy of the tree without its history."""
+    if not paths:
+        return {}
+    with tempfile.TemporaryDirectory(prefix="specdeploy-code-") as scratch:
+        env = {**os.environ, "GIT_INDEX_FILE": str(Path(scratch) / "index")}
+
+        def git(*args: str) -> str:
+            return subprocess.run(
+                ["git", "-C", str(repo), *args], capture_output=True, text=True, check=True, env=env
+            ).stdout.strip()
+
+        try:
+            git("read-tree", "HEAD")
+            git("add", "--all", "--", *(p for p in paths if (repo / p).exists()))
+            tree = git("write-tree")
+        except (OSError, subprocess.CalledProcessError):
+            return dict.fromkeys(paths)
+        return {path: tree_hash(tree, path, repo) for path in paths}
+
+
+def tree_hash(revision: str, path: str, repo: Path = REPO) -> str | None:
+    """The hash of `path` in `revision` (a commit or a tree), None when it has no such path."""
+    out = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{revision}:{path}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    return out.stdout.strip() or None
+
+
 def _cpu_model() -> str | None:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -112,13 +152,14 @@ def now() -> dt.datetime:
 def new_record(
     name: str, command: str, started: dt.datetime, machine: Mapping[str, Any], parameters: Mapping[str, Any]
 ) -> Record:
-    """A record whose figures are still to be filled in (`finish`)."""
+    """A record whose figures are still to be filled in (`finish`), with the hashes of what it measures."""
     return {
         "name": name,
         "command": command,
         "started": started.strftime("%Y-%m-%dT%H:%M:%SZ"),
         "seconds": None,
         "git": git_facts(),
+        "code": code_facts(measured_paths(name)),
         "machine": dict(machine),
         "parameters": dict(parameters),
         "figures": None,
@@ -133,23 +174,23 @@ def finish(record: Record, started: dt.datetime, figures: Any) -> Record:
 
 
 def provenance(record: Record) -> str:
-    """Where a record's figures come from, as one sentence for the docs."""
+    """Where a record's figures come from, as one sentence for the docs. The load averages are the machine's,
+    which is shared: other work may have run during the measurement, and the load at the end includes the
+    measurement's own processes."""
     m, git = record["machine"], record["git"]
     when = record["started"].replace("T", " ")[:16] + " UTC"
     commit = f"`{git['commit'][:10]}`" if git.get("commit") else "an unknown commit"
     if git.get("dirty"):
         commit += " with uncommitted changes"
     versions = ", ".join(f"{k} {v}" for k, v in sorted(m.items()) if k not in _MACHINE_KEYS and v is not None)
-    memory = f", {m['memory_gib']:g} GiB memory" if m.get("memory_gib") else ""
+    memory = f", {m['memory_gib']:g} GiB" if m.get("memory_gib") else ""
     cpu = f" ({m['cpu_model']})" if m.get("cpu_model") else ""
     return (
-        f"Measured {when} by `{record['command']}` at {commit} (record "
-        f"[`benchmarks/results/{record['name']}.json`](../benchmarks/results/{record['name']}.json), "
-        f"{record['seconds']:.0f} s in all). Machine: {m['cpu_cores']} CPU cores{cpu}{memory}, "
-        f"{m['system']}, Python {m['python']}{', ' + versions if versions else ''}; 1-minute load average "
-        f"{m['load_start']:.1f} at the start and {m.get('load_end', float('nan')):.1f} at the end "
-        "(the machine is shared: other people's builds and tests may have run during the measurement; the "
-        "load at the end includes the measurement's own processes)."
+        f"Measured {when} by `{record['command']}` at {commit} "
+        f"([record](../benchmarks/results/{record['name']}.json), {record['seconds']:.0f} s) on "
+        f"{m['cpu_cores']} CPU cores{cpu}{memory}, {m['system']}, Python {m['python']}"
+        f"{', ' + versions if versions else ''}; shared machine, 1-minute load {m['load_start']:.1f} → "
+        f"{m.get('load_end', float('nan')):.1f}."
     )
 
 

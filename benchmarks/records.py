@@ -6,7 +6,8 @@ Two kinds of block, each between a pair of HTML comments:
 
 - MEASURED <name>: the rendering of its records (`BLOCKS[name].render`); `python -m benchmarks.records`
   re-renders every one from the records (after a change to a renderer), `--check` fails when one differs
-  (tests/unit/test_measured_docs.py runs that check);
+  (tests/unit/test_measured_docs.py runs that check); `--stale` lists the records that may no longer describe
+  the code (record_checks.py: a structural mismatch, which the tests fail on, or measured code changed since);
 - PENDING <name>: figures typed by hand before the command wrote records. Its text says which command will
   replace it; the command replaces a PENDING block by its MEASURED block (and drops the rows of a pending
   table that name it, see `drop_pending_rows`).
@@ -39,6 +40,7 @@ from benchmarks.recording import (
     now,
     provenance,
     save,
+    tree_hash,
 )
 
 __all__ = [
@@ -76,6 +78,7 @@ __all__ = [
     "replace_block",
     "save",
     "stale_blocks",
+    "tree_hash",
     "update_docs",
 ]
 
@@ -332,7 +335,19 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m benchmarks.records", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--check", action="store_true", help="fail when a block is stale")
+    parser.add_argument(
+        "--stale",
+        action="store_true",
+        help="list the records whose structure no longer matches the code (exit 1) or whose measured code "
+        "changed since they were taken (a report: exit 0)",
+    )
     args = parser.parse_args(argv)
+    if args.stale:
+        from benchmarks.record_checks import stale_report  # noqa: PLC0415 (it imports this module's names)
+
+        lines = stale_report()
+        print("\n".join(lines) or "every record measured the code as it is now")
+        return 1 if any(": structure: " in line for line in lines) else 0
     if args.check:
         stale = stale_blocks()
         for name in stale:

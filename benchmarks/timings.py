@@ -4,16 +4,57 @@ runs for each, and the table rendered from their records (benchmarks/results/tim
 A measurement runs its steps in a scratch directory's context (`{dir}`), `rounds` times, each step timed by
 its wall clock; `phases` split a step's time at the first output line matching each pattern (make echoes
 each recipe line, build.sh logs each binary it starts); a pytest summary line in the output is kept as the
-step's test counts. Nothing is measured here: this module only says what to run and renders what ran.
+step's test counts. A measurement of the local cluster also notes, after each step, which of the cluster's
+processes run (`Measurement.cluster`); what the cluster should run is read from the harness's sources
+(`cluster_processes`), so the labels and the records check (records.structure_problems) follow the code.
+Nothing is measured here: this module only says what to run and renders what ran.
 """
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from benchmarks.recording import Record, provenance
+from benchmarks.recording import REPO, Record, provenance
+
+#: where the harness lists the processes of a local cluster, in start order (read, not imported: this module
+#: runs under any Python, without the harness's dependencies)
+CLUSTER_STARTUP = REPO / "hack" / "cluster" / "src" / "specdeploy_localcluster" / "startup.py"
+
+
+def _startup_tuples(path: Path = CLUSTER_STARTUP) -> dict[str, tuple[str, ...]]:
+    """The module-level tuples of strings that `path` assigns, by name."""
+    found: dict[str, tuple[str, ...]] = {}
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                value = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+            if isinstance(value, tuple) and all(isinstance(v, str) for v in value):
+                found[node.targets[0].id] = value
+    return found
+
+
+def cluster_processes(
+    autoscaling: bool, lws: bool = True, startup: Path = CLUSTER_STARTUP
+) -> tuple[str, ...]:
+    """The processes a local cluster runs, in start order, as LocalCluster.components lists them: the control
+    plane and node agents, the LeaderWorkerSet controller unless `lws` is off, the metrics stack and the
+    Cluster Autoscaler unless `autoscaling` is off."""
+    tuples = _startup_tuples(startup)
+    try:
+        return (
+            tuples["COMPONENTS"]
+            + (tuples["LWS_COMPONENTS"] if lws else ())
+            + (tuples["AUTOSCALING_COMPONENTS"] if autoscaling else ())
+        )
+    except KeyError as missing:
+        raise ValueError(f"{startup} assigns no tuple {missing}") from None
+
 
 # Empty Go caches and binary cache under the scratch directory: a cold build.
 COLD_CACHES = {
@@ -21,7 +62,11 @@ COLD_CACHES = {
     "GOMODCACHE": "{dir}/gomodcache",
     "SPECDEPLOY_CACHE": "{dir}/specdeploy-cache",
 }
+# One phase per `[build] <what> <version>` line of hack/cluster/build.sh, in its order (a unit test holds them
+# to the script).
 BUILD_PHASES = (
+    ("lws", r"^\[build\] lws v"),
+    ("promtool", r"^\[build\] promtool v"),
     ("k8s", r"^\[build\] kube-apiserver"),
     ("etcd", r"^\[build\] etcd "),
     ("kwok", r"^\[build\] kwok "),
@@ -56,13 +101,22 @@ class Measurement:
     cleanup: tuple[str, ...] = ()  # untimed, after the last round (also after a failure)
     phases: tuple[tuple[str, str], ...] = ()
     cwd: str = "{repo}"
+    cold: bool = False  # empty caches: every phase runs, so a record has them all
+    # the local cluster's directory: its running processes are noted after each step; `autoscaling` says
+    # whether that cluster runs the metrics stack and the Cluster Autoscaler
+    cluster: str | None = None
+    autoscaling: bool = True
+
+    def expected_processes(self) -> tuple[str, ...]:
+        """The processes the cluster of this measurement runs once up (none when it measures no cluster)."""
+        return cluster_processes(self.autoscaling) if self.cluster else ()
 
 
-def _cluster(name: str, what: str, make_args: str) -> Measurement:
+def _cluster(name: str, what: str, make_args: str, autoscaling: bool) -> Measurement:
     cluster = f"CLUSTER_DIR={{dir}}/cluster{make_args}"
     return Measurement(
         name,
-        what,
+        f"{what} ({len(cluster_processes(autoscaling))} processes)",
         (
             Step("`make cluster-up` from stopped", f"make cluster-up {cluster}"),
             Step("`make cluster-up` on a running cluster", f"make cluster-up {cluster}"),
@@ -70,6 +124,8 @@ def _cluster(name: str, what: str, make_args: str) -> Measurement:
         ),
         rounds=3,
         cleanup=(f"make cluster-down {cluster}",),
+        cluster="{dir}/cluster",
+        autoscaling=autoscaling,
     )
 
 
@@ -80,6 +136,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         (Step("`hack/cluster/build.sh`", "hack/cluster/build.sh"),),
         env=COLD_CACHES,
         phases=BUILD_PHASES,
+        cold=True,
     ),
     Measurement(
         "build-warm",
@@ -87,14 +144,8 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         (Step("`hack/cluster/build.sh`", "hack/cluster/build.sh"),),
         rounds=3,
     ),
-    _cluster(
-        "cluster",
-        "the local cluster with the metrics adapter and the Cluster Autoscaler (7 processes, 5 Ready nodes)",
-        "",
-    ),
-    _cluster(
-        "cluster-no-autoscaling", "the local cluster with `AUTOSCALING=0` (5 processes)", " AUTOSCALING=0"
-    ),
+    _cluster("cluster", "the local cluster with the metrics stack and the Cluster Autoscaler", "", True),
+    _cluster("cluster-no-autoscaling", "the local cluster with `AUTOSCALING=0`", " AUTOSCALING=0", False),
     Measurement(
         "test-server",
         "`tests/server` (the server with tiny real models, no cluster)",
@@ -136,6 +187,7 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         ),
         phases=MAKE_TEST_PHASES,
         cwd="{dir}/clone",
+        cold=True,
     ),
 )
 BY_NAME = {m.name: m for m in MEASUREMENTS}
@@ -164,6 +216,10 @@ def _details(results: Sequence[Mapping[str, Any]]) -> str:
     phases: Mapping[str, float] = results[0].get("phases") or {}
     if phases and len(results) == 1:
         parts.append(", ".join(f"{label} {duration(s)}" for label, s in phases.items()))
+    if "processes" in results[0]:
+        counts = sorted({len(r["processes"]) for r in results})
+        running = " or ".join(str(n) for n in counts)
+        parts.append(f"{running} processes running after it" if counts != [0] else "no process left running")
     tests = results[0].get("tests")
     if tests:
         parts.append(", ".join(f"{n} {outcome}" for outcome, n in tests.items()))

@@ -5,9 +5,10 @@ python3 hack/measure.py test-warm           # run it: benchmarks/results/timing-
 make measure NAME=test-warm                 # the same
 
 Each step runs under bash with its output passed through (and scanned: phase boundaries, the pytest summary);
-its time is the wall clock from start to exit. A step that fails ends the measurement without a record. The
-scratch directory (`{dir}`: cold caches, a fresh clone, a cluster directory) is removed afterwards. Only the
-standard library is used, so the cold measurement needs no virtualenv of its own.
+its time is the wall clock from start to exit; a measurement of the local cluster also notes which of the
+cluster's processes run after each step (from its pid files). A step that fails ends the measurement without
+a record. The scratch directory (`{dir}`: cold caches, a fresh clone, a cluster directory) is removed
+afterwards. Only the standard library is used, so the cold measurement needs no virtualenv of its own.
 """
 
 from __future__ import annotations
@@ -98,6 +99,22 @@ def run_step(
     return {"seconds": round(seconds, 2), "phases": phase_seconds(marks, seconds), "tests": tests}
 
 
+def running_processes(cluster: Path) -> list[str]:
+    """The processes of the local cluster in `cluster` that run now: those whose pid file (`<pid>:<start
+    time>`, as the harness writes it) names a live process started at that time (not a recycled pid)."""
+    names = []
+    for pid_file in sorted((cluster / "pids").glob("*.pid")):
+        try:
+            pid_text, started = pid_file.read_text().split(":", 1)
+            stat = Path(f"/proc/{int(pid_text)}/stat").read_text()
+        except (OSError, ValueError):
+            continue
+        fields = stat.rsplit(")", 1)[-1].split()
+        if fields[0] != "Z" and fields[19] == started.strip():
+            names.append(pid_file.stem)
+    return names
+
+
 def go_version() -> str | None:
     try:
         out = subprocess.run(["go", "version"], capture_output=True, text=True, check=True).stdout
@@ -135,6 +152,7 @@ def measure(m: timings.Measurement, argv: Sequence[str]) -> records.Record:
     )
     if m.cwd != "{repo}":  # it runs in a fresh clone of the commit: this checkout's changes are not in it
         record["git"]["dirty"] = False
+        record["code"] = {path: records.tree_hash(values["commit"], path) for path in record["code"]}
     rounds: list[list[dict[str, Any]]] = []
     try:
         for command in m.setup:
@@ -146,6 +164,8 @@ def measure(m: timings.Measurement, argv: Sequence[str]) -> records.Record:
                     f"[measure] {m.name} round {i + 1}/{m.rounds}: {step.label}", file=sys.stderr, flush=True
                 )
                 results.append(run_step(fill(step.command, values), cwd, env, m.phases))
+                if m.cluster:
+                    results[-1]["processes"] = running_processes(Path(fill(m.cluster, values)))
                 print(f"[measure] {results[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
             rounds.append(results)
     finally:

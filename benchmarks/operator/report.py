@@ -1,7 +1,8 @@
 """The operator benchmark's blocks of docs/benchmarks.md, rendered from the records that
 `python -m benchmarks.operator [--count 1000]` writes (benchmarks/results/operator.json, operator-1000.json;
 see benchmarks/records.py). The record's figures are what `benchmarks.operator.figures.figures` keeps of a
-run: counts and times, no raw audit log."""
+run: counts and times, no raw audit log. How each figure is taken (the clocks, the audit log, /proc) is said
+once, in the prose of docs/benchmarks.md, not in every block."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from typing import Any
 
 from benchmarks.records import Record, provenance
 
-METRIC = "specdeploy_operator_api_requests_total"
 Figures = Mapping[str, Any]
 
 
@@ -62,8 +62,6 @@ def process_section(f: Figures) -> list[str]:
         f"{p['cpu_seconds_steady']:.1f} |",
         f"| **peak** | **{p['peak_rss_mib']:.0f} MiB** | |",
         "",
-        "From /proc of the operator's process (VmRSS, VmHWM for the peak; utime + stime).",
-        "",
     ]
 
 
@@ -97,12 +95,8 @@ def report(f: Figures) -> str:
         _rollout_row(f"operator: {f['count']} SpeculativeDeployments", op),
         f"| **ratio operator / reference** | **{ratio:.2f}** | | | |",
         "",
-        "Both clocks start when `kubectl apply` of the whole list starts and stop at the poll "
-        f"(every {f.get('poll_seconds', 0.5):g} s) "
-        "that sees the last object ready; polling starts when `kubectl apply` returns, so objects ready "
-        "before that count as ready then. The operator's path also holds the engine builds (kwok completes a "
-        "build pod 2 s after it runs) before any serving object exists. Between the two, the reference "
-        f"namespace was deleted in {f['reference_cleanup_seconds']:.0f} s (before the operator started).",
+        f"Polled every {f.get('poll_seconds', 0.5):g} s; the reference namespace was deleted in "
+        f"{f['reference_cleanup_seconds']:.0f} s before the operator started.",
         "",
     ]
     if op["not_ready"]:
@@ -117,11 +111,6 @@ def report(f: Figures) -> str:
         "deployments.",
         "",
         f"### API requests while {f['count']} deployments roll out (per deployment = / {f['count']})",
-        "",
-        "From the audit log (every request of the operator's identity, received between the start of "
-        "`kubectl apply` and the moment all were Ready), next to the operator's own counter "
-        f"`{METRIC}` over the same interval (it counts the operator's own client's requests: its writes "
-        "and the event lists of build Jobs without a pod; kopf's lists and watches are not in it).",
         "",
         request_table(f["requests_rollout"], f["count"]),
         "",
@@ -146,10 +135,9 @@ def report(f: Figures) -> str:
         f"Watches opened (re-opened by kopf) in the window: {f['watches_steady']}.",
         "",
         *process_section(f),
-        "### Operator log",
-        "",
     ]
     if f["log_problems"]:
+        lines += ["### Operator log", ""]
         lines += [f"- {n} x {msg}" for msg, n in f["log_problems"]]
         lines += ["", "First lines:", "", "```", *f["log_lines"], "```", ""]
     else:
@@ -157,59 +145,7 @@ def report(f: Figures) -> str:
     return "\n".join(lines)
 
 
-def interpret(f: Figures) -> str:
-    ref, op = f["reference"], f["operator"]
-    ratio = op["seconds"] / ref["seconds"] if ref["seconds"] else float("nan")
-    n = {(str(row["verb"]), str(row["resource"])): int(row["audit"]) for row in f["requests_rollout"]}
-    rollout = sum(n.values())
-    steady = sum(int(row["audit"]) for row in f["requests_steady"])
-    reads = sum(v for (verb, _), v in n.items() if verb in ("get", "list"))
-    count = f["count"]
-    kind = f.get("workload_kind", "Deployment")
-    workloads = "deployments" if kind == "Deployment" else "leaderworkersets"
-    children = sum(
-        n.get(("patch", k), 0) for k in ("configmaps", "services", "poddisruptionbudgets", workloads)
-    )
-    parts = [
-        "## Interpretation",
-        "",
-        f"- Time: the operator brought {count} deployments to Ready in {op['seconds']:.1f} s, "
-        f"{ratio:.2f} x the {ref['seconds']:.1f} s the cluster needs for the same pods applied directly. "
-        "The difference is the operator's own path: engine builds first (Job, kwok's 2 s, status roll-up), "
-        "then the serving objects, then the readiness roll-up into status. "
-        f"`kubectl apply` of the {count} SpeculativeDeployments took {op['apply_seconds']:.1f} s "
-        f"({op['apply_seconds'] / ref['seconds']:.2f} x the reference's whole rollout) while the operator "
-        "wrote to the same API server; the operator creates a deployment's serving objects only once its "
-        "SpeculativeDeployment exists.",
-        f"- Requests: {rollout / count:.2f} per deployment while rolling out ({rollout} in all, "
-        f"{reads} of them reads: the operator reads from kopf's watch-fed indexes). Per deployment: "
-        f"{children / count:.2f} applies of its serving objects (ConfigMap, Service, PDB, {kind}), "
-        f"{n.get(('patch', 'speculativedeployments/status'), 0) / count:.2f} status writes, "
-        f"{n.get(('create', 'events'), 0) / count:.2f} events (milestones). Shared: "
-        f"{n.get(('patch', 'enginebuilds'), 0)} EngineBuild applies for {f['engine_builds']} EngineBuilds, "
-        f"{n.get(('patch', 'enginebuilds/status'), 0)} EngineBuild status writes, "
-        f"{n.get(('patch', 'jobs'), 0)} Job applies, {n.get(('patch', 'persistentvolumeclaims'), 0)} applies "
-        "of the one shared cache claim. Applies beyond one per EngineBuild or claim come from deployments "
-        "that needed the same new object before the operator's watch showed it; server-side apply makes them "
-        "idempotent (extra requests, no duplicate objects).",
-        f"- Shared builds: {f['engine_builds']} EngineBuilds and {f['jobs']} Jobs for {count} deployments "
-        f"({len(f['deployments_per_engine'])} distinct engines by the builders).",
-        f"- Steady state: {steady} requests other than watches in {f['steady_seconds']:.0f} s"
-        + (" - status is written only when it changes and resyncs cost nothing." if not steady else "."),
-    ]
-    process = f.get("operator_process")
-    if process is not None:
-        parts.append(
-            f"- The operator process: at most {process['peak_rss_mib']:.0f} MiB resident, "
-            f"{process['cpu_seconds_rollout']:.1f} CPU seconds for the rollout of {count} deployments "
-            f"({process['cpu_seconds_rollout'] / count * 1000:.0f} ms each), "
-            f"{process['cpu_seconds_steady']:.1f} in the {f['steady_seconds']:.0f} s of steady state."
-        )
-    parts.append("")
-    return "\n".join(parts)
-
-
 def render(records: Sequence[Record]) -> str:
     record = records[0]
     figures = record["figures"]
-    return f"{provenance(record)}\n\n{report(figures)}\n{interpret(figures)}"
+    return f"{provenance(record)}\n\n{report(figures)}"

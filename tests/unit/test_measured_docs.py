@@ -272,7 +272,7 @@ def test_an_operator_run_keeps_its_figures_through_json_and_renders_them() -> No
     assert "watches pods 1" in text
     assert "| rollout (until all Ready) | 100 MiB at the end | 6.0 (0.50 of a core over 12 s) |" in text
     assert "| **peak** | **110 MiB** | |" in text
-    assert "Steady state: 0 requests other than watches in 120 s - status is written only" in text
+    assert "Requests other than watches in the audit log: **0**, of which status writes: **0**" in text
 
 
 def test_autoscaling_rounds_render_as_medians_per_path_and_their_ratio() -> None:
