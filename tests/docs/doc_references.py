@@ -1,6 +1,6 @@
 """What the docs refer to, read from their Markdown: repository paths (in code spans and in relative links),
-`make` targets, test functions, test files and metric names. tests/docs/test_doc_references.py checks each
-against the repository."""
+`make` targets, test functions, test files, metric names, command-line flags and `SPECDEPLOY_*` settings.
+tests/docs/test_doc_references.py checks each against the repository."""
 
 from __future__ import annotations
 
@@ -46,13 +46,25 @@ _TEST_FUNCTION = re.compile(r"(?<![\w.])test_\w+(?!\w|\.py)")
 _TEST_FILE = re.compile(r"(?<![\w/])(test_\w+\.py)")
 _METRIC = re.compile(r"(?<![\w.:/-])specdeploy_[a-z0-9_]+")
 _LINK = re.compile(r"\]\(([\w./#-]+)\)")
+_FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*[a-z0-9]")
+_SETTING = re.compile(r"(?<![\w])SPECDEPLOY_[A-Z0-9_]*[A-Z0-9]")
+
+#: Flags of other programs that the docs show in their commands (the repository's own are found in its code).
+OTHER_PROGRAMS_FLAGS = {
+    "helm install/upgrade": frozenset({"--install", "--reuse-values", "--create-namespace"}),
+    "kubectl": frozenset({"--overwrite", "--current"}),
+    "docker build/run": frozenset({"--build-arg", "--rm", "--gpus", "--ipc", "--shm-size"}),
+    "TensorRT-LLM's quantize.py": frozenset({"--device_map"}),
+}
+#: What the repository's code may define flags and settings in (not its Markdown).
+_CODE_SUFFIXES = frozenset({".py", ".sh", ".yaml", ".yml", ".tpl", ".toml", ".cfg", ".txt"})
 
 
 @dataclass(frozen=True)
 class Reference:
     doc: Path
     line: int
-    kind: str  # "path", "link", "make target", "test function", "test file", "metric"
+    kind: str  # "path", "link", "make target", "test function", "test file", "metric", "flag", "setting"
     name: str
 
     def __str__(self) -> str:
@@ -105,6 +117,17 @@ def references(doc: Path, markdown: str, tops: frozenset[str]) -> list[Reference
             if name in PACKAGES or after.startswith(("*", "(", ".", "/", "[")):
                 continue
             found.append(Reference(doc, line, "metric", name))
+    diagrams = {
+        block.line + 1 + i
+        for block in fenced_blocks(markdown)
+        if block.language == "text"
+        for i in range(len(block.lines))
+    }
+    for line, text in code:
+        if line in diagrams:  # drawings and program output: their `--x--` are arrows, not flags
+            continue
+        found += [Reference(doc, line, "flag", m.group(0)) for m in _FLAG.finditer(text)]
+        found += [Reference(doc, line, "setting", m.group(0)) for m in _SETTING.finditer(text)]
     fenced = {block.line + i for block in fenced_blocks(markdown) for i in range(len(block.lines) + 2)}
     for number, text in enumerate(markdown.splitlines(), start=1):
         if number in fenced:
@@ -135,6 +158,22 @@ def defined_tests(tests: Path = REPO / "tests") -> tuple[frozenset[str], frozens
     return frozenset(functions), frozenset(files)
 
 
+def code_names(root: Path = REPO) -> tuple[frozenset[str], frozenset[str]]:
+    """The flags and `SPECDEPLOY_*` names the repository's code, scripts, chart and Makefile spell out (a
+    `--x` with `argparse.BooleanOptionalAction` also defines `--no-x`)."""
+    texts = [(root / "Makefile").read_text()]
+    for top in ("operator", "server", "hack", "charts", "benchmarks", "tests", ".ci"):
+        for path in (root / top).rglob("*"):
+            if path.is_relative_to(root / "tests" / "docs"):  # the docs' checks plant names that are wrong
+                continue
+            if path.suffix in _CODE_SUFFIXES and path.is_file() and "egg-info" not in str(path):
+                texts.append(path.read_text(errors="replace"))
+    text = "\n".join(texts)
+    flags = set(_FLAG.findall(text))
+    flags |= {f"--no-{flag[2:]}" for flag in flags}
+    return frozenset(flags), frozenset(_SETTING.findall(text))
+
+
 def missing(
     refs: list[Reference],
     *,
@@ -143,8 +182,11 @@ def missing(
     functions: frozenset[str],
     files: frozenset[str],
     metrics: frozenset[str],
+    flags: frozenset[str] = frozenset(),
+    settings: frozenset[str] = frozenset(),
 ) -> list[Reference]:
     """The references that name nothing that exists."""
+    others = frozenset().union(*OTHER_PROGRAMS_FLAGS.values())
     bad = []
     for ref in refs:
         if ref.kind == "path":
@@ -157,6 +199,10 @@ def missing(
             ok = ref.name in functions
         elif ref.kind == "test file":
             ok = ref.name in files
+        elif ref.kind == "flag":
+            ok = ref.name in flags or ref.name in others
+        elif ref.kind == "setting":
+            ok = ref.name in settings
         else:
             ok = ref.name in metrics
         if not ok:

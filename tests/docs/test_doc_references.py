@@ -1,6 +1,7 @@
-"""Every repository path, `make` target, test function, test file and metric name that README.md, docs/*.md,
-examples/README.md and benchmarks/README.md name exists: a doc cannot send its reader to a file that moved, a
-target that was renamed, a test that is gone or a metric no server or operator exports."""
+"""Every repository path, `make` target, test function, test file, metric name, flag and `SPECDEPLOY_*`
+setting that README.md, docs/*.md, examples/README.md and benchmarks/README.md name exists: a doc cannot send
+its reader to a file that moved, a target that was renamed, a test that is gone, a metric no server or
+operator exports, or a flag or setting nothing reads."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from tests.docs.doc_references import (
     DOCS,
     REPO,
     Reference,
+    code_names,
     defined_tests,
     makefile_targets,
     missing,
@@ -22,7 +24,7 @@ from tests.docs.doc_references import (
 from tests.unit.test_dashboard_metric_names import operator_metric_names, server_metric_names
 
 _SUFFIXES = ("_total", "_bucket", "_sum", "_count")
-KINDS = {"path", "link", "make target", "test function", "test file", "metric"}
+KINDS = {"path", "link", "make target", "test function", "test file", "metric", "flag", "setting"}
 
 
 def exported_metrics() -> frozenset[str]:
@@ -36,6 +38,7 @@ def exported_metrics() -> frozenset[str]:
 
 def _missing(doc: Path, markdown: str, root: Path = REPO) -> list[Reference]:
     functions, files = defined_tests(root / "tests")
+    flags, settings = code_names(root)
     return missing(
         references(doc, markdown, top_level_entries(root)),
         root=root,
@@ -43,6 +46,8 @@ def _missing(doc: Path, markdown: str, root: Path = REPO) -> list[Reference]:
         functions=functions,
         files=files,
         metrics=exported_metrics(),
+        flags=flags,
+        settings=settings,
     )
 
 
@@ -61,7 +66,8 @@ def test_the_docs_name_references_of_every_kind() -> None:
 WRONG = """\
 See `docs/no-such-page.md`, [the guide](no-such-guide.md) and
 `hack/cluster/src/specdeploy_localcluster/gone.py`. Run `make no-such-target`; `test_a_behaviour_nobody_tests`
-in `test_no_such_module.py` shows it, and `specdeploy_requests_invented_total{code}` counts it.
+in `test_no_such_module.py` shows it, and `specdeploy_requests_invented_total{code}` counts it. Start the
+server with `--no-such-flag` and `SPECDEPLOY_NO_SUCH_SETTING=1`.
 
 ```bash
 make cluster-up NODEPOOLS=x.yaml && make bench-nothing
@@ -74,7 +80,13 @@ See `docs/server.md`, [the guide](server.md#metrics),
 `make test-unit PYTEST_ARGS=-x`; `test_committed_operator_doc_is_current` in `test_docgen.py` shows it;
 `specdeploy_operator_api_requests_total{verb}`, `specdeploy_operator_reconcile_seconds` and its
 `specdeploy_operator_reconcile_seconds_bucket`; packages `specdeploy_server` and `specdeploy_operator.api`,
-the family `specdeploy_operator_*`; placeholders `benchmarks/results/<name>.json`, `<cache>/engines/<hash>/`.
+the family `specdeploy_operator_*`; placeholders `benchmarks/results/<name>.json`, `<cache>/engines/<hash>/`;
+`specdeploy-server --config server.yaml`, `up --no-autoscaling`, `helm upgrade --install`,
+`SPECDEPLOY_LOW_ACCEPTANCE_RATE`.
+
+```text
+waiting --admitted--> running
+```
 
 ```bash
 make cluster-up NODEPOOLS=x.yaml && make demo
@@ -93,6 +105,8 @@ def test_each_kind_of_wrong_reference_is_caught() -> None:
         ("test function", "test_a_behaviour_nobody_tests"),
         ("test file", "test_no_such_module.py"),
         ("metric", "specdeploy_requests_invented_total"),
+        ("flag", "--no-such-flag"),
+        ("setting", "SPECDEPLOY_NO_SUCH_SETTING"),
     }
 
 
