@@ -4,29 +4,28 @@ benchmarks.records --stale` lists the records whose paths changed since. The sta
 
 from __future__ import annotations
 
+#: the sections of benchmarks/server, whose records are server-<section>
+SERVER_SECTIONS = (
+    "orchestration",
+    "assisted",
+    "http-stream",
+    "concurrency",
+    "loop-lag",
+    "structured",
+    "load-sweep",
+    "predicted",
+)
+#: the sections of benchmarks/server/gpu_day.py, whose records are server-gpu-<section>
+GPU_SECTIONS = ("reference-1b", "assisted", "http", "structured", "reference-8b")
+
 _SERVER = ("server/src", "benchmarks/server")
 _OPERATOR = ("operator/src", "hack/cluster", "benchmarks/operator")
 _BUILD = ("hack/cluster/build.sh", "hack/cluster/versions.env", "hack/cluster/gomod")
 _WHOLE = ("Makefile", ".ci", "pyproject.toml", "operator", "server", "hack", "charts", "crds", "tests")
 
 BY_RECORD: dict[str, tuple[str, ...]] = {
-    **{
-        f"server-{section}": _SERVER
-        for section in (
-            "orchestration",
-            "assisted",
-            "http-stream",
-            "concurrency",
-            "loop-lag",
-            "structured",
-            "load-sweep",
-            "predicted",
-        )
-    },
-    **{
-        f"server-gpu-{section}": _SERVER
-        for section in ("reference-1b", "assisted", "http", "structured", "reference-8b")
-    },
+    **{f"server-{section}": _SERVER for section in SERVER_SECTIONS},
+    **{f"server-gpu-{section}": _SERVER for section in GPU_SECTIONS},
     "autoscaling": ("operator/src", "server/src", "hack/cluster", "benchmarks/autoscaling.py"),
     "operator": _OPERATOR,
     "operator-1000": _OPERATOR,

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import timings
+from benchmarks.measured_paths import GPU_SECTIONS, SERVER_SECTIONS
 from benchmarks.recording import (
     REPO,
     RESULTS,
@@ -115,18 +116,6 @@ SERVER_DOC, OPERATOR_DOC, CLUSTER_DOC, RELIABILITY_DOC = (
     DOCS / "local-cluster.md",
     DOCS / "reliability.md",
 )
-SERVER_SECTIONS = (
-    "orchestration",
-    "assisted",
-    "http-stream",
-    "concurrency",
-    "loop-lag",
-    "structured",
-    "load-sweep",
-    "predicted",
-)
-#: the sections of benchmarks/server/gpu_day.py, whose records are server-gpu-<section>
-GPU_SECTIONS = ("reference-1b", "assisted", "http", "structured", "reference-8b")
 
 
 def _server_block(number: int, section: str) -> Block:

@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from specdeploy_server.core.acceptance import accepted_prefix
 from specdeploy_server.core.drafters import NgramIndex
 from specdeploy_server.core.prediction import PredictionAlignment
 from specdeploy_server.core.types import RequestSpeculation
@@ -52,15 +53,6 @@ STALE_CALLS = 64
 def hints_reach_the_drafter() -> bool:
     """Whether TensorRT-LLM runs its executor (and so our drafter) in this process."""
     return os.environ.get(SINGLE_PROCESS_ENV) == "1"
-
-
-def _common_prefix(draft: Sequence[int], tokens: Sequence[int]) -> int:
-    n = 0
-    for a, b in zip(draft, tokens, strict=False):
-        if a != b:
-            break
-        n += 1
-    return n
 
 
 class RequestHints:
@@ -99,7 +91,7 @@ class RequestHints:
             del drafts[stale]
         if draft is None:
             return 0
-        return min(_common_prefix(draft, new_tokens), max(len(new_tokens) - 1, 0))
+        return min(accepted_prefix(draft, new_tokens), max(len(new_tokens) - 1, 0))
 
     def get(self, client_id: int) -> RequestSpeculation | None:
         return self._by_client.get(client_id)
@@ -225,7 +217,7 @@ class DraftingLogic:
         """The tokens a request gained since its last draft: that draft's accepted part, then one more."""
         if not track.draft:
             return
-        accepted = min(_common_prefix(track.draft, new_tokens), max(len(new_tokens) - 1, 0))
+        accepted = min(accepted_prefix(track.draft, new_tokens), max(len(new_tokens) - 1, 0))
         self.accepted += accepted
         if track.from_prediction and track.alignment is not None:
             self.prediction_accepted += accepted

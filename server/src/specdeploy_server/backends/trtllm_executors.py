@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from specdeploy_server.backends.trtllm_executor_client import ExecutorClient
+from specdeploy_server.core.acceptance import accepted_prefix
 from specdeploy_server.core.executors import (
     AcceptanceRule,
     DraftRequest,
@@ -99,18 +100,6 @@ class RequestFactory:
         if self.logits_width is not None and rows.shape[-1] > self.logits_width:
             rows = rows[:, : self.logits_width]
         return rows
-
-
-def accepted_prefix(draft: Sequence[int], output: Sequence[int]) -> int:
-    """How many draft tokens the target accepted: the length of the common prefix of the draft and the
-    target's output, as TensorRT-LLM's own draft-target loop counts it (the target's first own token differs
-    from the draft token at that position, whichever acceptance rule it used)."""
-    accepted = 0
-    for drafted, emitted in zip(draft, output, strict=False):
-        if drafted != emitted:
-            break
-        accepted += 1
-    return accepted
 
 
 def _raise_failures(name: str, failures: dict[str, str]) -> None:

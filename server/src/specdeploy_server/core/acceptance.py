@@ -16,7 +16,13 @@ import numpy as np
 from specdeploy_server.core.logits import process_logits
 from specdeploy_server.core.types import FloatArray
 
-__all__ = ["accept_rejection_sampling", "accept_token_match", "process_logits", "sample_from"]
+__all__ = [
+    "accept_rejection_sampling",
+    "accept_token_match",
+    "accepted_prefix",
+    "process_logits",
+    "sample_from",
+]
 
 
 def sample_from(probs: FloatArray, rng: np.random.Generator) -> int:
@@ -99,3 +105,15 @@ def accept_rejection_sampling(
             last = residual
     out.append(sample_from(last, rng))
     return out
+
+
+def accepted_prefix(draft: Sequence[int], output: Sequence[int]) -> int:
+    """How many draft tokens the target accepted: the length of the common prefix of the draft and the
+    target's output, as TensorRT-LLM's own draft-target loop counts it (the target's first own token differs
+    from the draft token at that position, whichever acceptance rule it used)."""
+    accepted = 0
+    for drafted, emitted in zip(draft, output, strict=False):
+        if drafted != emitted:
+            break
+        accepted += 1
+    return accepted
