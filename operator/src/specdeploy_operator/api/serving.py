@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, StringConstraints
@@ -120,7 +121,7 @@ SERVING_RULES: Rules = (
     ),
     Rule["ServingSpec"](
         name="env-not-the-operators",
-        cel='!has(self.env) || self.env.all(e, !(e.name in ["NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE"]))',
+        cel=f"!has(self.env) || self.env.all(e, !(e.name in {json.dumps(list(OPERATOR_ENV))}))",
         message="spec.serving.env cannot set " + " or ".join(OPERATOR_ENV) + ": they come from "
         "spec.placement.multiNode.nccl",
         field_path=".env",
