@@ -8,6 +8,7 @@ label and taint: tests/integration/test_leaderworkerset_cluster.py).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -233,6 +234,25 @@ def test_job_pod_with_failure_annotation_fails_with_its_termination_message(
     assert state.exit_code == 3
     assert state.message == "trtllm-build: out of memory"
     assert pods[0].status.phase == "Failed"
+
+
+def test_a_deleted_pod_stays_terminating_while_its_containers_stop_then_goes(
+    core: client.CoreV1Api, namespace: str
+) -> None:
+    spec = {"nodeSelector": {"type": "kwok"}, "containers": [{"name": "c", "image": "registry.invalid/a:1"}]}
+    stops = pod_manifest("stops", spec, {"sim.specdeploy.dev/stop-delay": "3s"})
+    core.create_namespaced_pod(namespace, stops)
+    wait_for(lambda: pods_by_phase(core, namespace).get("Running"), what="the pod running")
+    core.delete_namespaced_pod("stops", namespace)
+    deleted = time.monotonic()
+    terminating = core.read_namespaced_pod("stops", namespace)
+    assert terminating.metadata.deletion_timestamp is not None
+
+    def gone() -> bool:
+        return not core.list_namespaced_pod(namespace, field_selector="metadata.name=stops").items
+
+    wait_for(gone, timeout=30, interval=0.1, what="the pod gone")
+    assert time.monotonic() - deleted >= 2.5, "kwok kept the pod while its containers stopped"
 
 
 def test_deleting_a_deployment_garbage_collects_its_replicasets_and_pods(

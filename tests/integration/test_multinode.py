@@ -111,6 +111,26 @@ def test_a_group_that_cannot_be_placed_is_capacity_pending_and_named(cluster: Cl
     assert "Insufficient nvidia.com/gpu" in message
 
 
+def placement(cluster: Cluster, name: str) -> str:
+    """Each pod of the deployment's groups: name, node, readiness, and whether it is being deleted."""
+    return ", ".join(
+        f"{p.metadata.name}@{p.spec.node_name or '-'}"
+        f"{'+' if any(c.type == 'Ready' and c.status == 'True' for c in p.status.conditions or ()) else '?'}"
+        f"{' deleting' if p.metadata.deletion_timestamp else ''}"
+        for p in sorted(group_pods(cluster, name), key=lambda p: p.metadata.name)
+    )
+
+
+def multinode_pods(cluster: Cluster) -> list[str]:
+    """Every pod, in any namespace, bound to a node of the multinode pools."""
+    nodes = {n.metadata.name for n in cluster.core.list_node(label_selector=f"{MULTINODE_LABEL}=true").items}
+    return [
+        f"{p.metadata.namespace}/{p.metadata.name}"
+        for p in cluster.core.list_pod_for_all_namespaces().items
+        if p.spec.node_name in nodes
+    ]
+
+
 def autoscaled(local_cluster: LocalCluster) -> list[str]:
     return sorted(n["metadata"]["name"] for n in local_cluster.autoscaled_nodes(MULTINODE_AUTOSCALED))
 
@@ -119,6 +139,9 @@ def test_scaling_adds_a_group_on_two_new_nodes_and_a_rollout_keeps_max_unavailab
     cluster: Cluster, autoscaling_cluster: LocalCluster
 ) -> None:
     wait_for(lambda: not autoscaled(autoscaling_cluster), timeout=120, what="no autoscaled multinode nodes")
+    # The namespaces of earlier tests go asynchronously: their groups must have left the two static nodes, or
+    # the first group would take an autoscaled node and the counts below would not be this test's.
+    wait_for(lambda: not multinode_pods(cluster), timeout=120, what="no group of another test on the nodes")
     name = cluster.apply(deepseek())
     try:
         cluster.wait_phase(name, "Ready", timeout=180)
@@ -132,16 +155,21 @@ def test_scaling_adds_a_group_on_two_new_nodes_and_a_rollout_keeps_max_unavailab
         # A new draft length rolls the groups one at a time (maxUnavailable 1, maxSurge 0).
         cluster.patch(name, {"speculative": {"maxDraftLen": 2}})
         lowest = 2
+        timeline: list[str] = []
         generation = cluster.sdep(name)["metadata"]["generation"]
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
             status = cluster.status(name)
-            lowest = min(lowest, int(group_set(cluster, name)["status"].get("readyReplicas") or 0))
+            ready = int(group_set(cluster, name)["status"].get("readyReplicas") or 0)
+            lowest = min(lowest, ready)
+            seen = f"ready groups {ready}: {placement(cluster, name)}"
+            if not timeline or not timeline[-1].endswith(seen):
+                timeline.append(f"{time.monotonic() - deadline + 240:6.1f}s {seen}")
             if status.get("phase") == "Ready" and status.get("observedGeneration") == generation:
                 break
             time.sleep(0.2)
         assert status.get("phase") == "Ready", status
-        assert lowest == 1, "one group served while the other was replaced"
+        assert lowest == 1, "one group served while the other was replaced:\n" + "\n".join(timeline)
         leaders = [
             p
             for p in group_pods(cluster, name)
