@@ -1,12 +1,13 @@
-"""Serve an ASGI app with uvicorn on 127.0.0.1 in a background thread."""
+"""Serve an ASGI app with uvicorn on 127.0.0.1: in a background thread, or on the running event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,3 +46,20 @@ def run_live(app: Any, graceful_seconds: int = 5) -> Iterator[LiveServer]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@asynccontextmanager
+async def serve_on_loop(app: Any) -> AsyncIterator[str]:
+    """``app`` under uvicorn on this event loop. The socket listens before the server starts, so clients can
+    connect at once (they wait in the backlog until the application has started)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()

@@ -11,15 +11,12 @@ or refused, so the queue certainly forms whatever the machine's speed.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 import yaml
 from specdeploy_operator.api import SpeculativeDeployment, parse_object
 from specdeploy_operator.builders import OperatorSettings, build_engine_builds, build_server_config
@@ -32,6 +29,7 @@ from specdeploy_server.core.types import SequenceState
 from specdeploy_server.engine import Engine
 
 from tests.server.conftest import TinyModels
+from tests.server.livethread import serve_on_loop
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "02-draft-target-llama8b-1b-h100.yaml"
 MODEL = "tiny"
@@ -87,22 +85,6 @@ class GatedTarget:
         self.inner.release(request_id)
 
 
-@contextlib.asynccontextmanager
-async def serving(app: Any) -> AsyncIterator[str]:
-    """``app`` under uvicorn on this event loop, listening before it starts."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(64)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=10))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
-
-
 def burst(config: ServerConfig) -> tuple[list[httpx.Response], int]:
     """Send BURST concurrent completions; the scheduler steps only once every one has been queued or
     refused (by the scheduler or, at its headers, by the admission gate). Returns the responses and the
@@ -136,7 +118,7 @@ def burst(config: ServerConfig) -> tuple[list[httpx.Response], int]:
 
         scheduler.add = counting_add  # type: ignore[method-assign]
         app = create_app(engine, served_model_name=MODEL)
-        async with serving(app) as base, httpx.AsyncClient(base_url=base, timeout=120) as http:
+        async with serve_on_loop(app) as base, httpx.AsyncClient(base_url=base, timeout=120) as http:
             body = {"model": MODEL, "prompt": "speculative decoding", "max_tokens": 12, "temperature": 0}
 
             async def post() -> httpx.Response:
