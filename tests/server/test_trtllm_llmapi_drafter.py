@@ -32,8 +32,8 @@ from transformers import AutoModelForCausalLM
 
 from tests.server.conftest import TinyModels, run_live
 from tests.server.trtllm_double import DoubleState, trtllm_double
+from tests.server.trtllm_double_configs import ValidationError
 from tests.server.trtllm_double_drafter import Drafter, DrafterV10, PyExecutor, UserProvidedDecodingConfig
-from tests.server.trtllm_double_llmapi import ValidationError
 
 __all__ = ["trtllm_double"]
 

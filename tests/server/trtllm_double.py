@@ -9,9 +9,11 @@ transformers, and ``LLM`` runs its checkpoint (and, when speculating, a drafter)
 tiny models' own.
 
 The double is in parts, by binding: ``trtllm_double_executor`` (the executor bindings),
-``trtllm_double_llmapi`` (the LLM API), ``trtllm_double_sampling`` (the LLM API's sampling and guided
-decoding); they share one ``DoubleState`` (``trtllm_double_state``), which the fixture below installs fresh
-for each test. This module installs the parts as ``tensorrt_llm`` and writes engine directories.
+``trtllm_double_llmapi`` (the LLM API; its config models in ``trtllm_double_configs``),
+``trtllm_double_drafter`` (a drafter in the PyTorch executor), ``trtllm_double_sampling`` (the LLM API's
+sampling and guided decoding); they share one ``DoubleState`` (``trtllm_double_state``), which the fixture
+below installs fresh for each test. This module installs the parts as ``tensorrt_llm`` and writes engine
+directories.
 
 The double rejects what the real classes reject:
 
@@ -78,6 +80,7 @@ from typing import Any
 
 import pytest
 
+from tests.server import trtllm_double_configs as configs_double
 from tests.server import trtllm_double_drafter as drafter_double
 from tests.server import trtllm_double_executor as executor_double
 from tests.server import trtllm_double_llmapi as llmapi_double
@@ -123,15 +126,15 @@ def trtllm_double(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[D
     llmapi = _module(
         "tensorrt_llm.llmapi",
         LLM=llmapi_double.LLM,
-        KvCacheConfig=llmapi_double.LlmKvCacheConfig,
-        SchedulerConfig=llmapi_double.LlmSchedulerConfig,
+        KvCacheConfig=configs_double.LlmKvCacheConfig,
+        SchedulerConfig=configs_double.LlmSchedulerConfig,
         CapacitySchedulerPolicy=executor_double.CapacitySchedulerPolicy,
-        EagleDecodingConfig=llmapi_double.EagleDecodingConfig,
-        Eagle3DecodingConfig=llmapi_double.Eagle3DecodingConfig,
-        NGramDecodingConfig=llmapi_double.NGramDecodingConfig,
-        DraftTargetDecodingConfig=llmapi_double.DraftTargetDecodingConfig,
-        MTPDecodingConfig=llmapi_double.MTPDecodingConfig,
-        AutoDecodingConfig=llmapi_double.AutoDecodingConfig,
+        EagleDecodingConfig=configs_double.EagleDecodingConfig,
+        Eagle3DecodingConfig=configs_double.Eagle3DecodingConfig,
+        NGramDecodingConfig=configs_double.NGramDecodingConfig,
+        DraftTargetDecodingConfig=configs_double.DraftTargetDecodingConfig,
+        MTPDecodingConfig=configs_double.MTPDecodingConfig,
+        AutoDecodingConfig=configs_double.AutoDecodingConfig,
         UserProvidedDecodingConfig=drafter_double.UserProvidedDecodingConfig,
         SamplingParams=llmapi_double.SamplingParams,
         GuidedDecodingParams=GuidedDecodingParams,

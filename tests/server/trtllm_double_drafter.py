@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from tests.server.trtllm_double_llmapi import _LOAD_AWARE, _base_fields, _model
+from tests.server.trtllm_double_configs import LOAD_AWARE, base_fields, config_model
 
 SINGLE_PROCESS_ENV = "TLLM_WORKER_USE_SINGLE_PROCESS"
 
@@ -147,12 +147,12 @@ def _user_provided(config: Any) -> str | None:
     if not isinstance(config.drafter, Drafter | DrafterV10):
         return f"drafter must be a Drafter, got {type(config.drafter).__name__}"
     config.max_total_draft_tokens = config.max_draft_len  # linear drafts only
-    return _base_fields(config)
+    return base_fields(config)
 
 
-UserProvidedDecodingConfig = _model(
+UserProvidedDecodingConfig = config_model(
     "UserProvidedDecodingConfig",
-    **_LOAD_AWARE,
+    **LOAD_AWARE,
     check=_user_provided,
     max_draft_len=None,
     max_total_draft_tokens=None,

@@ -1,0 +1,138 @@
+"""The double's LLM API config models (``tensorrt_llm.llmapi``'s ``KvCacheConfig``, ``SchedulerConfig`` and
+the decoding configs), as strict as their pydantic originals (trtllm_double.py lists what differs)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tests.server.trtllm_double_executor import CapacitySchedulerPolicy
+
+
+class ValidationError(ValueError):
+    """What the LLM API's pydantic models raise (pydantic's ``ValidationError`` is a ``ValueError``)."""
+
+
+def config_model(
+    name: str,
+    *,
+    aliases: dict[str, str] | None = None,
+    check: Callable[[Any], str | None] | None = None,
+    **defaults: Any,
+) -> type:
+    """A config model of the LLM API (pydantic, extra fields forbidden): unknown keywords and failed
+    validators raise ``ValidationError``; ``aliases`` maps an accepted alias to its field."""
+    alias = aliases or {}
+
+    def __init__(self: Any, **kwargs: Any) -> None:
+        values = dict(defaults)
+        for given, value in kwargs.items():
+            key = alias.get(given, given)
+            if key not in defaults:
+                raise ValidationError(
+                    f"1 validation error for {name}\n{given}\n  Extra inputs are not permitted"
+                )
+            values[key] = value
+        for key, value in values.items():
+            setattr(self, key, value)
+        problem = check(self) if check is not None else None
+        if problem is not None:
+            raise ValidationError(f"1 validation error for {name}\n  Value error, {problem}")
+
+    attributes = {
+        "__init__": __init__,
+        "__repr__": lambda self: f"{name}({vars(self)})",
+        "model_fields": dict.fromkeys(defaults),  # pydantic's class attribute: field name -> FieldInfo
+    }
+    return type(name, (), attributes)
+
+
+#: DecodingBaseConfig's load-aware fields, in every decoding config: max_concurrency (PositiveInt: off above
+#: that many active requests), acceptance_rate_window_size (NonNegativeInt), acceptance_rate_threshold (0..1),
+#: draft_len_schedule (batch-size thresholds -> draft length, 1.2 on)
+LOAD_AWARE = {
+    "max_concurrency": None,
+    "acceptance_rate_window_size": None,
+    "acceptance_rate_threshold": None,
+    "draft_len_schedule": None,
+}
+
+
+def base_fields(config: Any) -> str | None:
+    concurrency, window = config.max_concurrency, config.acceptance_rate_window_size
+    threshold = config.acceptance_rate_threshold
+    if concurrency is not None and (not isinstance(concurrency, int) or concurrency <= 0):
+        return f"max_concurrency: Input should be greater than 0, got {concurrency}"
+    if window is not None and (not isinstance(window, int) or window < 0):
+        return f"acceptance_rate_window_size: Input should be greater than or equal to 0, got {window}"
+    if threshold is not None and not 0.0 <= threshold <= 1.0:
+        return f"acceptance_rate_threshold: Input should be between 0 and 1, got {threshold}"
+    schedule = config.draft_len_schedule
+    if schedule is not None and not all(
+        isinstance(b, int) and isinstance(k, int) and b >= 1 and k >= 0 for b, k in schedule.items()
+    ):
+        return f"draft_len_schedule: batch sizes >= 1 and draft lengths >= 0, got {schedule}"
+    return None
+
+
+def needs_draft_len(config: Any) -> str | None:
+    if config.max_draft_len is None or config.max_draft_len <= 0:
+        return f"max_draft_len must be > 0, got {config.max_draft_len}"
+    return base_fields(config)
+
+
+def needs_model(config: Any) -> str | None:
+    if config.speculative_model is None:
+        return "a speculative model (speculative_model) is required"
+    return needs_draft_len(config)
+
+
+LlmKvCacheConfig = config_model("KvCacheConfig", enable_block_reuse=True, free_gpu_memory_fraction=None)
+LlmSchedulerConfig = config_model(
+    "SchedulerConfig", capacity_scheduler_policy=CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
+)
+MODEL_ALIAS = {"speculative_model_dir": "speculative_model"}
+EagleDecodingConfig = config_model(
+    "EagleDecodingConfig",
+    **LOAD_AWARE,
+    aliases=MODEL_ALIAS,
+    check=needs_model,
+    max_draft_len=None,
+    speculative_model=None,
+    eagle3_one_model=True,
+)
+Eagle3DecodingConfig = config_model(
+    "Eagle3DecodingConfig",
+    **LOAD_AWARE,
+    aliases=MODEL_ALIAS,
+    check=needs_model,
+    max_draft_len=None,
+    speculative_model=None,
+    eagle3_one_model=True,
+)
+NGramDecodingConfig = config_model(
+    "NGramDecodingConfig",
+    **LOAD_AWARE,
+    check=needs_draft_len,
+    max_draft_len=None,
+    max_matching_ngram_size=2,
+    is_keep_all=True,
+    is_use_oldest=True,
+    is_public_pool=True,
+)
+DraftTargetDecodingConfig = config_model(
+    "DraftTargetDecodingConfig",
+    **LOAD_AWARE,
+    aliases=MODEL_ALIAS,
+    check=needs_model,
+    max_draft_len=None,
+    speculative_model=None,
+)
+MTPDecodingConfig = config_model(
+    "MTPDecodingConfig", check=base_fields, num_nextn_predict_layers=1, max_draft_len=None, **LOAD_AWARE
+)
+#: decoding_type AUTO: TensorRT-LLM's NGram heuristic (<= 4 active requests K=5/n=3, <= 32 K=3/n=5, above
+#: that off); the base-class fields exist but are ignored
+AutoDecodingConfig = config_model("AutoDecodingConfig", check=base_fields, max_draft_len=None, **LOAD_AWARE)
+#: (draft length, longest n-gram) of the AUTO heuristic by active requests; None above the last bound
+AUTO_NGRAM_SCHEDULE = ((4, 5, 3), (32, 3, 5))
