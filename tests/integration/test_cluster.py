@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 from specdeploy_localcluster.nodepools import MULTINODE_LABEL, NODE_GROUP_LABEL
 
@@ -236,23 +236,33 @@ def test_job_pod_with_failure_annotation_fails_with_its_termination_message(
     assert pods[0].status.phase == "Failed"
 
 
-def test_a_deleted_pod_stays_terminating_while_its_containers_stop_then_goes(
+def test_a_deleted_pod_stays_ready_while_its_containers_stop_then_ends_succeeded_and_goes(
     core: client.CoreV1Api, namespace: str
 ) -> None:
     spec = {"nodeSelector": {"type": "kwok"}, "containers": [{"name": "c", "image": "registry.invalid/a:1"}]}
     stops = pod_manifest("stops", spec, {"sim.specdeploy.dev/stop-delay": "3s"})
     core.create_namespaced_pod(namespace, stops)
     wait_for(lambda: pods_by_phase(core, namespace).get("Running"), what="the pod running")
-    core.delete_namespaced_pod("stops", namespace)
+    since = core.delete_namespaced_pod("stops", namespace).metadata.resource_version
     deleted = time.monotonic()
-    terminating = core.read_namespaced_pod("stops", namespace)
-    assert terminating.metadata.deletion_timestamp is not None
-
-    def gone() -> bool:
-        return not core.list_namespaced_pod(namespace, field_selector="metadata.name=stops").items
-
-    wait_for(gone, timeout=30, interval=0.1, what="the pod gone")
-    assert time.monotonic() - deleted >= 2.5, "kwok kept the pod while its containers stopped"
+    # Every change from the deletion on, as a controller's watch sees them.
+    seen: list[tuple[str, str, bool, float]] = []
+    for event in watch.Watch().stream(
+        core.list_namespaced_pod,
+        namespace,
+        field_selector="metadata.name=stops",
+        resource_version=since,
+        timeout_seconds=30,
+    ):
+        pod = event["object"]
+        ready = any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ())
+        seen.append((event["type"], pod.status.phase, ready, time.monotonic() - deleted))
+        if event["type"] == "DELETED":
+            break
+    steps = [(kind, phase, ready) for kind, phase, ready, _ in seen]
+    assert steps[-2:] == [("MODIFIED", "Succeeded", False), ("DELETED", "Succeeded", False)], seen
+    assert seen[-2][3] >= 2.5, f"the containers took the stop delay: {seen}"
+    assert seen[-1][3] - seen[-2][3] >= 0.5, f"the stopped pod was reported before it went: {seen}"
 
 
 def test_deleting_a_deployment_garbage_collects_its_replicasets_and_pods(
