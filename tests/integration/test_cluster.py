@@ -259,10 +259,12 @@ def test_a_deleted_pod_stays_ready_while_its_containers_stop_then_ends_succeeded
         seen.append((event["type"], pod.status.phase, ready, time.monotonic() - deleted))
         if event["type"] == "DELETED":
             break
-    steps = [(kind, phase, ready) for kind, phase, ready, _ in seen]
-    assert steps[-2:] == [("MODIFIED", "Succeeded", False), ("DELETED", "Succeeded", False)], seen
-    assert seen[-2][3] >= 2.5, f"the containers took the stop delay: {seen}"
-    assert seen[-1][3] - seen[-2][3] >= 0.5, f"the stopped pod was reported before it went: {seen}"
+    stopped = next(i for i, (_, phase, _, _) in enumerate(seen) if phase != "Running")
+    assert all(ready for _, _, ready, _ in seen[:stopped]), f"Ready until its containers stopped: {seen}"
+    assert {(phase, ready) for _, phase, ready, _ in seen[stopped:]} == {("Succeeded", False)}, seen
+    assert seen[stopped][3] >= 2.5, f"the containers took the stop delay: {seen}"
+    assert seen[-1][0] == "DELETED", seen
+    assert seen[-1][3] - seen[stopped][3] >= 0.5, f"reported, then gone: {seen}"
 
 
 def test_deleting_a_deployment_garbage_collects_its_replicasets_and_pods(
