@@ -4,6 +4,7 @@ tests/docs/test_doc_references.py checks each against the repository."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,9 +88,13 @@ def _code_lines(markdown: str) -> list[tuple[int, str]]:
 
 def references(doc: Path, markdown: str, tops: frozenset[str]) -> list[Reference]:
     found: list[Reference] = []
-    code = _code_lines(markdown)
+    blocks = fenced_blocks(markdown)
+    # drawings and program output: their `--x--` are arrows, not flags
+    diagrams = {
+        block.line + 1 + i for block in blocks if block.language == "text" for i in range(len(block.lines))
+    }
     spans = {(span.line, span.text) for span in inline_code(markdown)}
-    for line, text in code:
+    for line, text in _code_lines(markdown):
         for match in _PATH.finditer(text):
             path = match.group(0).split("::")[0]
             before, after = text[: match.start()], text[match.end() :]
@@ -117,18 +122,10 @@ def references(doc: Path, markdown: str, tops: frozenset[str]) -> list[Reference
             if name in PACKAGES or after.startswith(("*", "(", ".", "/", "[")):
                 continue
             found.append(Reference(doc, line, "metric", name))
-    diagrams = {
-        block.line + 1 + i
-        for block in fenced_blocks(markdown)
-        if block.language == "text"
-        for i in range(len(block.lines))
-    }
-    for line, text in code:
-        if line in diagrams:  # drawings and program output: their `--x--` are arrows, not flags
-            continue
-        found += [Reference(doc, line, "flag", m.group(0)) for m in _FLAG.finditer(text)]
-        found += [Reference(doc, line, "setting", m.group(0)) for m in _SETTING.finditer(text)]
-    fenced = {block.line + i for block in fenced_blocks(markdown) for i in range(len(block.lines) + 2)}
+        if line not in diagrams:
+            found += [Reference(doc, line, "flag", m.group(0)) for m in _FLAG.finditer(text)]
+            found += [Reference(doc, line, "setting", m.group(0)) for m in _SETTING.finditer(text)]
+    fenced = {block.line + i for block in blocks for i in range(len(block.lines) + 2)}
     for number, text in enumerate(markdown.splitlines(), start=1):
         if number in fenced:
             continue
@@ -158,9 +155,11 @@ def defined_tests(tests: Path = REPO / "tests") -> tuple[frozenset[str], frozens
     return frozenset(functions), frozenset(files)
 
 
+@functools.cache
 def code_names(root: Path = REPO) -> tuple[frozenset[str], frozenset[str]]:
     """The flags and `SPECDEPLOY_*` names the repository's code, scripts, chart and Makefile spell out (a
-    `--x` with `argparse.BooleanOptionalAction` also defines `--no-x`)."""
+    `--x` with `argparse.BooleanOptionalAction` also defines `--no-x`). Read once per process: it reads every
+    file of the code, and each doc's check asks for it."""
     texts = [(root / "Makefile").read_text()]
     for top in ("operator", "server", "hack", "charts", "benchmarks", "tests", ".ci"):
         for path in (root / top).rglob("*"):
