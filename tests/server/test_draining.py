@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from openai import AsyncStream
+from openai.types import Completion
 from specdeploy_server.api.app import app_state, create_app
 from specdeploy_server.cli import HTTP_BACKSTOP_SECONDS
 from specdeploy_testkit import checkpoints
@@ -106,6 +108,26 @@ def server_process(long_model: Path, tmp_path_factory: pytest.TempPathFactory) -
         reader.join(timeout=10)
 
 
+async def _long_and_short_streams(base: str) -> tuple[AsyncStream[Completion], AsyncStream[Completion]]:
+    """Two streamed completions in flight, each past its first chunk: one of 30000 tokens, which outlasts any
+    shutdown timeout, and one of 40 with usage, which finishes well within one."""
+    client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    long = await client.completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=30000, temperature=0, stream=True
+    )
+    await anext(long)
+    short = await client.completions.create(
+        model=MODEL,
+        prompt=PROMPT,
+        max_tokens=40,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    await anext(short)
+    return long, short
+
+
 def test_draining_refuses_new_work_finishes_in_flight_and_aborts_what_is_left(long_model: Path) -> None:
     """What SIGTERM does inside the server (AppState.begin_drain), in process: readiness 503 ``draining``,
     new requests 503 ``shutting_down`` with Retry-After, liveness still 200; the in-flight request that can
@@ -120,20 +142,7 @@ def test_draining_refuses_new_work_finishes_in_flight_and_aborts_what_is_left(lo
             serve_on_loop(app) as base,
             httpx.AsyncClient(base_url=base, timeout=60) as http,
         ):
-            client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
-            long = await client.completions.create(
-                model=MODEL, prompt=PROMPT, max_tokens=30000, temperature=0, stream=True
-            )
-            short = await client.completions.create(
-                model=MODEL,
-                prompt=PROMPT,
-                max_tokens=40,
-                temperature=0,
-                stream=True,
-                stream_options={"include_usage": True},
-            )
-            await anext(long)
-            await anext(short)
+            long, short = await _long_and_short_streams(base)
             assert engine.queue_depth == 2  # both in flight
 
             started = time.monotonic()
@@ -173,20 +182,7 @@ def test_sigterm_drains_the_server_process_and_exits_zero(server_process: Server
         assert http.get("/health/ready").status_code == 200
 
     async def main() -> tuple[float, float, list[Any], list[Any], list[int | str], list[int | str]]:
-        client = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
-        long = await client.completions.create(
-            model=MODEL, prompt=PROMPT, max_tokens=30000, temperature=0, stream=True
-        )
-        await anext(long)
-        short = await client.completions.create(
-            model=MODEL,
-            prompt=PROMPT,
-            max_tokens=40,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        await anext(short)
+        long, short = await _long_and_short_streams(base)
         async with httpx.AsyncClient(base_url=base, timeout=10) as http:
             in_flight = load_gauges((await http.get("/metrics")).text).depth
         server_process.process.send_signal(signal.SIGTERM)
