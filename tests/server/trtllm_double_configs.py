@@ -92,24 +92,17 @@ LlmSchedulerConfig = config_model(
     "SchedulerConfig", capacity_scheduler_policy=CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
 )
 MODEL_ALIAS = {"speculative_model_dir": "speculative_model"}
-EagleDecodingConfig = config_model(
-    "EagleDecodingConfig",
+#: the fields of EagleDecodingConfig, which Eagle3DecodingConfig shares
+_EAGLE: dict[str, Any] = {
     **LOAD_AWARE,
-    aliases=MODEL_ALIAS,
-    check=needs_model,
-    max_draft_len=None,
-    speculative_model=None,
-    eagle3_one_model=True,
-)
-Eagle3DecodingConfig = config_model(
-    "Eagle3DecodingConfig",
-    **LOAD_AWARE,
-    aliases=MODEL_ALIAS,
-    check=needs_model,
-    max_draft_len=None,
-    speculative_model=None,
-    eagle3_one_model=True,
-)
+    "aliases": MODEL_ALIAS,
+    "check": needs_model,
+    "max_draft_len": None,
+    "speculative_model": None,
+    "eagle3_one_model": True,
+}
+EagleDecodingConfig = config_model("EagleDecodingConfig", **_EAGLE)
+Eagle3DecodingConfig = config_model("Eagle3DecodingConfig", **_EAGLE)
 NGramDecodingConfig = config_model(
     "NGramDecodingConfig",
     **LOAD_AWARE,
