@@ -55,6 +55,8 @@ WELL_FORMED = [
     '\n<tool_call>{"name": "get_time", "arguments": {}}</tool_call>',
     ' {"name": "get_time", "parameters": {"tz": "UTC"}}',
     '{"name":"get_weather","arguments":{"city":"Tromsø"}}  ',
+    '{"name": "get_time", "parameters": {"tz": "UTC"} }',  # whitespace before the object's closing brace
+    '<tool_call>\n{"name": "get_time",\n "arguments": {"tz": "UTC"}\n}\n</tool_call>',
 ]
 
 
@@ -68,7 +70,7 @@ def test_streamed_calls_and_content_equal_the_non_streamed_answer(text: str, spl
     assert content == (expected_content or "")
     assert [c["name"] for c in calls] == [c["function"]["name"] for c in expected_calls]
     for call, expected in zip(calls, expected_calls, strict=True):
-        assert json.loads(call["arguments"]) == json.loads(expected["function"]["arguments"])
+        assert call["arguments"] == expected["function"]["arguments"]  # the text generated, not re-serialised
     assert sent == complete == len(expected_calls)
 
 
@@ -169,7 +171,7 @@ def test_the_openai_client_receives_an_auto_call_incrementally(server: LiveServe
     assert deltas[0].function.name == "get_weather"
     fragments = [d.function.arguments for d in deltas if d.function and d.function.arguments]
     assert len(fragments) > 3  # the arguments came as they were generated, not whole at the end
-    assert json.loads("".join(fragments)) == json.loads(expected.function.arguments)
+    assert "".join(fragments) == expected.function.arguments
     assert all(d.index == 0 for d in deltas)
     finals = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finals == ["tool_calls"]
@@ -201,3 +203,66 @@ def test_a_chunk_carries_at_most_one_delta_per_call(
     assert all(len(indexes) == len(set(indexes)) for indexes in per_chunk)
     openings = [i for i, indexes in enumerate(per_chunk) if indexes]
     assert len(openings) > 1
+
+
+# Under tool_choice auto, a schema makes the random model answer with one call in the Llama 3.1 form (an
+# object naming the function and its arguments), which the server reads as a call.
+CALL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"const": "get_weather"},
+        "arguments": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "pattern": "^[a-z]{3,12}$"},
+                "note": {"type": "string", "pattern": "^[a-z]{3,12}$"},
+            },
+            "required": ["city", "note"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "arguments"],
+    "additionalProperties": False,
+}
+
+
+def test_the_responses_stream_opens_an_auto_call_and_streams_its_arguments(server: LiveServer) -> None:
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}
+    request: dict[str, Any] = {
+        "model": "tiny",
+        "input": "weather in oslo?",
+        "tools": [tool],
+        "tool_choice": "auto",
+        "max_output_tokens": 200,
+        "temperature": 0,
+        "text": {"format": {"type": "json_schema", "name": "call", "schema": CALL_SCHEMA}},
+    }
+    whole = client.responses.create(**request)
+    [expected] = whole.output
+    assert expected.type == "function_call"
+    assert expected.name == "get_weather"
+
+    events = list(client.responses.create(**request, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    kinds = [e.type for e in events]
+    assert kinds[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
+    assert kinds[-3:] == [
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    added = events[2]
+    assert added.item.type == "function_call"
+    assert (added.item.name, added.item.arguments, added.item.status) == ("get_weather", "", "in_progress")
+    deltas = [e for e in events if e.type == "response.function_call_arguments.delta"]
+    assert len(deltas) > 3  # the arguments came as they were generated, not whole at the end
+    assert {(e.item_id, e.output_index) for e in deltas} == {(added.item.id, 0)}
+    assert "".join(e.delta for e in deltas) == events[-3].arguments == expected.arguments
+    final = events[-1].response
+    assert final.status == "completed"
+    [item] = final.output
+    assert item.type == "function_call"
+    assert (item.id, item.call_id) == (added.item.id, added.item.call_id)
+    assert (item.arguments, item.status) == (expected.arguments, "completed")
+    assert json.loads(item.arguments).keys() == {"city", "note"}

@@ -7,9 +7,9 @@ first call goes out as content as it comes, less what could be the start of a ca
 ``<tool_call>``, trailing whitespace, an answer that begins with ``{``), which is held until it is known.
 Once a call's opening is recognised — the tag or the object's start, ``"name"`` naming one of the tools,
 then ``"arguments"`` (or ``"parameters"``) — a first delta carries its ``id``, ``type`` and ``name``, and the
-arguments' text follows as it grows (the last ``}`` and trailing whitespace held until the next text shows
-they belong to the arguments rather than closing the call), as OpenAI streams them. The arguments are the
-text the model generated, so the fragments concatenate to the non-streamed value.
+arguments' text follows as it grows (the last ``}`` and the whitespace around it held until the next text
+shows they belong to the arguments rather than closing the call), as OpenAI streams them. The arguments are
+the text the model generated, so the fragments concatenate to the non-streamed value.
 
 What is streamed is committed: a call whose block turns out malformed after its opening (cut by
 ``max_tokens``: ``finish_reason: length``; or ending in invalid JSON) is still sent, with the arguments
@@ -21,15 +21,14 @@ a valid one, else as content. After the first call, text between calls is not co
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 
 from specdeploy_server.api.contract import FunctionCallDelta, ToolCallDelta
 from specdeploy_server.api.forcedcall import new_call_id
+from specdeploy_server.api.structured import CALL_HEAD, as_call, before_closing_brace
 
 OPEN = "<tool_call>"
 CLOSE = "</tool_call>"
-_HEAD = re.compile(r'\{\s*"name"\s*:\s*"([A-Za-z0-9_.-]{1,64})"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 
 
 def _partial_tag(text: str, tag: str) -> int:
@@ -38,13 +37,6 @@ def _partial_tag(text: str, tag: str) -> int:
         if text.endswith(tag[:n]):
             return n
     return 0
-
-
-def _sendable_arguments(rest: str) -> str:
-    """Of the arguments' text so far, what is surely theirs: less trailing whitespace and one last ``}``
-    (which may close the call instead)."""
-    rest = rest.rstrip()
-    return rest[:-1] if rest.endswith("}") else rest
 
 
 @dataclass
@@ -95,7 +87,7 @@ class AutoCallStream:
     def _content(self, out: StreamDeltas, finished: bool) -> bool:
         pending = self.text[self._pos :]
         if self._pos == 0 and pending.lstrip().startswith("{"):  # perhaps one bare call
-            head = _HEAD.match(pending.lstrip())
+            head = CALL_HEAD.match(pending.lstrip())
             if head is not None and head.group(1) in self.names:
                 self._bare = True
                 self._pos = len(pending) - len(pending.lstrip()) + head.end()
@@ -131,7 +123,7 @@ class AutoCallStream:
     def _open_block(self, out: StreamDeltas, finished: bool) -> bool:
         assert self._block_start is not None
         block = self.text[self._block_start :]
-        head = _HEAD.match(block.lstrip())
+        head = CALL_HEAD.match(block.lstrip())
         if head is not None and head.group(1) in self.names:
             self._pos = self._block_start + len(block) - len(block.lstrip()) + head.end()
             self._block_start = None
@@ -161,13 +153,10 @@ class AutoCallStream:
 
     def _whole_call(self, block: str) -> tuple[str, str] | None:
         try:
-            obj = json.loads(block)
+            call = as_call(json.loads(block), self.names, block)
         except ValueError:
             return None
-        if not isinstance(obj, dict) or obj.get("name") not in self.names:
-            return None
-        key = "arguments" if "arguments" in obj else "parameters" if "parameters" in obj else None
-        return None if key is None else (obj["name"], json.dumps(obj[key]))
+        return None if call is None else (call["function"]["name"], call["function"]["arguments"])
 
     def _start_call(self, name: str, out: StreamDeltas) -> None:
         self._call = _Call(index=self.calls)
@@ -185,14 +174,14 @@ class AutoCallStream:
         rest = self.text[self._pos :]
         close = -1 if self._bare else rest.find(CLOSE)
         if close >= 0:
-            arguments = _sendable_arguments(rest[:close])
+            arguments = before_closing_brace(rest[:close])
         elif self._bare and _is_whole_object(self.text):
-            arguments = _sendable_arguments(rest)
+            arguments = before_closing_brace(rest)
         else:
             held = 0 if self._bare else _partial_tag(rest, CLOSE)
             cut = rest[: len(rest) - held]
             # an output that ends here is a call cut short: all of its arguments go
-            arguments = cut.rstrip() if finished else _sendable_arguments(cut)
+            arguments = cut.rstrip() if finished else before_closing_brace(cut)
         if len(arguments) > call.sent:
             out.calls.append(
                 ToolCallDelta(index=call.index, function=FunctionCallDelta(arguments=arguments[call.sent :]))

@@ -137,16 +137,43 @@ def tool_call_schema(req: ChatCompletionRequest) -> dict[str, Any]:
     return {"anyOf": [_call_schema(t) for t in tools]}
 
 
-def _call(name: str, arguments: object) -> dict[str, Any]:
+#: the opening of a call object, up to its arguments: ``{"name": "<tool>", "arguments"|"parameters": ``
+CALL_HEAD = re.compile(r'\{\s*"name"\s*:\s*"([A-Za-z0-9_.-]{1,64})"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+
+
+def _call(name: str, arguments: str) -> dict[str, Any]:
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
-        "function": {"name": name, "arguments": json.dumps(arguments)},
+        "function": {"name": name, "arguments": arguments},
     }
 
 
-def _as_call(obj: object, names: frozenset[str] | None) -> dict[str, Any] | None:
-    """``{"name": ..., "arguments" | "parameters": ...}`` (naming one of ``names``, when given) as a call."""
+def before_closing_brace(text: str) -> str:
+    """The arguments' part of a call object's text after its :data:`CALL_HEAD`: less trailing whitespace, one
+    last ``}`` (the object's) and the whitespace before it."""
+    text = text.rstrip()
+    return text[:-1].rstrip() if text.endswith("}") else text
+
+
+def _arguments_text(source: str, arguments: object) -> str:
+    """The arguments' JSON text as the model wrote it in ``source`` (a call object opening with its name), so
+    that what a stream sent concatenates to this value; re-serialised when the object is of another form."""
+    stripped = source.strip()
+    head = CALL_HEAD.match(stripped)
+    if head is not None and stripped.endswith("}"):
+        text = before_closing_brace(stripped[head.end() :])
+        try:
+            if json.loads(text) == arguments:
+                return text
+        except ValueError:
+            pass
+    return json.dumps(arguments, ensure_ascii=False)
+
+
+def as_call(obj: object, names: frozenset[str] | None, source: str = "") -> dict[str, Any] | None:
+    """``{"name": ..., "arguments" | "parameters": ...}`` (naming one of ``names``, when given) as a call,
+    its arguments the text they have in ``source`` (the object's JSON text) where they can be found there."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     if names is not None and obj["name"] not in names:
@@ -154,14 +181,14 @@ def _as_call(obj: object, names: frozenset[str] | None) -> dict[str, Any] | None
     key = "arguments" if "arguments" in obj else "parameters" if "parameters" in obj else None
     if key is None:
         return None
-    return _call(obj["name"], obj[key])
+    return _call(obj["name"], _arguments_text(source, obj[key]))
 
 
 def tool_calls_from(text: str) -> list[dict[str, Any]] | None:
     """A forced call's text as OpenAI ``tool_calls``; None when the text is not a complete call (the output
     was cut by max_tokens)."""
     try:
-        call = _as_call(json.loads(text), None)
+        call = as_call(json.loads(text), None, text)
     except json.JSONDecodeError:
         return None
     return [call] if call is not None else None
@@ -179,7 +206,7 @@ def auto_tool_calls(text: str, names: frozenset[str]) -> tuple[str | None, list[
     calls: list[dict[str, Any]] = []
     for block in blocks:
         try:
-            call = _as_call(json.loads(block), names)
+            call = as_call(json.loads(block), names, block)
         except json.JSONDecodeError:
             call = None
         if call is not None:
@@ -190,7 +217,7 @@ def auto_tool_calls(text: str, names: frozenset[str]) -> tuple[str | None, list[
     stripped = text.strip()
     if stripped.startswith("{"):
         try:
-            call = _as_call(json.loads(stripped), names)
+            call = as_call(json.loads(stripped), names, stripped)
         except json.JSONDecodeError:
             call = None
         if call is not None:
