@@ -9,7 +9,9 @@
    drafter saw;
 3. the cost of our Python drafter per iteration (``prepare_draft_tokens`` timed inside the executor) against
    the iteration time;
-4. that the drafter object we passed is the one that ran (single process), so predictions reach it.
+4. that the drafter object we passed is the one that ran (single process), so predictions reach it;
+5. that ``LLM.get_stats()`` with ``enable_iter_perf_stats`` gives the iteration fields our measured pass costs
+   read (``backends/llmapi_step_costs.py``), and the target pass costs they make by size.
 
 Runs with ``TLLM_WORKER_USE_SINGLE_PROCESS=1`` (predictions need it). Prints one JSON line per point and
 exits 1 when greedy identity fails; without ``tensorrt_llm`` it says so and exits 0 (nothing to check).
@@ -55,6 +57,29 @@ async def _generate(llm: Any, sampling: Any, prompts: list[list[int]]) -> list[t
         return tokens, responses
 
     return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+def _report_iteration_stats(case: str, stats: list[Any], max_draft_len: int) -> None:
+    """Point 5: the fields of the iteration statistics, and the target pass costs our collector makes."""
+    from specdeploy_server.backends.llmapi_step_costs import (  # noqa: PLC0415
+        StepCostCollector,
+        WidthRule,
+        parse_iteration,
+    )
+
+    collector = StepCostCollector("gpu", WidthRule(max_draft_len))
+    parsed = [it for it in map(parse_iteration, stats) if it is not None]
+    for iteration in parsed:
+        collector.observe(iteration)
+    first = json.loads(stats[0]) if stats and isinstance(stats[0], str) else (stats[0] if stats else {})
+    _report(
+        f"{case}-iteration-stats",
+        entries=len(stats),
+        parsed=len(parsed),
+        fields=sorted(first),
+        spec_fields=sorted(first.get("specDecodingStats") or {}),
+        target_pass_ms={size: 1000 * s / c for size, (c, s) in sorted(collector.target.items())},
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         hints = request_hints(f"gpu-{case}")
         drafter = cls(max_draft_len=args.max_draft_len, prompt_lookup_ngram=2, hints=hints)
         spec = llmapi.UserProvidedDecodingConfig(max_draft_len=args.max_draft_len, drafter=drafter)
-        llm = tensorrt_llm.LLM(**common, speculative_config=spec)
+        llm = tensorrt_llm.LLM(**common, speculative_config=spec, enable_iter_perf_stats=True)
         timings.clear()
         started = time.perf_counter()
         if case == "prediction":
@@ -116,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             outputs = asyncio.run(_generate(llm, sampling, prompts))
         seconds = time.perf_counter() - started
+        _report_iteration_stats(case, list(llm.get_stats(timeout=2)), args.max_draft_len)
         llm.shutdown()
         identical = [o[0] == p[0] for o, p in zip(outputs, plain, strict=True)]
         failed |= not all(identical)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from specdeploy_server.backends.llmapi_acceptance import AcceptanceSources
+from specdeploy_server.backends.llmapi_step_costs import StepCostCollector, WidthRule
 
 from tests.docs.doc_references import (
     DOCS,
@@ -31,6 +32,8 @@ def exported_metrics() -> frozenset[str]:
     """The sample names the server and the operator expose, and their families' names (a histogram
     `x_seconds` exposes `x_seconds_bucket`, `_sum` and `_count`; a counter `x` exposes `x_total`)."""
     llmapi = {family.name + "_total" for family in AcceptanceSources("m").collect()}  # trtllm-llmapi's own
+    costs = StepCostCollector("m", WidthRule(1)).collect()
+    llmapi |= {family.name + suffix for family in costs for suffix in ("", "_count", "_sum")}
     names = server_metric_names() | operator_metric_names() | llmapi
     families = {name.removesuffix(suffix) for name in names for suffix in _SUFFIXES if name.endswith(suffix)}
     return frozenset(names | families)

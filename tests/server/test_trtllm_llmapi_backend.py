@@ -334,7 +334,7 @@ def test_acceptance_comes_from_the_stream_when_perf_metrics_are_zeroed(
     assert max(sizes) == 4  # a step that accepted 3 draft tokens streams 4 tokens at once
     assert engine.stats.accepted == request.accepted > 0
     assert engine.stats.drafted == 3 * (len(sizes) - 1)  # k per generation step
-    assert engine.acceptance_sources.counts == {"perf_metrics": 0, "token_counts": 1}
+    assert engine.acceptance_sources.counts == {"drafter": 0, "perf_metrics": 0, "token_counts": 1}
 
 
 def test_real_perf_metrics_are_used_where_tensorrt_llm_reports_them(
@@ -350,7 +350,7 @@ def test_real_perf_metrics_are_used_where_tensorrt_llm_reports_them(
         metrics.speculative_decoding.total_accepted_draft_tokens,
     )
     assert engine.stats.accepted > 0
-    assert engine.acceptance_sources.counts == {"perf_metrics": 1, "token_counts": 0}
+    assert engine.acceptance_sources.counts == {"drafter": 0, "perf_metrics": 1, "token_counts": 0}
 
 
 def test_metrics_say_where_acceptance_figures_come_from(

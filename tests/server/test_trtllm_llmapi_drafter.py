@@ -204,6 +204,44 @@ def test_predictions_reach_our_drafter_through_the_llm_api_backend(
     assert len(spec.drafter.hints) == 0  # each request's hints dropped when it finished
 
 
+@pytest.mark.parametrize("single_process", [True, False])
+def test_drafted_tokens_are_what_our_drafter_proposed_where_it_runs_in_the_servers_process(
+    tiny_models: TinyModels, trtllm_double: DoubleState, monkeypatch: pytest.MonkeyPatch, single_process: bool
+) -> None:
+    """Prompt lookup drafts only where an n-gram matches, and TensorRT-LLM pads every draft to the full width:
+    in the server's process our drafter counts what it proposed; in a worker process the width per step is
+    all the server knows (an upper bound)."""
+    if single_process:
+        monkeypatch.setenv(SINGLE_PROCESS_ENV, "1")
+    else:
+        monkeypatch.delenv(SINGLE_PROCESS_ENV, raising=False)
+    config = {"model": {"target": str(tiny_models.target)}, "backend": "trtllm-llmapi"}
+    config["speculative"] = {"method": "promptLookup", "draftLen": 4}
+    engine = build_engine(ServerConfig.model_validate(config))
+    assert isinstance(engine, LlmApiEngine)
+
+    async def main() -> None:
+        await engine.start()
+        gen = engine.generate([5, 6, 7, 8, 5, 6, 7], 40, SamplingParams(temperature=0.0))
+        [t async for out in gen.outputs for t in out.token_ids]
+        await engine.stop(1)
+
+    asyncio.run(main())
+    (llm,) = trtllm_double.llms
+    (request,) = llm.requests
+    drafter = llm.drafter  # the one that ran: ours, or its copy in the "worker process"
+    padded = request.drafted  # positions the target verified past each step's first: the width, every step
+    assert 0 < drafter.drafted < padded  # some steps matched no n-gram, or only a shorter one
+    if single_process:
+        assert engine.stats.drafted == drafter.drafted
+        assert engine.stats.accepted == min(request.accepted, drafter.drafted) > 0
+        assert engine.acceptance_sources.counts == {"drafter": 1, "perf_metrics": 0, "token_counts": 0}
+        assert len(llm.kwargs["speculative_config"].drafter.hints) == 0  # dropped when the request ended
+    else:
+        assert engine.stats.drafted == padded
+        assert engine.acceptance_sources.counts == {"drafter": 0, "perf_metrics": 0, "token_counts": 1}
+
+
 def test_a_version_without_user_provided_drafters_keeps_its_ngram_drafter_with_a_warning(
     tiny_models: TinyModels,
     trtllm_double: DoubleState,

@@ -8,6 +8,8 @@ import asyncio
 import dataclasses
 import json
 import math
+import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -230,7 +232,63 @@ class LLM:
             self.draft_model = draft.eval()
         self.requests: list[RequestOutput] = []
         self.shut = False
+        self._stats: list[dict[str, Any]] = []  # iteration statistics not yet read (get_stats)
+        self._stats_ready = threading.Condition()
+        self._iterations = 0
         current_state().llms.append(self)
+
+    def get_stats(self, timeout: float | None = 2) -> list[dict[str, Any]]:
+        """The iteration statistics recorded since the last call (waiting up to ``timeout`` for one);
+        nothing without ``enable_iter_perf_stats``."""
+        with self._stats_ready:
+            if not self._stats and timeout:
+                self._stats_ready.wait(timeout)
+            stats, self._stats = self._stats, []
+        return stats
+
+    def _record_iteration(
+        self,
+        seconds: float,
+        draft_seconds: float,
+        *,
+        first: bool,
+        prompt: int,
+        draft: list[int],
+        accepted: int,
+    ) -> None:
+        """One iteration's statistics, as ``IterationStats.to_json_str()`` names them (the fields our code
+        reads and their neighbours): each of the double's iterations runs one request."""
+        if not self.kwargs.get("enable_iter_perf_stats"):
+            return
+        self._iterations += 1
+        stats: dict[str, Any] = {
+            "iter": self._iterations,
+            "iterLatencyMS": seconds * 1000,
+            "numActiveRequests": sum(1 for r in self.requests if not r.finished),
+            "numQueuedRequests": 0,
+            "inflightBatchingStats": {
+                "numScheduledRequests": 1,
+                "numContextRequests": int(first),
+                "numGenRequests": int(not first),
+                "numPausedRequests": 0,
+                "numCtxTokens": prompt if first else 0,
+                "microBatchId": 0,
+                "avgNumDecodedTokensPerIter": 0,
+            },
+        }
+        if self.spec is not None:
+            drafted = sum(1 for t in draft if t != 0)  # the real count skips padding (token 0)
+            stats["specDecodingStats"] = {
+                "numDraftTokens": drafted,
+                "numAcceptedTokens": accepted,
+                "numRequestsWithDraftTokens": int(drafted > 0),
+                "acceptanceLength": float(accepted + 1) if drafted else 0.0,
+                "iterLatencyMS": draft_seconds * 1000,  # the drafter's time: a draft model's only
+                "draftOverhead": draft_seconds / seconds if seconds > 0 else 0.0,
+            }
+        with self._stats_ready:
+            self._stats.append(stats)
+            self._stats_ready.notify_all()
 
     def next_client_id(self) -> int:
         self._client_ids += 1
@@ -369,7 +427,9 @@ class LLM:
         position is picked from the target's logits there, penalised and masked by the grammar state after
         the tokens before it (the matcher consumes each picked token)."""
         ids = prompt + output
+        started = time.perf_counter()
         draft = [] if first else self._draft(ids, request)
+        draft_seconds = time.perf_counter() - started if self.draft_model is not None else 0.0
         logits = self.model(torch.tensor([ids + draft])).logits[0, len(ids) - 1 :].float()
         out: list[int] = []
         for i, token in enumerate(draft):
@@ -380,7 +440,16 @@ class LLM:
         else:
             out.append(self._pick(logits[len(draft)], params, prompt, output + out, matcher))
         out = out[:room]  # accepted tokens past max_tokens are not output, nor counted
-        return out, len(draft), len(out) - 1 if draft else 0
+        accepted = len(out) - 1 if draft else 0
+        self._record_iteration(
+            time.perf_counter() - started,
+            draft_seconds,
+            first=first,
+            prompt=len(prompt),
+            draft=draft,
+            accepted=accepted,
+        )
+        return out, len(draft), accepted
 
     def shutdown(self) -> None:
         self.shut = True

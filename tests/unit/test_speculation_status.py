@@ -226,7 +226,8 @@ def test_the_tail_of_a_burst_leaves_the_verdict_of_the_traffic_before_it(clock: 
     assert cond.reason == "AcceptanceHealthy"
 
 
-def _status(previous: dict[str, object] | None, **kw: object) -> dict[str, object]:
+def status_of(previous: dict[str, object] | None, **kw: object) -> dict[str, object]:
+    """`deployment_status` of a ready deployment with no engines, `kw` its speculation arguments."""
     return deployment_status(
         generation=1,
         desired_replicas=1,
@@ -247,10 +248,10 @@ def test_status_carries_published_figures_and_keeps_them_when_the_operator_has_n
     cond = ConditionSpec(
         ConditionType.SPECULATION_EFFECTIVE, ConditionStatus.TRUE, Reason.ACCEPTANCE_HEALTHY, "acceptance 70%"
     )
-    first = _status(None, speculation=figures, speculation_condition=cond)
+    first = status_of(None, speculation=figures, speculation_condition=cond)
     assert first["speculation"] == figures
     conditions = {c["type"]: c for c in first["conditions"]}  # type: ignore[attr-defined]
     assert conditions["SpeculationEffective"]["reason"] == "AcceptanceHealthy"
     # A restarted operator has measured nothing: the status it renders is the same, so nothing is written.
-    again = _status(first)
+    again = status_of(first)
     assert again == first

@@ -106,6 +106,11 @@ class SpeculativeConfig(_Model):
         description="tokenMatch (use_logits=False) | logits (rejection sampling).",
     )
     prompt_lookup: PromptLookupConfig = Field(default_factory=PromptLookupConfig)
+    measured_costs_file: Path | None = Field(
+        default=None,
+        description="trtllm-llmapi, draftLen auto: pass costs and acceptance earlier pods measured (JSON, "
+        "docs/trtllm.md), read at start-up for draft_len_schedule; a missing file: the preset estimates.",
+    )
 
     @field_validator("draft_len")
     @classmethod

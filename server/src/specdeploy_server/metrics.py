@@ -255,6 +255,11 @@ class ServerMetrics:
             self._draft_tokens.inc(drafted)
             self._accepted_tokens.inc(accepted)
 
+    def on_iterations(self, sequence_steps: int, speculating_steps: int) -> None:
+        """Sequence steps of iterations a backend ran itself (trtllm-llmapi's iteration statistics)."""
+        self._spec_steps.inc(sequence_steps)
+        self._speculating_steps.inc(speculating_steps)
+
     def on_speculation(self, step: StepSpeculation) -> None:
         """One step's sequences together: a few counter increments and one histogram update per step."""
         self._spec_steps.inc(step.sequence_steps)

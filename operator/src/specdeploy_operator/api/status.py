@@ -13,11 +13,14 @@ from .meta import CONDITIONS_LIST_EXTRAS, Condition, DnsSubdomain
 
 __all__ = [
     "AutoscalerRef",
+    "DraftPassCost",
     "EngineRef",
     "EngineRefs",
+    "PassCosts",
     "Phase",
     "SpeculationFigures",
     "SpeculativeDeploymentStatus",
+    "TargetPassCost",
 ]
 
 
@@ -62,6 +65,39 @@ class AutoscalerRef(ApiModel):
     creating it)."""
 
 
+class TargetPassCost(ApiModel):
+    """Measured seconds of the target's pass at one size."""
+
+    tokens: Annotated[int, Field(ge=1)]
+    """Tokens the pass verified (all sequences together; a size bucket, a factor of √2 wide)."""
+    seconds: Annotated[float, Field(ge=0)]
+    """Mean seconds of such a pass."""
+    count: Annotated[int, Field(ge=0)]
+    """Passes measured in the window that set it."""
+
+
+class DraftPassCost(ApiModel):
+    """Measured seconds of one draft-model pass at one size."""
+
+    sequences: Annotated[int, Field(ge=1)]
+    """Sequences the pass drafted for (a size bucket, a factor of √2 wide)."""
+    seconds: Annotated[float, Field(ge=0)]
+    """Mean seconds of such a pass."""
+    count: Annotated[int, Field(ge=0)]
+    """Passes measured in the window that set it."""
+
+
+class PassCosts(ApiModel):
+    """What a pass costs by its size, measured by `trtllm-llmapi` servers (backend `pytorch`) from
+    TensorRT-LLM's iteration statistics; each size keeps the latest window that measured it at least 8
+    times. The next pods' `draft_len_schedule` is computed from these (docs/trtllm.md)."""
+
+    target: Annotated[list[TargetPassCost], Field(max_length=32)] | None = None
+    """The target's pass, by tokens verified."""
+    draft: Annotated[list[DraftPassCost], Field(max_length=32)] | None = None
+    """One draft-model pass, by sequences (only where TensorRT-LLM reports the drafter's time apart)."""
+
+
 class SpeculationFigures(ApiModel):
     """How speculation pays off, from the ready servers' own metrics over the last window (counter deltas of
     `specdeploy_draft_tokens`, `specdeploy_accepted_draft_tokens`, `specdeploy_speculative_steps` and
@@ -86,6 +122,8 @@ class SpeculationFigures(ApiModel):
     """Pods the figures cover."""
     pods_skipped: Annotated[int, Field(ge=0)] | None = None
     """Ready pods that could not be scraped or restarted within the window (not in the figures)."""
+    pass_costs: PassCosts | None = None
+    """Measured pass costs by size (`trtllm-llmapi` only), kept across windows."""
 
 
 class SpeculativeDeploymentStatus(ApiModel):

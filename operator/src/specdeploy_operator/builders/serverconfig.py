@@ -14,6 +14,7 @@ from specdeploy_operator.api import EngineBuild, SpeculativeDeployment
 from .common import SERVER_COMPONENT, child_metadata, configmap_name
 from .engines import engine_builds_of
 from .layout import MODELS_MOUNT
+from .measured import MEASURED_FILE, measured_costs, measured_costs_file
 from .pod import (
     API_KEY_MOUNT,
     CHAT_TEMPLATE_FILE,
@@ -91,6 +92,8 @@ def server_config(sdep: SpeculativeDeployment, pod: ServingPod, settings: Operat
         speculative = {"method": spec.speculative.method, **speculative}
     if spec.speculative.disable_above_concurrency is not None:
         speculative["disableAboveConcurrency"] = spec.speculative.disable_above_concurrency
+    if (measured := measured_costs_file(sdep)) is not None:
+        speculative["measuredCostsFile"] = measured
     if spec.speculative.prompt_lookup is not None:
         speculative["promptLookup"] = {
             "maxMatchingNgramSize": spec.speculative.prompt_lookup.max_matching_ngram_size
@@ -165,12 +168,13 @@ def build_server_config(
 
 def config_digest(configmap: Mapping[str, Any]) -> str:
     """The digest of a server ConfigMap's data: the pod template carries it, so a changed configuration (or
-    inline chat template) rolls the pods."""
+    inline chat template) rolls the pods. Measured costs (measured.py) are left out: they reach the pods that
+    start later and restart none."""
     data = configmap["data"]
     content = json.dumps(json.loads(data[CONFIG_FILE]), sort_keys=True)
     if CHAT_TEMPLATE_FILE in data:
         content += "\x00" + data[CHAT_TEMPLATE_FILE]
-    for key in sorted(set(data) - {CONFIG_FILE, CHAT_TEMPLATE_FILE}):  # launch scripts
+    for key in sorted(set(data) - {CONFIG_FILE, CHAT_TEMPLATE_FILE, MEASURED_FILE}):  # launch scripts
         content += f"\x00{key}\x00{data[key]}"
     return hashlib.sha256(content.encode()).hexdigest()[:16]
 
@@ -179,10 +183,13 @@ def configmap_for(
     sdep: SpeculativeDeployment, config: Mapping[str, Any], scripts: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """ConfigMap holding the server configuration `config` (`server.yaml`, JSON, which is valid YAML), the
-    inline chat template when there is one, and the launch `scripts` of a replica that spans nodes."""
+    inline chat template when there is one, the launch `scripts` of a replica that spans nodes, and the
+    measured costs its server starts from (measured.py)."""
     data = {CONFIG_FILE: json.dumps(config, indent=2, sort_keys=True) + "\n"}
     if sdep.spec.serving.chat_template:
         data[CHAT_TEMPLATE_FILE] = sdep.spec.serving.chat_template
+    if (measured := measured_costs(sdep)) is not None:
+        data[MEASURED_FILE] = measured
     data.update(scripts or {})
     return {
         "apiVersion": "v1",

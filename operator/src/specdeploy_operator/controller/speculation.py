@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final
 
@@ -33,7 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from specdeploy_operator.api import ConditionStatus, ConditionType, KubeCondition, Reason, ServingSpec
 
-from . import metrics
+from . import metrics, passcosts
 from .conditions import ConditionSpec, rfc3339
 from .indexes import every, one
 
@@ -83,18 +83,23 @@ class PodSample:
     steps: float = 0.0
     generated: float = 0.0
     speculating: float | None = None  # only servers that export `specdeploy_speculating_steps`
+    passes: passcosts.PassSums = field(default_factory=dict)  # trtllm-llmapi's pass costs (passcosts.py)
 
 
 def parse_sample(text: str, at: float) -> PodSample:
     """The counters of a Prometheus text exposition (`ValueError` if it is not one)."""
     values: dict[str, float] = {}
+    passes: passcosts.PassSums = {}
     for family in text_string_to_metric_families(text):
-        field = COUNTERS.get(family.name)
-        if field is None:
+        if family.name in passcosts.FAMILIES:
+            passcosts.parse_family(family, passes)
+            continue
+        name = COUNTERS.get(family.name)
+        if name is None:
             continue
         total = sum(s.value for s in family.samples if s.name.endswith("_total"))
-        values[field] = values.get(field, 0.0) + total
-    return PodSample(at=at, **values)
+        values[name] = values.get(name, 0.0) + total
+    return PodSample(at=at, passes=passes, **values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +114,7 @@ class Window:
     steps: float
     generated: float
     speculating: float | None
+    passes: passcosts.PassSums = field(default_factory=dict)
 
     def figures(self, measured_at: datetime) -> Obj:
         """`status.speculation` for this window (figures rounded for display; `acceptanceRate` unset when
@@ -126,6 +132,9 @@ class Window:
             out["acceptanceRate"] = round(min(1.0, self.accepted / self.drafted), 3)
         if self.speculating is not None:
             out["speculatingFraction"] = round(min(1.0, self.speculating / self.steps), 3)
+        costs = passcosts.figures(self.passes)
+        if costs:
+            out["passCosts"] = costs
         return out
 
 
@@ -135,17 +144,22 @@ def window(previous: Mapping[str, PodSample], current: Mapping[str, PodSample], 
     totals = dict.fromkeys(("drafted", "accepted", "steps", "generated"), 0.0)
     speculating: float | None = 0.0
     spans: list[float] = []
+    passes: passcosts.PassSums = {}
     skipped = failed
     for pod, now in current.items():
         before = previous.get(pod)
         if before is None:
             continue
         deltas = {k: getattr(now, k) - getattr(before, k) for k in totals}
-        if any(d < 0 for d in deltas.values()):
+        pass_deltas = passcosts.deltas(before.passes, now.passes)
+        if any(d < 0 for d in deltas.values()) or pass_deltas is None:
             skipped += 1
             continue
         for k, d in deltas.items():
             totals[k] += d
+        for key, (count, seconds) in pass_deltas.items():
+            old_count, old_seconds = passes.get(key, (0.0, 0.0))
+            passes[key] = (old_count + count, old_seconds + seconds)
         if speculating is not None and now.speculating is not None and before.speculating is not None:
             speculating += max(0.0, now.speculating - before.speculating)
         else:
@@ -158,6 +172,7 @@ def window(previous: Mapping[str, PodSample], current: Mapping[str, PodSample], 
         pods=len(spans),
         skipped=skipped,
         speculating=speculating,
+        passes=passes,
         **totals,
     )
 
@@ -175,6 +190,8 @@ def meaningful_change(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> 
         a, b = float(old.get(key) or 0.0), float(new.get(key) or 0.0)
         if not math.isclose(a, b, rel_tol=threshold, abs_tol=1e-9):
             return True
+    if passcosts.changed(old.get("passCosts"), new.get("passCosts")):
+        return True
     return old.get("pods") != new.get("pods") or old.get("podsSkipped") != new.get("podsSkipped")
 
 

@@ -23,6 +23,7 @@ from specdeploy_operator.api import (
     Reason,
 )
 
+from . import passcosts
 from .buildstatus import engine_build_status
 from .conditions import ConditionSpec, find_condition, merge_conditions, rfc3339
 from .podcreation import PodCreationProblem, deployment_creation_problem
@@ -360,6 +361,12 @@ def deployment_status(
     figures = speculation if speculation is not None else previous.get("speculation")
     if figures:
         status["speculation"] = dict(figures)
+        # every size keeps the latest window that measured it (passcosts.py)
+        costs = passcosts.merge(
+            (previous.get("speculation") or {}).get("passCosts"), figures.get("passCosts")
+        )
+        if costs:
+            status["speculation"]["passCosts"] = costs
     return status
 
 

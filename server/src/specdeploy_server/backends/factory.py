@@ -59,9 +59,9 @@ def startup_problems(config: ServerConfig) -> list[str]:
 
         return engine_config.settings_problems(config)
     if backend == Backend.TRTLLM_LLMAPI:
-        from specdeploy_server.backends import trtllm_llmapi  # noqa: PLC0415
+        from specdeploy_server.backends import llmapi_build  # noqa: PLC0415
 
-        return trtllm_llmapi.settings_problems(config)
+        return llmapi_build.settings_problems(config)
     return []
 
 
@@ -76,7 +76,7 @@ def build_engine(config: ServerConfig, observer: SchedulerObserver | None = None
 
         return build_trtllm_engine(config, observer)
     if backend == Backend.TRTLLM_LLMAPI:
-        from specdeploy_server.backends.trtllm_llmapi import build_llmapi_engine  # noqa: PLC0415
+        from specdeploy_server.backends.llmapi_build import build_llmapi_engine  # noqa: PLC0415
 
         return build_llmapi_engine(config)
     return _build_reference(config, observer)

@@ -1,11 +1,14 @@
 """Where backend ``trtllm-llmapi`` gets each request's draft/accepted counts, and the metric that says so.
 
-Every request sets ``return_perf_metrics``. Its final output's ``request_perf_metrics.speculative_decoding``
-(drafted, accepted) is used where it is real; TensorRT-LLM 1.2.x returns it zeroed in the PyTorch flow with
-the default sampler (fixed upstream after 1.2.1). Otherwise the counts come from the stream itself: each
-streamed output is one executor response, i.e. one iteration, and the tokens it adds beyond 1 are accepted
-draft tokens; drafted is ``k`` per generation iteration (exact for methods that always draft ``k``, an upper
-bound for promptLookup, which drafts only on an n-gram match).
+Where our own drafter runs in the server's process (promptLookup with ``TLLM_WORKER_USE_SINGLE_PROCESS=1``),
+drafted is what it proposed for the request (before TensorRT-LLM pads it) and accepted what the stream shows.
+Otherwise every request sets ``return_perf_metrics``, and its final output's
+``request_perf_metrics.speculative_decoding`` (drafted, accepted) is used where it is real; TensorRT-LLM 1.2.x
+returns it zeroed in the PyTorch flow with the default sampler (fixed upstream after 1.2.1). Otherwise the
+counts come from the stream itself: each streamed output is one executor response, i.e. one iteration, and
+the tokens it adds beyond 1 are accepted draft tokens; drafted is ``k`` per generation iteration (exact for
+methods that always draft ``k``, an upper bound for promptLookup in a worker process, which drafts only on an
+n-gram match).
 ``specdeploy_llmapi_acceptance_source_total{source}`` in /metrics counts requests by where their figures
 came from.
 """
@@ -21,6 +24,7 @@ from prometheus_client.registry import Collector
 #: where a request's draft/accepted counts came from
 SOURCE_PERF_METRICS = "perf_metrics"  # TensorRT-LLM's request_perf_metrics.speculative_decoding
 SOURCE_TOKEN_COUNTS = "token_counts"  # tokens per streamed response beyond 1; k drafted per generation step
+SOURCE_DRAFTER = "drafter"  # drafted counted by our drafter in this process; accepted from the stream
 
 
 @runtime_checkable
@@ -36,14 +40,15 @@ class AcceptanceSources(Collector):
 
     def __init__(self, model: str) -> None:
         self.model = model
-        self.counts = {SOURCE_PERF_METRICS: 0, SOURCE_TOKEN_COUNTS: 0}
+        self.counts = {SOURCE_DRAFTER: 0, SOURCE_PERF_METRICS: 0, SOURCE_TOKEN_COUNTS: 0}
 
     def collect(self) -> Iterator[Metric]:
         family = CounterMetricFamily(
             "specdeploy_llmapi_acceptance_source",
-            "trtllm-llmapi requests whose draft/accepted counts came from TensorRT-LLM's request perf "
-            "metrics (perf_metrics) or from the stream: tokens per response beyond 1 accepted, draft length "
-            "per generation step drafted (token_counts)",
+            "trtllm-llmapi requests whose draft/accepted counts came from our drafter in the server's "
+            "process and the stream (drafter), TensorRT-LLM's request perf metrics (perf_metrics) or the "
+            "stream alone: tokens per response beyond 1 accepted, draft length per generation step drafted "
+            "(token_counts)",
             labels=["model", "source"],
         )
         for source, count in self.counts.items():
@@ -67,9 +72,15 @@ class StreamCounts:
             self.accepted += new_tokens - 1
 
 
-def request_acceptance(completion: Any, counts: StreamCounts, draft_len: int) -> tuple[str, int, int]:
-    """``(source, drafted, accepted)`` of a finished request: TensorRT-LLM's ``request_perf_metrics`` where
-    they are real, else what the stream showed (``counts``, ``draft_len`` drafted per generation step)."""
+def request_acceptance(
+    completion: Any, counts: StreamCounts, draft_len: int, proposed: int | None = None
+) -> tuple[str, int, int]:
+    """``(source, drafted, accepted)`` of a finished request: what our drafter ``proposed`` for it where it
+    counted, with what the stream shows accepted (at most that); else TensorRT-LLM's ``request_perf_metrics``
+    where they are real; else what the stream showed (``counts``, ``draft_len`` drafted per generation
+    step)."""
+    if proposed is not None:
+        return SOURCE_DRAFTER, proposed, min(counts.accepted, proposed)
     metrics = getattr(completion, "request_perf_metrics", None)
     spec = getattr(metrics, "speculative_decoding", None)
     reported = (0, 0)

@@ -5,11 +5,19 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from specdeploy_server.backends.llmapi_drafter import RequestHints, drafter_class
-from specdeploy_server.backends.llmapi_schedule import draft_len_schedule, schedule_semantics
+from specdeploy_server.backends.llmapi_measured import read_measured, schedule_costs
+from specdeploy_server.backends.llmapi_schedule import (
+    COST_PRESET,
+    Semantics,
+    draft_len_schedule,
+    schedule_semantics,
+)
+from specdeploy_server.backends.llmapi_step_costs import WidthRule
 from specdeploy_server.config import Method, ServerConfig
 from specdeploy_server.grammar import JSON_DEFAULTS, Guide
 
@@ -63,24 +71,68 @@ def load_aware_fields(cls: Any, config: ServerConfig) -> dict[str, Any]:
     return fields
 
 
-def schedule_field(cls: Any, config: ServerConfig, version: str) -> dict[str, Any]:
-    """``draftLen: auto`` -> ``draft_len_schedule`` from our cost model (llmapi_schedule), in the meaning of
-    the installed version, where its class has the field and that meaning covers the method (``lower``, 1.2
-    and earlier: two-model drafters only; ``upper``: every method)."""
+@dataclass(frozen=True)
+class AutoSchedule:
+    """``draftLen: auto``'s ``draft_len_schedule`` in the installed version's meaning, and where each input
+    of the cost model came from (``measured`` or ``preset``)."""
+
+    schedule: dict[int, int]
+    semantics: Semantics
+    sources: dict[str, str]
+
+
+def auto_schedule(config: ServerConfig, version: str) -> AutoSchedule | None:
+    """The schedule our cost model chooses from the measured costs file where it has figures and the preset
+    elsewhere (llmapi_measured; the file is read here, once); None unless ``draftLen: auto`` speculates."""
     spec, method = config.speculative, config.method
-    if spec.draft_len != "auto" or not has_field(cls, "draft_len_schedule"):
-        return {}
-    semantics = schedule_semantics(version)
-    if semantics == "lower" and method != Method.DRAFT_TARGET:
-        return {}
-    schedule = draft_len_schedule(
-        spec.max_draft_len, config.runtime.max_batch_size, semantics, drafts_with_a_model=True
+    if spec.draft_len != "auto" or method == Method.NONE:
+        return None
+    drafts_with_a_model = method != Method.PROMPT_LOOKUP
+    costs = schedule_costs(
+        read_measured(spec.measured_costs_file),
+        COST_PRESET,
+        max_draft_len=draft_len(config),
+        drafts_with_a_model=drafts_with_a_model,
     )
-    return {"draft_len_schedule": schedule}
+    semantics = schedule_semantics(version)
+    schedule = draft_len_schedule(
+        draft_len(config),
+        config.runtime.max_batch_size,
+        semantics,
+        drafts_with_a_model=drafts_with_a_model,
+        costs=costs,
+    )
+    return AutoSchedule(schedule, semantics, costs.sources)
+
+
+def schedule_field(cls: Any, config: ServerConfig, auto: AutoSchedule | None) -> dict[str, Any]:
+    """``draft_len_schedule`` where the class has the field and the version's meaning covers the method
+    (``lower``, 1.2 and earlier: two-model drafters only; ``upper``: every method)."""
+    if auto is None or not has_field(cls, "draft_len_schedule"):
+        return {}
+    if auto.semantics == "lower" and config.method != Method.DRAFT_TARGET:
+        return {}
+    return {"draft_len_schedule": auto.schedule}
+
+
+def width_rule(config: ServerConfig, speculative_config: Any, auto: AutoSchedule | None) -> WidthRule | None:
+    """How the executor will choose each iteration's draft width with these arguments (llmapi_step_costs);
+    None without speculation, or where the widths are TensorRT-LLM's own (``AutoDecodingConfig``)."""
+    if speculative_config is None or type(speculative_config).__name__ == "AutoDecodingConfig":
+        return None
+    schedule = getattr(speculative_config, "draft_len_schedule", None)
+    if getattr(speculative_config, "drafter", None) is not None:  # our drafter took the schedule
+        schedule = auto.schedule if auto is not None else None
+    return WidthRule(
+        max_draft_len=draft_len(config),
+        schedule=schedule,
+        semantics=auto.semantics if auto is not None else "lower",
+        max_concurrency=config.speculative.disable_above_concurrency,
+    )
 
 
 def user_provided_config(
-    llmapi: Any, config: ServerConfig, version: str, hints: RequestHints | None
+    llmapi: Any, config: ServerConfig, auto: AutoSchedule | None, hints: RequestHints | None
 ) -> Any | None:
     """promptLookup as our own drafter (llmapi_drafter) in ``UserProvidedDecodingConfig``; None (with a
     warning) where the installed version lacks the class or TensorRT-LLM's ``Drafter``."""
@@ -94,25 +146,22 @@ def user_provided_config(
         return None
     spec = config.speculative
     k = draft_len(config)
-    schedule = None
-    if spec.draft_len == "auto":
-        semantics = schedule_semantics(version)
-        schedule = draft_len_schedule(k, config.runtime.max_batch_size, semantics, drafts_with_a_model=False)
     drafter = drafter_cls(
         max_draft_len=k,
         prompt_lookup_ngram=spec.prompt_lookup.max_matching_ngram_size,
         hints=hints,
         max_concurrency=spec.disable_above_concurrency,
-        draft_len_schedule=schedule,
+        draft_len_schedule=None if auto is None else auto.schedule,
     )
     return cls(max_draft_len=k, drafter=drafter, **load_aware_fields(cls, config))
 
 
 def speculative_config(
-    llmapi: Any, config: ServerConfig, version: str, hints: RequestHints | None = None
+    llmapi: Any, config: ServerConfig, auto: AutoSchedule | None, hints: RequestHints | None = None
 ) -> Any:
-    """The ``speculative_config`` for our method (None for plain decoding); ``version``: TensorRT-LLM's
-    ``__version__``; ``hints``: the channel for per-request speculation (promptLookup, single process)."""
+    """The ``speculative_config`` for our method (None for plain decoding); ``auto``: the schedule of
+    ``draftLen: auto`` (:func:`auto_schedule`); ``hints``: the channel for per-request speculation
+    (promptLookup, single process)."""
     method, k, spec = config.method, draft_len(config), config.speculative
     if method == Method.NONE or k == 0:
         return None
@@ -123,10 +172,10 @@ def speculative_config(
             max_draft_len=k,
             speculative_model_dir=draft,
             **load_aware_fields(cls, config),
-            **schedule_field(cls, config, version),
+            **schedule_field(cls, config, auto),
         )
     if method == Method.PROMPT_LOOKUP:
-        ours = user_provided_config(llmapi, config, version, hints)
+        ours = user_provided_config(llmapi, config, auto, hints)
         if ours is not None:
             return ours
         auto = getattr(llmapi, "AutoDecodingConfig", None)
@@ -151,11 +200,11 @@ def speculative_config(
             max_draft_len=k,
             speculative_model_dir=str(config.model.speculative_model),
             **load_aware_fields(cls, config),
-            **schedule_field(cls, config, version),
+            **schedule_field(cls, config, auto),
         )
     if method == Method.MTP:
         cls = llmapi.MTPDecodingConfig
-        fields = {**load_aware_fields(cls, config), **schedule_field(cls, config, version)}
+        fields = {**load_aware_fields(cls, config), **schedule_field(cls, config, auto)}
         return cls(num_nextn_predict_layers=k, **fields)
     raise ValueError(f"speculative.method {method.value} is not supported by {BACKEND}")
 
@@ -164,7 +213,7 @@ def llm_arguments(
     llmapi: Any,
     config: ServerConfig,
     tokenizer: Path,
-    version: str,
+    auto: AutoSchedule | None,
     hints: RequestHints | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of ``tensorrt_llm.LLM`` (the LLM API's ``TorchLlmArgs`` fields)."""
@@ -174,7 +223,7 @@ def llm_arguments(
         if runtime.guaranteed_no_evict
         else llmapi.CapacitySchedulerPolicy.MAX_UTILIZATION
     )
-    spec = speculative_config(llmapi, config, version, hints)
+    spec = speculative_config(llmapi, config, auto, hints)
     args: dict[str, Any] = {
         "model": str(config.model.target),
         "tokenizer": str(tokenizer),
@@ -192,6 +241,9 @@ def llm_arguments(
         "disable_overlap_scheduler": spec is not None,
         "guided_decoding_backend": GUIDED_DECODING_BACKEND,
     }
+    if spec is not None:
+        # Each iteration's latency and batch: the measured pass costs of llmapi_step_costs.
+        args["enable_iter_perf_stats"] = True
     if runtime.max_seq_len is not None:
         args["max_seq_len"] = runtime.max_seq_len
     return args

@@ -57,22 +57,36 @@ def hints_reach_the_drafter() -> bool:
 
 class RequestHints:
     """Per-request speculation (prediction, draft-length cap) by LLM API request id, registered by the
-    serving layer when a request is submitted and dropped when it ends. Pickles by name: a copy in the same
-    process is the same channel, one in another process a new, empty one."""
+    serving layer when a request is submitted and dropped when it ends; the drafter adds what it drafted for
+    each (the request's acceptance figures). Pickles by name: a copy in the same process is the same channel,
+    one in another process a new, empty one."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._by_client: dict[int, RequestSpeculation] = {}
         #: the drafts taken from a request's prediction, by the token count they were drafted at
         self._predicted: dict[int, dict[int, list[int]]] = {}
+        #: the draft tokens the drafter proposed for each request (before TensorRT-LLM pads them)
+        self._drafted: dict[int, int] = {}
 
     def register(self, client_id: int, speculation: RequestSpeculation) -> None:
         self._by_client[client_id] = speculation
         self._predicted[client_id] = {}
+        self._drafted[client_id] = 0
 
     def drop(self, client_id: int) -> None:
         self._by_client.pop(client_id, None)
         self._predicted.pop(client_id, None)
+        self._drafted.pop(client_id, None)
+
+    def record_drafted(self, client_id: int, tokens: int) -> None:
+        """The drafter proposed ``tokens`` draft tokens for the request in one iteration."""
+        if client_id in self._drafted:
+            self._drafted[client_id] += tokens
+
+    def drafted(self, client_id: int) -> int | None:
+        """The draft tokens proposed for a registered request so far (None for one not registered)."""
+        return self._drafted.get(client_id)
 
     def record_prediction_draft(self, client_id: int, at_len: int, draft: list[int]) -> None:
         """The drafter proposed ``draft`` from the request's prediction when it had ``at_len`` tokens."""
@@ -173,6 +187,8 @@ class DraftingLogic:
         width = min(self.draft_len_limit, int(getattr(self, "max_total_draft_tokens", self.draft_len_limit)))
         for request in scheduled_requests.generation_requests:
             request.py_draft_tokens = self._draft(request, width)
+            if self.hints is not None:
+                self.hints.record_drafted(request.py_client_id, len(request.py_draft_tokens))
         for request_id in [r for r, t in self._tracks.items() if self._calls - t.last_call > STALE_CALLS]:
             del self._tracks[request_id]
 

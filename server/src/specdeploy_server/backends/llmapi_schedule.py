@@ -1,11 +1,12 @@
 """``draft_len_schedule`` (batch-size thresholds -> draft length) for ``draftLen: auto`` on ``trtllm-llmapi``,
 from our cost model: per batch size the draft length with the most expected tokens per second.
 
-Model (``backends/step_costs.py``, the ``llama70b-1b-h200`` preset: an estimate from published figures, not a
-measurement): a target forward over ``t`` tokens is memory-bound below a knee of 64 tokens and compute-bound
-above it; a step of ``b`` sequences drafting ``k`` emits ``b * E(alpha, k)`` tokens (core/adaptive.py) and
-costs ``k`` draft passes (none for prompt lookup) plus one target forward over ``b * (w + 1)`` tokens, where
-``w`` is what the target verifies:
+Model: a step of ``b`` sequences drafting ``k`` emits ``b * E(alpha, k)`` tokens (core/adaptive.py) and costs
+``k`` draft passes (none for prompt lookup) plus one target pass over ``b * (w + 1)`` tokens, where ``w`` is
+what the target verifies. The pass costs and alpha are what the deployment's earlier pods measured
+(``llmapi_measured``) where there are such figures, else the ``llama70b-1b-h200`` preset
+(``backends/step_costs.py``: an estimate from published figures, a target pass memory-bound below a knee of
+64 tokens and compute-bound above it):
 
 * ``lower`` meaning (thresholds are lower bounds, ``{1: 4, 4: 2, 8: 0}``: batch >= 1 -> 4, >= 4 -> 2, >= 8
   off; TensorRT-LLM 1.2 and earlier): only the drafter shortens, the target still verifies ``max_draft_len``
@@ -13,8 +14,8 @@ costs ``k`` draft passes (none for prompt lookup) plus one target forward over `
 * ``upper`` meaning (thresholds are upper bounds, ``{4: 4, 8: 2}``: 1-4 -> 4, 5-8 -> 2, above 8 off; the
   newer releases): verification shrinks with the draft, ``w = k``.
 
-Nothing here is refreshed at run time: the server measures no step costs on this backend (TensorRT-LLM runs
-the loop), so the schedule is rendered at start-up from these defaults, and changes with them.
+The schedule is fixed when the LLM is constructed (at start-up): new measurements reach it at the next
+pod start (docs/trtllm.md).
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from specdeploy_server.backends.step_costs import PRESETS, StepTimeModel, expected_tokens_per_step
+from specdeploy_server.backends.llmapi_measured import PassCost, ScheduleCosts, schedule_costs
+from specdeploy_server.backends.step_costs import PRESETS, expected_tokens_per_step
 
 Semantics = Literal["lower", "upper"]
 
-#: the defaults the schedule is computed from
+#: the defaults the schedule is computed from where nothing was measured
 COST_PRESET = PRESETS["llama70b-1b-h200"]
 #: releases from this (major, minor) on read thresholds as upper bounds (upstream changed the meaning in
 #: March 2026, after 1.2.x; the first release with it is assumed, not verified)
@@ -47,8 +49,8 @@ def best_draft_len(
     semantics: Semantics,
     *,
     alpha: float,
-    target: StepTimeModel,
-    draft: StepTimeModel | None,
+    target: PassCost,
+    draft: PassCost | None,
 ) -> int:
     """The draft length with the most expected tokens per second at this batch size (ties: the shorter)."""
     best, best_rate = 0, 0.0
@@ -70,15 +72,20 @@ def draft_len_schedule(
     *,
     drafts_with_a_model: bool,
     alpha: float | None = None,
+    costs: ScheduleCosts | None = None,
 ) -> dict[int, int]:
     """The schedule in the version's meaning: every batch size up to ``max_batch_size`` gets the length
-    :func:`best_draft_len` chooses for it (``lower``: 1 always gets ``max_draft_len``, as required)."""
+    :func:`best_draft_len` chooses for it (``lower``: 1 always gets ``max_draft_len``, as required), from
+    ``costs`` (default: the preset's; ``alpha`` overrides theirs)."""
     if max_draft_len <= 0 or max_batch_size <= 0:
         raise ValueError("max_draft_len and max_batch_size must be > 0")
-    mean = COST_PRESET.acceptance.mean if alpha is None else alpha
-    draft = COST_PRESET.draft if drafts_with_a_model else None
+    if costs is None:
+        costs = schedule_costs(
+            None, COST_PRESET, max_draft_len=max_draft_len, drafts_with_a_model=drafts_with_a_model
+        )
+    mean = costs.alpha if alpha is None else alpha
     lengths = [
-        best_draft_len(b, max_draft_len, semantics, alpha=mean, target=COST_PRESET.target, draft=draft)
+        best_draft_len(b, max_draft_len, semantics, alpha=mean, target=costs.target, draft=costs.draft)
         for b in range(1, max_batch_size + 1)
     ]
     schedule: dict[int, int] = {}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 __all__ = [
@@ -32,18 +33,26 @@ __all__ = [
     "SpeculationPreset",
     "StepTimeModel",
     "alpha_for_tokens_per_step",
+    "draft_call_seconds",
     "expected_tokens_per_step",
 ]
 
 
-def expected_tokens_per_step(alpha: float, k: int) -> float:
+def expected_tokens_per_step(alpha: float, k: float) -> float:
     """Tokens one sequence step emits when each of k draft tokens is accepted with probability alpha."""
     if alpha >= 1.0:
         return float(k + 1)
-    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+    return float((1.0 - alpha ** (k + 1)) / (1.0 - alpha))
 
 
-def alpha_for_tokens_per_step(tokens_per_step: float, k: int) -> float:
+def draft_call_seconds(pass_seconds: Callable[[int], float], draft_lens: list[int]) -> float:
+    """A draft call of passes costing ``pass_seconds(sequences)``: pass j runs over the sequences proposing
+    at least j tokens."""
+    passes = max(draft_lens, default=0)
+    return sum(pass_seconds(sum(1 for k in draft_lens if k >= j)) for j in range(1, passes + 1))
+
+
+def alpha_for_tokens_per_step(tokens_per_step: float, k: float) -> float:
     """The alpha with ``expected_tokens_per_step(alpha, k) == tokens_per_step`` (bisection)."""
     if not 1.0 <= tokens_per_step <= k + 1:
         raise ValueError(f"{tokens_per_step} tokens per step is impossible with draft length {k}")
@@ -71,9 +80,7 @@ class StepTimeModel:
         return self.memory_bound_seconds * max(1.0, tokens / self.knee_tokens)
 
     def draft_seconds(self, draft_lens: list[int]) -> float:
-        """A draft call: pass j runs over the sequences proposing at least j tokens."""
-        passes = max(draft_lens, default=0)
-        return sum(self.seconds(sum(1 for k in draft_lens if k >= j)) for j in range(1, passes + 1))
+        return draft_call_seconds(self.seconds, draft_lens)
 
     def scaled(self, factor: float) -> StepTimeModel:
         return replace(self, memory_bound_seconds=self.memory_bound_seconds * factor)

@@ -9,8 +9,11 @@ nothing is built.
 Stopping: ``end_id`` is left unset, so TensorRT-LLM's own ``SamplingParams`` setup takes the model's end ids;
 every end-of-sequence id of our tokenizer is also sent as ``stop_token_ids``, kept in the output.
 
-Acceptance: every request sets ``return_perf_metrics``; the draft/accepted counts come from TensorRT-LLM's
-request perf metrics where they are real, else from the stream (``llmapi_acceptance``).
+Acceptance: the draft/accepted counts come from our drafter where it runs in this process, else from
+TensorRT-LLM's request perf metrics (every request sets ``return_perf_metrics``) where they are real, else
+from the stream (``llmapi_acceptance``). Pass costs and sequence steps come from the executor's iteration
+statistics, read by a thread while the engine runs (``llmapi_step_costs``). Building the engine from the
+configuration: ``llmapi_build``.
 
 Request fields: penalties, ``top_k`` and ``min_p`` go into ``SamplingParams``; structured output into
 ``guided_decoding`` (``GuidedDecodingParams``), with the LLM's ``guided_decoding_backend`` llguidance.
@@ -28,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
@@ -36,7 +38,6 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from specdeploy_server.backends.errors import BackendUnavailableError, import_tensorrt_llm
 from specdeploy_server.backends.llmapi_acceptance import (
     AcceptanceSources,
     RequestObserver,
@@ -45,14 +46,13 @@ from specdeploy_server.backends.llmapi_acceptance import (
 )
 from specdeploy_server.backends.llmapi_args import (
     BACKEND,
-    checkpoint_field,
-    checkpoint_max_len,
-    draft_len,
-    guided_decoding,
-    llm_arguments,
 )
-from specdeploy_server.backends.llmapi_drafter import RequestHints, hints_reach_the_drafter, request_hints
-from specdeploy_server.config import Acceptance, Method, ServerConfig
+from specdeploy_server.backends.llmapi_drafter import RequestHints
+from specdeploy_server.backends.llmapi_step_costs import (
+    IterationObserver,
+    IterationStatsReader,
+    StepCostCollector,
+)
 from specdeploy_server.core.executors import ExecutorError
 from specdeploy_server.core.load import ThroughputMeter
 from specdeploy_server.core.scheduler import (
@@ -76,7 +76,6 @@ from specdeploy_server.engine import (
     Generation,
     ModelInfo,
     check_features,
-    model_info,
 )
 from specdeploy_server.grammar import Guide
 from specdeploy_server.tokenizer import HFTokenizer, Tokenizer
@@ -108,6 +107,7 @@ class LlmApiEngine:
         max_queue_size: int | None,
         draft_len: int = 0,
         hints: RequestHints | None = None,
+        step_costs: StepCostCollector | None = None,
     ) -> None:
         self.tokenizer: Tokenizer = tokenizer
         self.info = info
@@ -133,6 +133,8 @@ class LlmApiEngine:
         # last output (or the start of the busy period), None while idle, so idle time is not counted.
         self._throughput = ThroughputMeter()
         self._busy_since: float | None = None
+        # the executor's iteration statistics, read while running
+        self._iterations = None if step_costs is None else IterationStatsReader(self._read_stats, step_costs)
 
     # EngineClient ----------------------------------------------------------------------------
     @property
@@ -168,6 +170,11 @@ class LlmApiEngine:
         if isinstance(registry, CollectorRegistry) and self._draft_len > 0:
             self.acceptance_sources.model = str(getattr(observer, "model", self.acceptance_sources.model))
             registry.register(self.acceptance_sources)
+        if self._iterations is not None:
+            if isinstance(registry, CollectorRegistry):
+                self._iterations.collector.model = self.acceptance_sources.model
+                registry.register(self._iterations.collector)
+            self._iterations.observer = observer if isinstance(observer, IterationObserver) else None
 
     def generate(
         self,
@@ -203,6 +210,8 @@ class LlmApiEngine:
 
     async def start(self) -> None:
         self._running = True
+        if self._iterations is not None:
+            self._iterations.start()
 
     async def stop(self, timeout: float) -> None:
         """Stop admitting; in-flight streams get ``timeout`` seconds, then are aborted (their streams end with
@@ -215,7 +224,12 @@ class LlmApiEngine:
                 output.abort()
             with contextlib.suppress(TimeoutError):  # the aborted streams end; don't hang on one that won't
                 await asyncio.wait_for(self._idle.wait(), _ABORT_WAIT_SECONDS)
+        if self._iterations is not None:
+            await asyncio.to_thread(self._iterations.stop)
         self._llm.shutdown()
+
+    def _read_stats(self, timeout: float) -> list[Any]:
+        return list(self._llm.get_stats(timeout=timeout))
 
     # ------------------------------------------------------------------------------------------
     def _sampling(self, max_tokens: int, params: SamplingParams, guide: Guide | None) -> Any:
@@ -262,9 +276,10 @@ class LlmApiEngine:
         try:
             output = self._llm.generate_async(list(prompt_ids), sampling_params=sampling(), streaming=True)
             self._outputs[request_id] = output
-            if self._hints is not None and speculation != NO_REQUEST_SPECULATION:
+            if self._hints is not None:
                 # the LLM API request's id, the executor request's py_client_id; registered before the
-                # request's first generation step (its first iteration is the context step, not drafted)
+                # request's first generation step (its first iteration is the context step, not drafted),
+                # so that the drafter sees its speculation and counts what it drafts for it
                 client_id = int(output.request_id)
                 self._hints.register(client_id, speculation)
             sent = 0
@@ -281,7 +296,10 @@ class LlmApiEngine:
                 finish = None
                 if out.finished:
                     finish = _FINISH.get(str(completion.finish_reason), FinishReason.ABORT)
-                    self._speculation(completion, counts, stats)
+                    proposed = None
+                    if client_id is not None and self._hints is not None:
+                        proposed = self._hints.drafted(client_id)
+                    self._speculation(completion, counts, stats, proposed)
                     finished = True
                 yield StepOutput(new, finish, 0, 0, prediction_accepted=predicted)
                 if finished:
@@ -319,12 +337,14 @@ class LlmApiEngine:
             self._throughput.observe(n, now - self._busy_since)
         self._busy_since = now
 
-    def _speculation(self, completion: Any, counts: StreamCounts, stats: SeqStats) -> None:
-        """Per-request draft/accept totals: TensorRT-LLM's ``request_perf_metrics`` where they are real, else
-        what the stream showed."""
+    def _speculation(
+        self, completion: Any, counts: StreamCounts, stats: SeqStats, proposed: int | None
+    ) -> None:
+        """Per-request draft/accept totals: what our drafter proposed where it counted, else TensorRT-LLM's
+        ``request_perf_metrics`` where they are real, else what the stream showed."""
         if self._draft_len <= 0:
             return
-        source, drafted, accepted = request_acceptance(completion, counts, self._draft_len)
+        source, drafted, accepted = request_acceptance(completion, counts, self._draft_len, proposed)
         self.acceptance_sources.counts[source] += 1
         if drafted <= 0:
             return
@@ -333,66 +353,3 @@ class LlmApiEngine:
         self._stats.accepted += accepted
         if self._observer is not None:
             self._observer.on_request_speculation(drafted, accepted)
-
-
-def settings_problems(config: ServerConfig) -> list[str]:
-    """What this backend refuses before TensorRT-LLM is imported."""
-    if config.speculative.acceptance == Acceptance.LOGITS:
-        return [
-            f"speculative.acceptance logits is not available with {BACKEND} (TensorRT-LLM decides acceptance)"
-        ]
-    return []
-
-
-def build_llmapi_engine(config: ServerConfig) -> LlmApiEngine:
-    problems = settings_problems(config)
-    if problems:
-        raise BackendUnavailableError("; ".join(problems))
-    ids = config.placement.target_device_ids
-    if ids != list(range(len(ids))) and "CUDA_VISIBLE_DEVICES" not in os.environ:
-        # The LLM API places ranks on devices 0..TP-1 of what it sees: show it exactly the configured GPUs.
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in ids)
-    package = import_tensorrt_llm("tensorrt_llm", BACKEND)
-    llmapi = import_tensorrt_llm("tensorrt_llm.llmapi", BACKEND)
-    tokenizer_path = config.model.tokenizer or config.model.target
-    tokenizer = HFTokenizer(tokenizer_path, config.serving.chat_template)
-    version = str(getattr(package, "__version__", "0.0"))
-    hints = None
-    if config.method == Method.PROMPT_LOOKUP and draft_len(config) > 0:
-        if hints_reach_the_drafter():
-            hints = request_hints(f"trtllm-llmapi-{uuid.uuid4().hex}")
-        else:
-            log.info("predictions and per-request speculation need TLLM_WORKER_USE_SINGLE_PROCESS=1: refused")
-    arguments = llm_arguments(llmapi, config, tokenizer_path, version, hints)
-    if getattr(arguments["speculative_config"], "drafter", None) is None:
-        hints = None  # our drafter is not in use (the version has no user-provided drafters)
-    llm = package.LLM(**arguments)
-    runtime = config.runtime
-    max_len = (
-        config.model.max_model_len or runtime.max_seq_len or checkpoint_max_len(config.model.target) or 4096
-    )
-    log.info(
-        "trtllm-llmapi: %s, method %s, draft length %d, TP %d",
-        config.model.target,
-        config.method.value,
-        draft_len(config),
-        len(config.placement.target_device_ids),
-    )
-    vocab_size = checkpoint_field(config.model.target, "vocab_size")
-    return LlmApiEngine(
-        llm,
-        llmapi.SamplingParams,
-        lambda guide: guided_decoding(llmapi, guide),
-        tokenizer,
-        model_info(
-            config.model.name,
-            max_len,
-            vocab_size,
-            FEATURES if hints is None else FEATURES | HINTED_FEATURES,
-            backend=BACKEND,
-        ),
-        max_batch_size=runtime.max_batch_size,
-        max_queue_size=runtime.max_queue_size,
-        draft_len=0 if config.method == Method.NONE else draft_len(config),
-        hints=hints,
-    )
