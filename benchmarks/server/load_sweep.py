@@ -57,6 +57,8 @@ REFERENCE_ROUNDS = 9
 REFERENCE_WINDOW_SECONDS = 1.0
 REFERENCE_WARMUP_SECONDS = 1.0  # an engine's first window opens after this (its first exploratory steps)
 REFERENCE_RAMP_SECONDS = 0.1  # the later ones once the clients are back in flight
+WINDOW_MIN_STEPS = 2  # a window closes after its seconds, but not before this many engine steps
+WINDOW_STRETCH = 20  # ... nor later than this many times its seconds
 #: stand-in windows at up to this concurrency are aligned on requests (see _standin_point)
 ALIGNED_LEVELS = 16
 #: the stand-ins' prompts, one per request in turn (n-th request: prompt n): a prompt fixes its alpha and the
@@ -252,7 +254,9 @@ async def take_turns(
     steps), the later ones once its clients are back in flight; the engines stay warm between their windows
     and are stopped at the end. ``started_by_caller``: the engines are running already and are left running
     (the caller measures them again). Per policy, each window's (tokens, seconds, sequence steps, drafted,
-    speculating sequence steps)."""
+    speculating sequence steps). A window lasts ``window_seconds`` and holds at least ``WINDOW_MIN_STEPS``
+    engine steps (up to ``WINDOW_STRETCH`` times as long): on a busy machine a short window could otherwise
+    close before a step ends and read zero tokens."""
     if not started_by_caller:
         for engine in engines.values():
             await engine.start()
@@ -269,8 +273,8 @@ async def take_turns(
                 warmup_seconds=warmup_seconds if first else REFERENCE_RAMP_SECONDS,
                 min_seconds=window_seconds,
                 min_tokens=0,
-                min_steps=0,
-                max_seconds=window_seconds,
+                min_steps=WINDOW_MIN_STEPS,
+                max_seconds=window_seconds * WINDOW_STRETCH,
                 keep_running=True,
             )
             windows[k].append((tokens, seconds, steps, drafted, speculating))
