@@ -1,13 +1,12 @@
 """Backend trtllm-engine through the TensorRT-LLM test double (tests/server/trtllm_double.py), whose executors
-run the tiny reference models: greedy equivalence, placement, cancellation, executor errors, metrics."""
+run the tiny reference models: greedy equivalence, placement, executor errors, metrics (cancellation:
+test_trtllm_engine_cancellation.py)."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.util
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ from specdeploy_server.api.app import create_app
 from specdeploy_server.backends.engine_config import EngineConfigError
 from specdeploy_server.backends.errors import BackendUnavailableError
 from specdeploy_server.backends.factory import build_engine
-from specdeploy_server.backends.trtllm_executor_client import Outcome
 from specdeploy_server.backends.trtllm_executors import RequestFactory, TrtTargetExecutor
 from specdeploy_server.config import ServerConfig
 from specdeploy_server.core.executors import VerifyRequest
@@ -27,7 +25,7 @@ from specdeploy_server.engine import Engine
 from specdeploy_testkit import sample_text
 
 from tests.server.conftest import TinyModels, hf_greedy_outputs, run_live
-from tests.server.trtllm_double import DoubleState, trtllm_double, write_engine
+from tests.server.trtllm_double import DoubleState, engines_config, trtllm_double, write_engine
 
 __all__ = ["trtllm_double"]
 
@@ -38,15 +36,6 @@ PROMPTS = sample_text.prompts(12, seed=11)
 @pytest.fixture(scope="module")
 def hf_greedy(tiny_models: TinyModels) -> list[list[int]]:
     return hf_greedy_outputs(tiny_models.target, PROMPTS, MAX_TOKENS)
-
-
-def _engines(
-    tmp_path: Path, models: TinyModels, state: DoubleState, draft: Path | None, **target: Any
-) -> dict[str, Any]:
-    model: dict[str, Any] = {"target": str(write_engine(tmp_path / "target", models.target, state, **target))}
-    if draft is not None:
-        model["draft"] = str(write_engine(tmp_path / "draft", draft, state, speculative_decoding_mode=1))
-    return {"model": model, "backend": "trtllm-engine"}
 
 
 def _run(config: dict[str, Any], prompts: list[str]) -> tuple[list[list[int]], GlobalStats]:
@@ -81,7 +70,7 @@ def test_paired_executors_reproduce_the_targets_greedy_output_with_an_unrelated_
     hf_greedy: list[list[int]],
     draft_len: int,
 ) -> None:
-    config = _engines(tmp_path, tiny_models, trtllm_double, tiny_models.draft_unrelated)
+    config = engines_config(tmp_path, tiny_models.target, trtllm_double, tiny_models.draft_unrelated)
     config["speculative"] = {"draftLen": draft_len}
     outputs, stats = _run(config, PROMPTS)
     assert outputs == hf_greedy
@@ -92,7 +81,7 @@ def test_paired_executors_reproduce_the_targets_greedy_output_with_an_unrelated_
 def test_an_identical_draft_is_fully_accepted_and_output_is_unchanged(
     tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState, hf_greedy: list[list[int]]
 ) -> None:
-    config = _engines(tmp_path, tiny_models, trtllm_double, tiny_models.draft_same)
+    config = engines_config(tmp_path, tiny_models.target, trtllm_double, tiny_models.draft_same)
     config["speculative"] = {"draftLen": 3}
     outputs, stats = _run(config, PROMPTS)
     assert outputs == hf_greedy
@@ -111,7 +100,7 @@ def test_the_target_engine_alone_reproduces_greedy_output(
     hf_greedy: list[list[int]],
     method: str,
 ) -> None:
-    config = _engines(tmp_path, tiny_models, trtllm_double, None)
+    config = engines_config(tmp_path, tiny_models.target, trtllm_double, None)
     config["speculative"] = {"method": method, "draftLen": 4}
     outputs, stats = _run(config, PROMPTS)
     assert outputs == hf_greedy
@@ -123,7 +112,7 @@ def test_the_target_engine_alone_reproduces_greedy_output(
 def test_greedy_requests_with_logits_acceptance_still_match_and_draft_logits_are_gathered(
     tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState, hf_greedy: list[list[int]]
 ) -> None:
-    config = _engines(tmp_path, tiny_models, trtllm_double, None, gather_generation_logits=True)
+    config = engines_config(tmp_path, tiny_models.target, trtllm_double, None, gather_generation_logits=True)
     config["model"]["draft"] = str(
         write_engine(
             tmp_path / "draft",
@@ -144,7 +133,7 @@ def test_greedy_requests_with_logits_acceptance_still_match_and_draft_logits_are
 def test_sampled_requests_with_logits_acceptance_pass_draft_logits_to_the_target(
     tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState
 ) -> None:
-    config = _engines(tmp_path, tiny_models, trtllm_double, None, gather_generation_logits=True)
+    config = engines_config(tmp_path, tiny_models.target, trtllm_double, None, gather_generation_logits=True)
     config["model"]["draft"] = str(
         write_engine(
             tmp_path / "draft",
@@ -186,7 +175,9 @@ def test_each_executor_runs_in_orchestrator_mode_on_its_own_device_ids(
     target_tp: int,
     draft_ids: list[int],
 ) -> None:
-    config = _engines(tmp_path, tiny_models, trtllm_double, tiny_models.draft_unrelated, tp_size=target_tp)
+    config = engines_config(
+        tmp_path, tiny_models.target, trtllm_double, tiny_models.draft_unrelated, tp_size=target_tp
+    )
     target_ids = list(range(target_tp))
     config["placement"] = {"targetDeviceIds": target_ids, "draftDeviceIds": draft_ids}
     config["runtime"] = {"kvCacheFreeGpuMemFraction": 0.5, "draftKvCacheFreeGpuMemFraction": 0.2}
@@ -211,7 +202,7 @@ def test_each_executor_runs_in_orchestrator_mode_on_its_own_device_ids(
 def test_runtime_settings_reach_the_executor_config(
     tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState
 ) -> None:
-    config = _engines(tmp_path, tiny_models, trtllm_double, None, max_batch_size=8)
+    config = engines_config(tmp_path, tiny_models.target, trtllm_double, None, max_batch_size=8)
     config["runtime"] = {
         "maxBatchSize": 64,
         "maxNumTokens": 4096,
@@ -234,34 +225,10 @@ def test_runtime_settings_reach_the_executor_config(
     asyncio.run(engine.stop(1))
 
 
-def test_a_client_that_goes_away_cancels_its_executor_requests(
-    tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState
-) -> None:
-    config = _engines(tmp_path, tiny_models, trtllm_double, tiny_models.draft_unrelated)
-    trtllm_double.request_delay = 0.3
-
-    async def main() -> None:
-        engine = build_engine(ServerConfig.model_validate(config))
-        assert isinstance(engine, Engine)
-        await engine.start()
-        gen = engine.generate(engine.tokenizer.encode(PROMPTS[0]), 200, SamplingParams(temperature=0.0))
-        step = asyncio.ensure_future(anext(gen.outputs))
-        await asyncio.sleep(0.1)  # the first draft request is in flight now
-        step.cancel()  # what the HTTP layer does when the client disconnects
-        with contextlib.suppress(asyncio.CancelledError):
-            await step
-        await asyncio.sleep(0.2)
-        assert trtllm_double.cancelled, "no executor request was cancelled"
-        assert not engine.scheduler.running
-        await engine.stop(1)
-
-    asyncio.run(main())
-
-
 def test_an_executor_error_becomes_an_openai_error_and_spares_the_other_requests(
     tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState
 ) -> None:
-    config = _engines(tmp_path, tiny_models, trtllm_double, tiny_models.draft_unrelated)
+    config = engines_config(tmp_path, tiny_models.target, trtllm_double, tiny_models.draft_unrelated)
     poison = "kubernetes operator pod"
     poison_ids: list[int] = []
     trtllm_double.fail_when = lambda request: (
@@ -299,7 +266,7 @@ def test_an_executor_error_becomes_an_openai_error_and_spares_the_other_requests
 def test_acceptance_from_our_loop_is_exported_as_metrics(
     tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState
 ) -> None:
-    config = _engines(tmp_path, tiny_models, trtllm_double, tiny_models.draft_same)
+    config = engines_config(tmp_path, tiny_models.target, trtllm_double, tiny_models.draft_same)
     config["speculative"] = {"draftLen": 2}
     app = create_app(build_engine(ServerConfig.model_validate(config)), served_model_name="tiny")
     with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=30) as http:
@@ -317,7 +284,7 @@ def test_acceptance_from_our_loop_is_exported_as_metrics(
 def test_a_verified_chunk_ends_at_the_end_token(
     tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState, hf_greedy: list[list[int]]
 ) -> None:
-    config = _engines(tmp_path, tiny_models, trtllm_double, None)
+    config = engines_config(tmp_path, tiny_models.target, trtllm_double, None)
     engine = build_engine(ServerConfig.model_validate(config))
     assert isinstance(engine, Engine)
     first = hf_greedy[0]
@@ -340,7 +307,7 @@ def test_without_tensorrt_llm_a_good_engine_is_one_clear_error(
     tmp_path: Path, tiny_models: TinyModels
 ) -> None:
     state = DoubleState()
-    config = _engines(tmp_path, tiny_models, state, tiny_models.draft_unrelated)
+    config = engines_config(tmp_path, tiny_models.target, state, tiny_models.draft_unrelated)
     with pytest.raises(
         BackendUnavailableError, match=r"backend trtllm-engine needs TensorRT-LLM.*Dockerfile.server"
     ):
@@ -353,7 +320,7 @@ def test_acceptance_is_counted_by_prefix_match_whatever_the_target_returns(
     """A target that keeps decoding up to max_tokens = k + 1 after a rejection returns k + 1 tokens every
     step; only the prefix that matches the draft is accepted, and only accepted + 1 tokens are a step's
     output: the same steps and counts as a target that stops after its own token."""
-    config = _engines(tmp_path, tiny_models, trtllm_double, tiny_models.draft_unrelated)
+    config = engines_config(tmp_path, tiny_models.target, trtllm_double, tiny_models.draft_unrelated)
     config["speculative"] = {"draftLen": 4}
     _, exact = _run(config, PROMPTS[:6])
     trtllm_double.continue_after_verify = True
@@ -369,7 +336,7 @@ def test_acceptance_is_counted_by_prefix_match_whatever_the_target_returns(
 
 def _logits_config(tmp_path: Path, models: TinyModels, state: DoubleState, draft_tp: int) -> dict[str, Any]:
     """Logits acceptance with a draft built for ``draft_tp`` GPUs: vocab 384 pads to 385 at tp 5."""
-    config = _engines(tmp_path, models, state, None, gather_generation_logits=True)
+    config = engines_config(tmp_path, models.target, state, None, gather_generation_logits=True)
     config["model"]["draft"] = str(
         write_engine(
             tmp_path / "draft",
@@ -425,69 +392,6 @@ def test_draft_logits_narrower_than_the_targets_are_refused_at_start_up(
     asyncio.run(build_engine(ServerConfig.model_validate(config)).stop(1))
 
 
-def test_only_requests_in_flight_are_cancelled(
-    tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState
-) -> None:
-    """A sequence whose executor request already finished is not cancelled (the executor would only log
-    "Ignoring already terminated request"); one still running is, and ends CANCELLED."""
-    engine = build_engine(ServerConfig.model_validate(_engines(tmp_path, tiny_models, trtllm_double, None)))
-    assert isinstance(engine, Engine)
-    target = engine.scheduler.target
-    assert isinstance(target, TrtTargetExecutor)
-    client, factory = target.client, target.requests
-    (executor,) = trtllm_double.executors
-    trtllm_double.request_delay = 0.3
-    prompt = engine.tokenizer.encode(PROMPTS[0])
-    seqs = [SequenceState(name, prompt, 4, SamplingParams(temperature=0.0)) for name in ("a", "b")]
-
-    async def main() -> list[Outcome]:
-        step = asyncio.ensure_future(
-            client.run([(s.request_id, factory.request(s, 2, greedy=True)) for s in seqs])
-        )
-        while not executor._terminated:  # "a" is answered; "b" still runs
-            await asyncio.sleep(0.01)
-        deadline = time.monotonic() + 0.2
-        while 1 in client._pending and time.monotonic() < deadline:  # the answer reaches the event loop
-            await asyncio.sleep(0.005)
-        client.cancel("a")
-        assert trtllm_double.ignored_cancels == []
-        assert trtllm_double.cancelled == []
-        client.cancel("b")
-        return await step
-
-    done, cancelled = asyncio.run(main())
-    assert (done.cancelled, done.finish, len(done.tokens)) == (False, "LENGTH", 2)
-    assert (cancelled.cancelled, cancelled.finish, cancelled.tokens) == (True, "CANCELLED", [])
-    assert trtllm_double.cancelled == trtllm_double.cancelled_in_flight == [2]
-    assert trtllm_double.ignored_cancels == []
-    asyncio.run(engine.stop(1))
-
-
-def test_nothing_is_cancelled_after_shutdown(
-    tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState
-) -> None:
-    """A step given up after its executor was shut down does not call cancel_request (which would throw
-    "Shutdown called" out of the step)."""
-    engine = build_engine(ServerConfig.model_validate(_engines(tmp_path, tiny_models, trtllm_double, None)))
-    assert isinstance(engine, Engine)
-    target = engine.scheduler.target
-    assert isinstance(target, TrtTargetExecutor)
-    trtllm_double.request_delay = 0.3
-    seq = SequenceState("a", engine.tokenizer.encode(PROMPTS[0]), 4, SamplingParams(temperature=0.0))
-
-    async def main() -> None:
-        step = asyncio.ensure_future(target.client.run([("a", target.requests.request(seq, 2, greedy=True))]))
-        await asyncio.sleep(0.05)
-        target.client.close()
-        target.release("a")
-        step.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await step
-
-    asyncio.run(main())
-    assert trtllm_double.cancelled == []
-
-
 @pytest.mark.parametrize(
     ("field", "value"),
     [
@@ -503,7 +407,7 @@ def test_nothing_is_cancelled_after_shutdown(
 def test_fields_the_engine_backend_does_not_apply_are_refused_naming_it(
     tmp_path: Path, tiny_models: TinyModels, trtllm_double: DoubleState, field: str, value: object
 ) -> None:
-    config = _engines(tmp_path, tiny_models, trtllm_double, tiny_models.draft_same)
+    config = engines_config(tmp_path, tiny_models.target, trtllm_double, tiny_models.draft_same)
     app = create_app(build_engine(ServerConfig.model_validate(config)), served_model_name="tiny")
     body = {"model": "tiny", "prompt": PROMPTS[0], "max_tokens": 4, field: value}
     with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=30) as http:

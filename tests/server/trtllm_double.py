@@ -67,6 +67,11 @@ Differences from the real API that remain, and why:
 9. ``generate_async`` checks only an empty prompt, a prompt longer than ``max_num_tokens`` without chunked
    prefill, and a prompt longer than ``max_seq_len``; the state's ``fail_when`` makes it raise
    ``RuntimeError`` (TensorRT-LLM's ``RequestError``) for chosen prompts. Error messages are the double's own.
+11. ``LLM.get_stats(timeout)`` returns the iteration statistics as dicts (older releases: JSON strings), only
+   with ``enable_iter_perf_stats``, with the fields our code reads and a few neighbours (no KV-cache or memory
+   figures). An iteration runs one request (item 7), so ``numGenRequests`` is 0 or 1; its
+   ``iterLatencyMS`` is the double's own CPU time, and ``specDecodingStats.iterLatencyMS`` (the drafter's
+   time, newer releases) is reported for a draft model only, as there.
 """
 
 from __future__ import annotations
@@ -87,7 +92,7 @@ from tests.server import trtllm_double_llmapi as llmapi_double
 from tests.server.trtllm_double_sampling import GuidedDecodingParams
 from tests.server.trtllm_double_state import DoubleState, install_state
 
-__all__ = ["DoubleState", "trtllm_double", "write_engine"]
+__all__ = ["DoubleState", "engines_config", "trtllm_double", "write_engine"]
 
 
 # ------------------------------------------------------------------------------------------ installing
@@ -236,3 +241,16 @@ def write_engine(
             (tokenizer / item.name).write_bytes(item.read_bytes())
     state.checkpoints[directory] = checkpoint
     return directory
+
+
+def engines_config(
+    directory: Path, target: Path, state: DoubleState, draft: Path | None, **target_engine: Any
+) -> dict[str, Any]:
+    """A server config of backend trtllm-engine over engine directories under ``directory`` standing for the
+    checkpoints ``target`` (built with ``target_engine``, see write_engine) and ``draft`` where given."""
+    model: dict[str, Any] = {
+        "target": str(write_engine(directory / "target", target, state, **target_engine))
+    }
+    if draft is not None:
+        model["draft"] = str(write_engine(directory / "draft", draft, state, speculative_decoding_mode=1))
+    return {"model": model, "backend": "trtllm-engine"}
