@@ -93,6 +93,23 @@ def wait_for(
     pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r})")
 
 
+def wait_quiet(
+    read: Callable[[], Any], quiet: float = 3.0, timeout: float = 60.0, what: str = "value"
+) -> Any:
+    """Poll ``read`` until its value has stayed the same for ``quiet`` seconds and return that value; fail
+    the test with ``what`` if it still changes after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last, since = read(), time.monotonic()
+    while time.monotonic() - since < quiet:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what} still changing after {timeout:.0f}s (last value: {last!r})")
+        time.sleep(0.5)
+        value = read()
+        if value != last:
+            last, since = value, time.monotonic()
+    return last
+
+
 @pytest.fixture(scope="session")
 def local_cluster() -> Iterator[LocalCluster | None]:
     if os.environ.get("USE_EXISTING_CLUSTER") == "1":

@@ -132,7 +132,7 @@ def test_draining_refuses_new_work_finishes_in_flight_and_aborts_what_is_left(lo
     """What SIGTERM does inside the server (AppState.begin_drain), in process: readiness 503 ``draining``,
     new requests 503 ``shutting_down`` with Retry-After, liveness still 200; the in-flight request that can
     finish does; the one that cannot ends at the shutdown timeout with ``finish_reason: abort`` and [DONE]."""
-    timeout = 1.0
+    timeout = 3.0  # the short stream's 40 steps fit in it on a loaded machine; the long one's 30000 do not
     engine = cpu_engine(long_model, None, method="none")
     app = create_app(engine, served_model_name=MODEL, shutdown_timeout=timeout)
     state = app_state(app)
@@ -167,7 +167,7 @@ def test_draining_refuses_new_work_finishes_in_flight_and_aborts_what_is_left(lo
         assert short_rest[-1].usage is not None
         assert short_rest[-1].usage.completion_tokens == 40
         assert str(long_rest[-1].choices[0].finish_reason) == "abort"  # not in the openai types
-        assert timeout <= ended < timeout + 2.0
+        assert timeout <= ended < timeout + 10.0
 
     asyncio.run(main())
 
@@ -189,13 +189,16 @@ def test_sigterm_drains_the_server_process_and_exits_zero(server_process: Server
         signalled = time.monotonic()
 
         # From the signal on, nothing is ready and nothing new is taken: 503 while the listener is still
-        # open, connection refused once uvicorn has closed it.
+        # open, connection refused once uvicorn has closed it. A connection caught in between (accepted by
+        # the kernel or by uvicorn just as the listener closes) is dropped without a response.
         async def status(method: str, path: str, **kwargs: Any) -> int | str:
             try:
                 async with httpx.AsyncClient(base_url=base, timeout=10) as http:
                     response = await http.request(method, path, **kwargs)
             except httpx.ConnectError:
                 return "refused"
+            except (httpx.ReadError, httpx.RemoteProtocolError):
+                return "dropped"
             if response.status_code == 503 and path == "/health/ready":
                 assert response.json() == {"status": "draining"}
             elif response.status_code == 503:
@@ -221,8 +224,8 @@ def test_sigterm_drains_the_server_process_and_exits_zero(server_process: Server
     assert server_process.shut_down.wait(timeout=10)
     log = server_process.log()
 
-    assert set(readiness) <= {503, "refused"}, readiness
-    assert set(new) <= {503, "refused"}, new
+    assert set(readiness) <= {503, "refused", "dropped"}, readiness
+    assert set(new) <= {503, "refused", "dropped"}, new
     # both requests were in flight just before the signal (the short one still had 39 tokens, dozens of
     # steps, to go); the short one completed in full
     assert in_flight == 2

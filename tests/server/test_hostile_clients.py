@@ -63,7 +63,9 @@ def test_clients_vanishing_at_random_points_free_every_slot_and_fail_no_bystande
 
 
 def test_slow_and_idle_connections_do_not_hold_up_other_clients(server: LiveServer) -> None:
-    outcome = asyncio.run(hostile.slow_clients(server.base_url, "standin", connections=60, probe_requests=20))
+    outcome = asyncio.run(
+        hostile.slow_clients(server.base_url, "standin", connections=60, probe_requests=20, floor_ms=1000)
+    )
     assert outcome.problems == []
 
 

@@ -293,10 +293,11 @@ def test_a_client_disconnecting_mid_stream_cancels_its_generation() -> None:
             next(lines)
             assert engine.queue_depth == 1
         assert _wait_for(lambda: engine.queue_depth == 0)
+        # released between steps, once the step in flight has returned
+        assert _wait_for(lambda: len(target.released) == 1)
         calls = target.calls
         time.sleep(0.1)
         assert target.calls == calls  # no step runs for it any more
-        assert len(target.released) == 1
 
 
 def test_n_choices_that_do_not_all_fit_the_queue_are_refused_whole() -> None:

@@ -355,6 +355,7 @@ def test_unknown_fields_follow_the_servers_policy_and_unknown_models_are_refused
     answer = httpx.post(
         f"{server.base_url}/v1/responses",
         json={"model": "tiny", "input": "hi", "max_output_tokens": 2, "frobnicate": 1},
+        timeout=60,
     )
     assert answer.status_code == 200, answer.text
     with pytest.raises(openai.NotFoundError):

@@ -150,7 +150,7 @@ def test_stop_finishes_in_flight_requests_within_the_grace_period_and_aborts_the
         loop = asyncio.get_running_loop()
         started = loop.time()
         await engine.stop(0.3)
-        assert loop.time() - started < 1.0
+        assert loop.time() - started < 5.0  # the timeout, not the long request's 100000 steps
         assert (await short)[-1].finish_reason == FinishReason.LENGTH
         assert (await long)[-1].finish_reason == FinishReason.ABORT
         with pytest.raises(EngineStoppedError):
@@ -166,12 +166,12 @@ def test_standin_calls_last_their_nominal_time() -> None:
         loop = asyncio.get_running_loop()
         for seconds in (0.0005, 0.003, 0.012):
             elapsed = []
-            for _ in range(5):
+            for _ in range(20):
                 started = loop.time()
                 await wait_until(time.perf_counter() + seconds)
                 elapsed.append(loop.time() - started)
             assert all(seconds <= e + 1e-6 for e in elapsed), "never early"
-            # Not more: the best of five, since a loaded machine can deschedule any one spin.
+            # Not more: the best of twenty, since a loaded machine can deschedule any one spin.
             assert min(elapsed) < seconds + 0.002
 
     asyncio.run(main())
@@ -260,7 +260,7 @@ def test_the_plan_search_is_not_timed_as_drafting(monkeypatch: pytest.MonkeyPatc
         estimate = controller.draft_cost.estimator()
         assert controller.draft_cost.by_passes
         for passes in controller.draft_cost.by_passes:
-            assert estimate(passes, 1) < passes * 0.001 + 0.005
+            assert estimate(passes, 1) < passes * 0.001 + 0.010  # the plan search's 20 ms are not in it
 
     asyncio.run(main())
 

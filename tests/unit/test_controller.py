@@ -393,7 +393,10 @@ def test_queue_retries_failures_with_growing_backoff_and_honours_requested_delay
         queue: WorkQueue[str] = WorkQueue(process, workers=1, base_backoff=0.02)
         queue.start()
         queue.add("k")
-        await asyncio.sleep(0.4)
+        deadline = loop.time() + 10
+        while len(times) < 4 and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # room for a fifth call, which must not come
         await queue.stop()
         return times
 
