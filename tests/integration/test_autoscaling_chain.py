@@ -190,7 +190,11 @@ def test_real_load_scales_out_through_prometheus_and_the_adapter_onto_a_new_node
         judged = int(re.findall(r"(\d+)%", effective["message"])[0]) / 100
         if judged < LOW_ACCEPTANCE - 0.005:
             assert (effective["status"], effective["reason"]) == ("False", "LowAcceptance")
-            assert "LowAcceptance" in operator_reasons(core, s.namespace)
+            wait_for(
+                lambda: "LowAcceptance" in operator_reasons(core, s.namespace),
+                timeout=30,
+                what="the LowAcceptance event",
+            )
         elif judged > LOW_ACCEPTANCE + 0.005:  # (a rate within half a percent of it prints as 20 %)
             assert (effective["status"], effective["reason"]) == ("True", "AcceptanceHealthy")
     finally:

@@ -192,8 +192,12 @@ def test_deleting_a_worker_pod_recreates_the_whole_group(
     assert seen[-1] == 1, f"ready groups while the group was recreated: {seen}"
     pods = wait_for(lambda: group_ready(core, ns, "tp16", 0), timeout=30, what="group 0 ready again")
     assert not {p.metadata.uid for p in pods} & old, "both pods of the group must be new"
-    reasons = [e.reason for e in core.list_namespaced_event(ns).items]
-    assert "RecreateGroup" in reasons, reasons
+    # The controller's event recorder posts asynchronously.
+    wait_for(
+        lambda: "RecreateGroup" in [e.reason for e in core.list_namespaced_event(ns).items],
+        timeout=30,
+        what="the RecreateGroup event",
+    )
 
 
 def test_a_second_group_gets_two_new_nodes_from_the_autoscaler_which_removes_them_when_it_goes(

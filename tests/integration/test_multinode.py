@@ -219,10 +219,20 @@ def test_one_node_to_two_and_back_replaces_the_workload_once_the_new_one_serves(
             timeout=60,
             what="the LeaderWorkerSet deleted",
         )
-        events = cluster.core.list_namespaced_event(cluster.namespace).items
-        replaced = [e.message for e in events if e.reason == "WorkloadReplaced"]
-        assert any(f"deleted Deployment {name}" in m for m in replaced), replaced
-        assert any(f"deleted LeaderWorkerSet {name}-lws" in m for m in replaced), replaced
+
+        def replaced() -> list[str]:
+            events = cluster.core.list_namespaced_event(cluster.namespace).items
+            return [e.message for e in events if e.reason == "WorkloadReplaced"]
+
+        # Events are posted after the writes they tell of.
+        wait_for(
+            lambda: (
+                any(f"deleted Deployment {name}" in m for m in replaced())
+                and any(f"deleted LeaderWorkerSet {name}-lws" in m for m in replaced())
+            ),
+            timeout=30,
+            what="a WorkloadReplaced event for each workload replaced",
+        )
     finally:
         cluster.kubectl("delete", f"sdep/{name}", "-n", cluster.namespace, "--wait=false")
         wait_for(lambda: not autoscaled(autoscaling_cluster), timeout=180, what="the autoscaled nodes gone")

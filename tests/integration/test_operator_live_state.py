@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
+from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for, wait_quiet
 from tests.integration.test_operator import FAILING_IMAGE, Cluster, condition, example
 
 pytestmark = pytest.mark.usefixtures("operator")
@@ -51,7 +51,8 @@ def test_hand_edits_of_owned_fields_are_reverted_on_their_watch_event_without_a_
 ) -> None:
     name = cluster.apply(example("02"))
     cluster.wait_phase(name, "Ready", timeout=120)
-    time.sleep(2)  # the last status write of the rollout
+    # the rollout's last status write: over once the resourceVersion stops moving
+    before = wait_quiet(lambda: sdep_version(cluster, name), what="the resource's version after Ready")
     ns = cluster.namespace
     config_name = f"{name}-server-config"
     config = cluster.core.read_namespaced_config_map(config_name, ns).data["server.yaml"]
@@ -59,7 +60,6 @@ def test_hand_edits_of_owned_fields_are_reverted_on_their_watch_event_without_a_
     min_available = cluster.kubectl(
         "get", "pdb", name, "-n", ns, "-o", "jsonpath={.spec.minAvailable}"
     ).stdout
-    before = sdep_version(cluster, name)
 
     edit(cluster, "configmap", config_name, {"data": {"server.yaml": "{}"}})
     repaired(
@@ -168,8 +168,17 @@ def test_an_apply_the_api_server_refuses_is_reported_and_retried_until_it_succee
     assert synced["reason"] == "ReconcileError"
     assert "exceeded quota: no-services" in synced["message"]
     assert "Service" in synced["message"] or "services" in synced["message"]
-    events = cluster.core.list_namespaced_event(ns, field_selector=f"involvedObject.name={name}").items
-    assert any(e.reason == "ReconcileError" for e in events)
+
+    def reasons() -> set[str]:
+        selector = f"involvedObject.name={name}"
+        return {e.reason for e in cluster.core.list_namespaced_event(ns, field_selector=selector).items}
+
+    # The operator posts its events after the status write the test has just read.
+    wait_for(
+        lambda: "ReconcileError" in reasons(),
+        timeout=30,
+        what="the ReconcileError event",
+    )
 
     cluster.kubectl("delete", "resourcequota", "no-services", "-n", ns)
     status = cluster.wait_phase(name, "Ready", timeout=180)
