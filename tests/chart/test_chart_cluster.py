@@ -76,8 +76,13 @@ def test_install_upgrade_uninstall(helm: Helm, kubectl: Kubectl, kubeconfig: Pat
 
     for crd in CRDS:
         kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}")
-    deployment = get_json(kubectl, "deployment", "sd-specdeploy", "-n", namespace)
-    assert deployment["status"]["readyReplicas"] == 1
+
+    # helm --wait waits for the new ReplicaSet; the Deployment's own count follows from its controller.
+    def deployment_with(ready: int) -> dict[str, Any] | None:
+        deployment: dict[str, Any] = get_json(kubectl, "deployment", "sd-specdeploy", "-n", namespace)
+        return deployment if deployment["status"].get("readyReplicas") == ready else None
+
+    wait_for(lambda: deployment_with(1), timeout=60, what="the operator Deployment's 1 ready replica")
     sa = f"system:serviceaccount:{namespace}:sd-specdeploy"
     assert can_i(kubectl, sa, "watch", "speculativedeployments.specdeploy.dev", "-A")
     assert can_i(
@@ -94,8 +99,9 @@ def test_install_upgrade_uninstall(helm: Helm, kubectl: Kubectl, kubeconfig: Pat
         "--set", "replicaCount=2", "--set", "settings.defaultGpuProduct=NVIDIA-H200",
         kubeconfig=kubeconfig,
     )  # fmt: skip
-    deployment = get_json(kubectl, "deployment", "sd-specdeploy", "-n", namespace)
-    assert deployment["status"]["readyReplicas"] == 2
+    deployment = wait_for(
+        lambda: deployment_with(2), timeout=60, what="the operator Deployment's 2 ready replicas"
+    )
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["SPECDEPLOY_DEFAULT_GPU_PRODUCT"] == "NVIDIA-H200"

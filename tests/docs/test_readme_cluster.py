@@ -279,17 +279,21 @@ def test_watch_scale_and_troubleshoot_commands(
         assert sorted(line.split()[0] for line in listed[1:]) == sorted(by_role.values()), listed
         assert all("Succeeded" in line.split() for line in listed[1:]), listed
 
-        described = " ".join(sh.run("kubectl describe sdep llama-8b-1b-h100").stdout.split())
-        for text in (
+        texts: tuple[str, ...] = (
             "Conditions:",
             "Type: EnginesReady",
             "Reason:",
             "Events:",
             "Building",
             "RolloutStarted",
-            "RolloutFinished",
-        ):
-            assert text in described, f"{text!r} not in kubectl describe sdep:\n{described}"
+        )
+        texts += ("RolloutFinished",)  # posted after the status write that said Ready
+
+        def described() -> str | None:
+            text = " ".join(sh.run("kubectl describe sdep llama-8b-1b-h100").stdout.split())
+            return text if all(t in text for t in texts) else None
+
+        wait_for(described, timeout=30, what=f"kubectl describe sdep showing {texts}")
 
         scaled = sh.run("kubectl scale sdep/llama-8b-1b-h100 --replicas=3").stdout
         assert scaled.strip() == f"speculativedeployment.specdeploy.dev/{SDEP} scaled", scaled

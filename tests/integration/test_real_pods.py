@@ -73,6 +73,8 @@ class Served:
             return status if status.get("phase") == "Ready" else None
 
         result: dict[str, Any] = wait_for(ready, timeout=timeout, interval=0.5, what=f"{self.name} Ready")
+        # The Service's EndpointSlices are another controller's, written after the pods it saw ready.
+        wait_for(self.endpoints.ready, timeout=60, what=f"a ready endpoint of {self.name}")
         return result
 
     def pods(self) -> list[client.V1Pod]:
