@@ -342,6 +342,23 @@ def test_the_users_of_an_engine_come_from_an_index_not_a_scan() -> None:
     assert reconciler.users_of(NS, "unknown") == []
 
 
+def test_an_engine_a_deployment_stops_using_is_looked_at_again_at_once() -> None:
+    """Its garbage collection then starts with the grace period, not at the next resync."""
+    reconciler = bound_reconciler(FakeKube())
+    doc = gpu_deployment("a")
+    (old,) = build_engine_builds(SpeculativeDeployment.model_validate(doc), OperatorSettings())
+    old_name = old["metadata"]["name"]
+    reconciler.deployment_changed(NS, "a", {**doc, "status": {"engines": {"target": {"name": old_name}}}})
+    assert ("engine", NS, old_name) not in reconciler.queue._queued
+    doc["spec"]["speculative"]["maxDraftLen"] = 9  # a new engine; the status lists only it after the rollout
+    (new,) = build_engine_builds(SpeculativeDeployment.model_validate(doc), OperatorSettings())
+    reconciler.deployment_changed(
+        NS, "a", {**doc, "status": {"engines": {"target": {"name": new["metadata"]["name"]}}}}
+    )
+    assert ("engine", NS, old_name) in reconciler.queue._queued
+    assert ("engine", NS, new["metadata"]["name"]) not in reconciler.queue._queued
+
+
 def test_reverting_a_hand_scaled_deployment_of_a_ready_deployment_writes_no_status_in_between() -> None:
     kube = FakeKube()
     reconciler = converge(kube, cpu_deployment())

@@ -160,8 +160,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
         if kw["type"] == "DELETED":
             body = _snapshot(kw["body"], "metadata", "spec", "status")
             reconciler.deployment_deleted(namespace, name, body)
-        else:
-            reconciler.deployment_changed(namespace, name)
+        else:  # the engines it uses are read from the event's parsed JSON; nothing of it is kept
+            reconciler.deployment_changed(namespace, name, dict(kw["body"]))
 
     @kopf.on.event(*engine, registry=registry)
     async def on_engine(**kw: Any) -> None:

@@ -99,6 +99,7 @@ class Reconciler:
         self._resync: asyncio.TimerHandle | None = None
         self._own_writes: dict[tuple[str, str, str, str], OwnWrite] = {}
         self._terminating: dict[str, float] = {}  # namespace -> when a create there was last refused
+        self._engines_of: dict[tuple[str, str], set[str]] = {}  # deployment -> engines its last event used
         # ScaledObjects have no index (KEDA may not be installed, and kopf cannot watch a resource that does
         # not exist): (namespace, name) -> the spec this process applied; cleared by the periodic resync, so
         # a hand-edited or deleted ScaledObject is repaired within `resync_seconds`.
@@ -157,8 +158,16 @@ class Reconciler:
                 log.exception("speculation sampling failed")
 
     # -- triggers (called by handlers) ---------------------------------------------------------------------
-    def deployment_changed(self, namespace: str, name: str) -> None:
+    def deployment_changed(self, namespace: str, name: str, body: Obj | None = None) -> None:
+        """Reconcile the deployment; given its new body (its own watch event), also the EngineBuilds it no
+        longer uses: garbage now, collected after the grace period rather than at the next resync."""
         self.queue.add(("sdep", namespace, name))
+        if body is None:
+            return
+        used = self.engines_used(body)
+        for engine in self._engines_of.get((namespace, name), set()) - used:
+            self.queue.add(("engine", namespace, engine))
+        self._engines_of[(namespace, name)] = used
 
     def engine_changed(self, namespace: str, name: str) -> None:
         self.queue.add(("engine", namespace, name))
@@ -172,6 +181,7 @@ class Reconciler:
     def deployment_deleted(self, namespace: str, name: str, body: Obj) -> None:
         """A deleted deployment's engines may have become garbage; its replica figures go."""
         metrics.forget_deployment(namespace, name)
+        self._engines_of.pop((namespace, name), None)
         for engine in self.engines_used(body):
             self.queue.add(("engine", namespace, engine))
 
