@@ -144,10 +144,17 @@ async def _probe_latencies(base_url: str, model: str, requests: int) -> tuple[li
     return latencies, failed
 
 
-async def _hold_slow_connection(host: str, port: int, kind: int, stop: asyncio.Event) -> bool:
+async def _hold_slow_connection(
+    host: str, port: int, kind: int, stop: asyncio.Event, stalled: asyncio.Event
+) -> bool:
     """One slow or idle connection until ``stop``: partial headers trickled a byte a second, a body that
-    stops short of its Content-Length, or an idle keep-alive after one request. True: the server closed it."""
-    reader, writer = await asyncio.open_connection(host, port)
+    stops short of its Content-Length, or an idle keep-alive after one request; ``stalled`` is set once it
+    is (or once it failed). True: the server closed it."""
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+    except BaseException:
+        stalled.set()
+        raise
     try:
         if kind == 0:
             writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")
@@ -159,6 +166,7 @@ async def _hold_slow_connection(host: str, port: int, kind: int, stop: asyncio.E
         await writer.drain()
         if kind == 2:
             await _response_head(reader)  # then idle on the kept-alive connection
+        stalled.set()
         while not stop.is_set():
             if kind == 0:
                 writer.write(b"X")  # slowloris: one more byte of a header that never ends
@@ -171,6 +179,7 @@ async def _hold_slow_connection(host: str, port: int, kind: int, stop: asyncio.E
     except ConnectionError:
         return True
     finally:
+        stalled.set()
         writer.close()
         with contextlib.suppress(ConnectionError):
             await writer.wait_closed()
@@ -183,22 +192,26 @@ async def slow_clients(
     probe_requests: int = 40,
     *,
     hold_seconds: float = 0.0,
-    floor_ms: float = 0.0,
+    floor_ms: float | None = 0.0,
 ) -> Outcome:
     """Latency of ordinary requests before, and while ``connections`` slow or idle connections are open: the
     p95 while they are open is at most twice the one before plus 50 ms, or ``floor_ms`` where that is more (a
-    server that shares its process with the clients, as in a test, sees their wake-ups as stalls; one that
-    waits on slow clients stalls for seconds)."""
+    server that shares its process with the clients sees their wake-ups as stalls; one that waits on slow
+    clients stalls for seconds). ``floor_ms=None`` bounds no latency (a test's use): every ordinary request
+    is answered while the slow connections are held, which a server waiting on them never does."""
     outcome = Outcome()
     split = urlsplit(base_url)
     host, port = split.hostname or "127.0.0.1", split.port or 80
     before, failed_before = await _probe_latencies(base_url, model, probe_requests)
     stop = asyncio.Event()
+    stalled = [asyncio.Event() for _ in range(connections)]
     holders = [
-        asyncio.ensure_future(_hold_slow_connection(host, port, i % 3, stop)) for i in range(connections)
+        asyncio.ensure_future(_hold_slow_connection(host, port, i % 3, stop, stalled[i]))
+        for i in range(connections)
     ]
-    await asyncio.sleep(0.5)  # all connected and stalled
+    await asyncio.wait_for(asyncio.gather(*(event.wait() for event in stalled)), 60)  # connected and stalled
     during, failed_during = await _probe_latencies(base_url, model, probe_requests)
+    held = sum(not holder.done() for holder in holders)  # still open while every probe was answered
     if hold_seconds:
         await asyncio.sleep(hold_seconds)
     stop.set()
@@ -208,12 +221,13 @@ async def slow_clients(
     if failed_before or failed_during:
         outcome.problems.append(f"{failed_before} + {failed_during} probe requests failed")
     base, loaded = summary_ms(before), summary_ms(during)
-    bound_ms = max(2 * base["p95_ms"] + 50, floor_ms)
-    if loaded["p95_ms"] > bound_ms:
+    bound_ms = None if floor_ms is None else max(2 * base["p95_ms"] + 50, floor_ms)
+    if bound_ms is not None and loaded["p95_ms"] > bound_ms:
         outcome.problems.append(f"p95 {loaded['p95_ms']} ms with slow clients > bound {bound_ms:.0f} ms")
     outcome.figures.update(
-        connections=connections, probe_requests=probe_requests, before=base, during=loaded,
-        bound_p95_ms=round(bound_ms, 1), closed_by_server=sum(c is True for c in closed),
+        connections=connections, probe_requests=probe_requests, before=base, during=loaded, held=held,
+        bound_p95_ms=None if bound_ms is None else round(bound_ms, 1),
+        closed_by_server=sum(c is True for c in closed),
     )  # fmt: skip
     await settled(base_url, outcome)
     return outcome

@@ -19,7 +19,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from specdeploy_server.backends.standin import StandInDraft, StandInTarget, standin_engine
+from specdeploy_server.backends.standin import StandInDraft, StandInTarget, standin_engine, wait_until
 from specdeploy_server.core.drafters import DraftModelDrafter
 from specdeploy_server.core.scheduler import SchedulerSettings, StepSpeculation
 from specdeploy_server.core.types import SamplingParams
@@ -124,7 +124,35 @@ async def _run(
     )
 
 
+STANDIN_SLACK_SECONDS = 0.002
+"""How late the best of twenty stand-in waits may return: more, and their nominal times (the ideal this
+benchmark divides by) do not hold on this machine."""
+
+
+async def standin_overshoot(seconds: float, calls: int = 20) -> list[float]:
+    """How late each of `calls` stand-in waits of `seconds` returns (never early: a negative value raises)."""
+    loop = asyncio.get_running_loop()
+    late = []
+    for _ in range(calls):
+        started = loop.time()
+        await wait_until(time.perf_counter() + seconds)
+        late.append(loop.time() - started - seconds)
+    if min(late) < -1e-6:
+        raise RuntimeError(f"a stand-in wait of {seconds} s returned early: {min(late):.6f} s")
+    return late
+
+
+def check_standins() -> None:
+    """The stand-ins keep their nominal times: the best of twenty waits is within `STANDIN_SLACK_SECONDS`
+    (a loaded machine can deschedule any one spin)."""
+    for seconds in (0.0005, 0.003, 0.012):
+        best = min(asyncio.run(standin_overshoot(seconds)))
+        if best >= STANDIN_SLACK_SECONDS:
+            raise RuntimeError(f"stand-in waits of {seconds} s return {best * 1000:.2f} ms late at best")
+
+
 def run(seconds: float = 4.0) -> list[OrchestrationResult]:
+    check_standins()
     results = []
     for label, draft_ms, verify_ms, k, alpha in (
         ("draft model", 2.0, 25.0, 4, 0.7),

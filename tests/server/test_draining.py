@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +35,7 @@ from tests.server.cpu_engine import MODEL, PROMPT, cpu_engine, load_gauges
 from tests.server.livethread import serve_on_loop
 
 SHUTDOWN_TIMEOUT = 3.0  # the server process's serving.shutdownTimeoutSeconds
+DRAIN_ABORT = "drain: 1 request(s) unfinished at the {:.1f} s shutdown timeout: aborted"
 
 
 @dataclass
@@ -42,28 +43,25 @@ class ServerProcess:
     """``python -m specdeploy_server --config …`` with its stderr read line by line on a thread."""
 
     process: subprocess.Popen[str]
-    lines: list[tuple[float, str]] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
     port: int | None = None
     started: threading.Event = field(default_factory=threading.Event)
     shut_down: threading.Event = field(default_factory=threading.Event)  # "Application shutdown complete"
-    shut_down_at: float = 0.0
 
     def read(self) -> None:
         assert self.process.stderr is not None
         for line in self.process.stderr:
-            now = time.monotonic()
-            self.lines.append((now, line))
+            self.lines.append(line)
             running = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", line)
             if running:
                 self.port = int(running.group(1))
                 self.started.set()
             if "Application shutdown complete" in line:
-                self.shut_down_at = now
                 self.shut_down.set()
         self.started.set()  # the process ended (port stays None if it never served)
 
     def log(self) -> str:
-        return "".join(line for _, line in self.lines)
+        return "".join(self.lines)
 
 
 @pytest.fixture(scope="module")
@@ -128,10 +126,13 @@ async def _long_and_short_streams(base: str) -> tuple[AsyncStream[Completion], A
     return long, short
 
 
-def test_draining_refuses_new_work_finishes_in_flight_and_aborts_what_is_left(long_model: Path) -> None:
+def test_draining_refuses_new_work_finishes_in_flight_and_aborts_what_is_left(
+    long_model: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """What SIGTERM does inside the server (AppState.begin_drain), in process: readiness 503 ``draining``,
     new requests 503 ``shutting_down`` with Retry-After, liveness still 200; the in-flight request that can
     finish does; the one that cannot ends at the shutdown timeout with ``finish_reason: abort`` and [DONE]."""
+    caplog.set_level(logging.WARNING, logger="specdeploy_server.core.scheduler")
     timeout = 3.0  # the short stream's 40 steps fit in it on a loaded machine; the long one's 30000 do not
     engine = cpu_engine(long_model, None, method="none")
     app = create_app(engine, served_model_name=MODEL, shutdown_timeout=timeout)
@@ -145,7 +146,6 @@ def test_draining_refuses_new_work_finishes_in_flight_and_aborts_what_is_left(lo
             long, short = await _long_and_short_streams(base)
             assert engine.queue_depth == 2  # both in flight
 
-            started = time.monotonic()
             state.begin_drain()
             ready = await http.get("/health/ready")
             assert (ready.status_code, ready.json()) == (503, {"status": "draining"})
@@ -159,7 +159,6 @@ def test_draining_refuses_new_work_finishes_in_flight_and_aborts_what_is_left(lo
 
             short_rest = [chunk async for chunk in short]  # ends at [DONE]
             long_rest = [chunk async for chunk in long]
-            ended = time.monotonic() - started
             assert state.drain_task is not None
             await state.drain_task
 
@@ -167,7 +166,8 @@ def test_draining_refuses_new_work_finishes_in_flight_and_aborts_what_is_left(lo
         assert short_rest[-1].usage is not None
         assert short_rest[-1].usage.completion_tokens == 40
         assert str(long_rest[-1].choices[0].finish_reason) == "abort"  # not in the openai types
-        assert timeout <= ended < timeout + 10.0
+        # aborted by the timeout (the loop still ran): the drain says so
+        assert DRAIN_ABORT.format(timeout) in caplog.text
 
     asyncio.run(main())
 
@@ -181,12 +181,11 @@ def test_sigterm_drains_the_server_process_and_exits_zero(server_process: Server
     with httpx.Client(base_url=base, timeout=30) as http:
         assert http.get("/health/ready").status_code == 200
 
-    async def main() -> tuple[float, float, list[Any], list[Any], list[int | str], list[int | str]]:
+    async def main() -> tuple[float, list[Any], list[Any], list[int | str], list[int | str]]:
         long, short = await _long_and_short_streams(base)
         async with httpx.AsyncClient(base_url=base, timeout=10) as http:
             in_flight = load_gauges((await http.get("/metrics")).text).depth
         server_process.process.send_signal(signal.SIGTERM)
-        signalled = time.monotonic()
 
         # From the signal on, nothing is ready and nothing new is taken: 503 while the listener is still
         # open, connection refused once uvicorn has closed it. A connection caught in between (accepted by
@@ -216,11 +215,10 @@ def test_sigterm_drains_the_server_process_and_exits_zero(server_process: Server
             )
         short_rest = [chunk async for chunk in short]
         long_rest = [chunk async for chunk in long]
-        return in_flight, signalled, short_rest, long_rest, readiness, new
+        return in_flight, short_rest, long_rest, readiness, new
 
-    in_flight, signalled, short_rest, long_rest, readiness, new = asyncio.run(main())
+    in_flight, short_rest, long_rest, readiness, new = asyncio.run(main())
     returncode = server_process.process.wait(timeout=60)
-    exited = time.monotonic() - signalled
     assert server_process.shut_down.wait(timeout=10)
     log = server_process.log()
 
@@ -236,9 +234,7 @@ def test_sigterm_drains_the_server_process_and_exits_zero(server_process: Server
     # the long one was cut off at the shutdown timeout, still with a proper end of stream
     assert long_rest[-1].choices[0].finish_reason == "abort"
     assert returncode == 0, log
-    assert "timeout graceful shutdown exceeded" not in log  # the engine ended the streams, not uvicorn
-    # The server had shut down (lifespan complete) about shutdownTimeoutSeconds after the signal; the rest
-    # until the exit is the interpreter releasing torch and transformers (seconds on a slow machine).
-    shut_down = server_process.shut_down_at - signalled
-    assert SHUTDOWN_TIMEOUT - 0.5 <= shut_down < SHUTDOWN_TIMEOUT + HTTP_BACKSTOP_SECONDS, log
-    assert exited < 60
+    # The engine's drain ended the long stream at shutdownTimeoutSeconds, not uvicorn's backstop (which
+    # would have cut the connections ceil(timeout) + HTTP_BACKSTOP_SECONDS after the signal).
+    assert DRAIN_ABORT.format(SHUTDOWN_TIMEOUT) in log
+    assert "timeout graceful shutdown exceeded" not in log, f"backstop {HTTP_BACKSTOP_SECONDS} s:\n{log}"

@@ -36,10 +36,10 @@ def test_a_flood_beyond_the_queue_bound_is_refused_with_retry_after_and_leaves_t
     settings = SchedulerSettings(max_model_len=128, max_batch_size=BATCH, max_queue_size=QUEUE, draft_len=3)
     engine, _ = standin_engine(0.01, 0.0, alpha=0.7, settings=settings)
     with run_live(create_app(engine)) as server:
-        # the server shares this process (and its GIL) with the 300 clients: the campaign's bound is for a
-        # server in its own process
+        # What is refused and served, not how fast: that is the campaign's (`make chaos`), with the server in
+        # a process of its own.
         flooding = flood.flood(
-            server.base_url, "standin", count=300, max_tokens=40, capacity=BATCH + QUEUE, probe_bound_ms=1000
+            server.base_url, "standin", count=300, max_tokens=40, capacity=BATCH + QUEUE, probe_bound_ms=None
         )
         outcome = asyncio.run(flooding)
     assert outcome.problems == []
@@ -64,9 +64,10 @@ def test_clients_vanishing_at_random_points_free_every_slot_and_fail_no_bystande
 
 def test_slow_and_idle_connections_do_not_hold_up_other_clients(server: LiveServer) -> None:
     outcome = asyncio.run(
-        hostile.slow_clients(server.base_url, "standin", connections=60, probe_requests=20, floor_ms=1000)
+        hostile.slow_clients(server.base_url, "standin", connections=60, probe_requests=20, floor_ms=None)
     )
     assert outcome.problems == []
+    assert outcome.figures["held"] > 0, "every slow connection was gone before the ordinary requests"
 
 
 def test_bodies_over_the_limit_get_413_without_being_read_whole(server: LiveServer) -> None:

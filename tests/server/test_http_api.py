@@ -6,7 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -15,6 +15,7 @@ from specdeploy_server.backends.standin import StandInTarget, standin_engine
 from specdeploy_server.core.scheduler import SchedulerSettings
 from specdeploy_server.engine import Engine
 
+from tests.conftest import wait_for
 from tests.server.conftest import LiveServer, run_live
 
 KEY = "sk-test-123"
@@ -252,15 +253,6 @@ def test_the_api_key_is_required_when_configured() -> None:
         assert http.get("/metrics").status_code == 200
 
 
-def _wait_for(condition: Callable[[], bool], seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.02)
-    return condition()
-
-
 def test_a_full_queue_answers_503_with_retry_after() -> None:
     """maxQueueSize 1 on one batch slot: one request runs, one waits, the next is refused."""
     app, engine, _ = _app(
@@ -273,12 +265,12 @@ def test_a_full_queue_answers_503_with_retry_after() -> None:
         ):
             lines = first.iter_lines()  # kept: dropping the iterator would close the stream
             next(lines)
-            assert _wait_for(lambda: engine.queue_depth == 2)
+            wait_for(lambda: engine.queue_depth == 2, timeout=30, interval=0.02, what="both requests taken")
             busy = http.post("/v1/completions", json=_completion())
             _assert_error(busy, 503, "queue is full")
             assert busy.headers["retry-after"] == "1"
             del second
-        assert _wait_for(lambda: engine.queue_depth == 0)
+        wait_for(lambda: engine.queue_depth == 0, timeout=30, interval=0.02, what="the queue empty")
         assert http.post("/v1/completions", json=_completion()).status_code == 200
 
 
@@ -292,9 +284,11 @@ def test_a_client_disconnecting_mid_stream_cancels_its_generation() -> None:
             next(lines)
             next(lines)
             assert engine.queue_depth == 1
-        assert _wait_for(lambda: engine.queue_depth == 0)
+        wait_for(lambda: engine.queue_depth == 0, timeout=30, interval=0.02, what="the queue empty")
         # released between steps, once the step in flight has returned
-        assert _wait_for(lambda: len(target.released) == 1)
+        wait_for(
+            lambda: len(target.released) == 1, timeout=30, interval=0.02, what="1 released by the target"
+        )
         calls = target.calls
         time.sleep(0.1)
         assert target.calls == calls  # no step runs for it any more
@@ -304,7 +298,7 @@ def test_n_choices_that_do_not_all_fit_the_queue_are_refused_whole() -> None:
     app, engine, _ = _app(SchedulerSettings(max_batch_size=1, max_queue_size=1, draft_len=0))
     with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=10) as http:
         _assert_error(http.post("/v1/completions", json=_completion(n=3)), 503, "queue is full")
-        assert _wait_for(lambda: engine.queue_depth == 0)
+        wait_for(lambda: engine.queue_depth == 0, timeout=30, interval=0.02, what="the queue empty")
         assert http.post("/v1/completions", json=_completion(n=2)).status_code == 200
 
 
@@ -318,8 +312,10 @@ def test_a_client_disconnecting_from_an_n_choice_stream_cancels_every_choice() -
             next(lines)
             next(lines)
             assert engine.queue_depth == 3
-        assert _wait_for(lambda: engine.queue_depth == 0)
-        assert _wait_for(lambda: len(target.released) == 3)
+        wait_for(lambda: engine.queue_depth == 0, timeout=30, interval=0.02, what="the queue empty")
+        wait_for(
+            lambda: len(target.released) == 3, timeout=30, interval=0.02, what="3 released by the target"
+        )
 
 
 def test_a_client_disconnecting_from_an_n_choice_request_cancels_every_choice() -> None:
@@ -327,8 +323,10 @@ def test_a_client_disconnecting_from_an_n_choice_request_cancels_every_choice() 
     with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=0.3) as http:
         with pytest.raises(httpx.ReadTimeout):
             http.post("/v1/completions", json=_completion(max_tokens=4000, n=2))
-        assert _wait_for(lambda: engine.queue_depth == 0)
-        assert _wait_for(lambda: len(target.released) == 2)
+        wait_for(lambda: engine.queue_depth == 0, timeout=30, interval=0.02, what="the queue empty")
+        wait_for(
+            lambda: len(target.released) == 2, timeout=30, interval=0.02, what="2 released by the target"
+        )
 
 
 def test_a_client_disconnecting_while_waiting_for_a_non_streamed_answer_cancels_it() -> None:
@@ -336,9 +334,11 @@ def test_a_client_disconnecting_while_waiting_for_a_non_streamed_answer_cancels_
     with run_live(app) as live, httpx.Client(base_url=live.base_url, timeout=0.3) as http:
         with pytest.raises(httpx.ReadTimeout):
             http.post("/v1/completions", json=_completion(max_tokens=4000))
-        assert _wait_for(lambda: engine.queue_depth == 0)
+        wait_for(lambda: engine.queue_depth == 0, timeout=30, interval=0.02, what="the queue empty")
         # released between steps, once the step in flight has returned
-        assert _wait_for(lambda: len(target.released) == 1)
+        wait_for(
+            lambda: len(target.released) == 1, timeout=30, interval=0.02, what="1 released by the target"
+        )
 
 
 def test_shutdown_lets_in_flight_streams_finish_and_refuses_new_connections() -> None:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
-from specdeploy_server.backends.standin import standin_engine, wait_until
+from specdeploy_server.backends.standin import standin_engine
 from specdeploy_server.core.executors import VerifyRequest
 from specdeploy_server.core.scheduler import (
     EngineStoppedError,
@@ -19,7 +19,17 @@ from specdeploy_server.core.scheduler import (
 from specdeploy_server.core.types import FinishReason, SamplingParams, StepOutput
 from specdeploy_server.engine import Engine
 
+from benchmarks.server.orchestration import standin_overshoot
+
 GREEDY = SamplingParams(temperature=0.0)
+
+
+async def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(0.001)
 
 
 async def _drain(engine: Engine, prompt: list[int], max_tokens: int) -> list[StepOutput]:
@@ -87,7 +97,10 @@ def test_a_full_queue_refuses_new_requests() -> None:
         await engine.start()
         first = engine.generate([97], 50, GREEDY)
         second = engine.generate([97], 50, GREEDY)  # waits: one slot, one queue place
-        await asyncio.sleep(0.05)
+        await _until(
+            lambda: (len(engine.scheduler.running), len(engine.scheduler.waiting)) == (1, 1),
+            "the first request in the batch slot, the second in the queue",
+        )
         with pytest.raises(QueueFullError):
             engine.generate([97], 5, GREEDY)
         await first.outputs.aclose()
@@ -146,12 +159,10 @@ def test_stop_finishes_in_flight_requests_within_the_grace_period_and_aborts_the
         await engine.start()
         short = asyncio.ensure_future(_drain(engine, [97], 5))
         long = asyncio.ensure_future(_drain(engine, [97], 100_000))
-        await asyncio.sleep(0.02)
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        await _until(lambda: len(engine.scheduler.running) == 2, "both requests in the batch")
         await engine.stop(0.3)
-        assert loop.time() - started < 5.0  # the timeout, not the long request's 100000 steps
         assert (await short)[-1].finish_reason == FinishReason.LENGTH
+        # aborted at the timeout: its 100000 steps would have ended it with `length`
         assert (await long)[-1].finish_reason == FinishReason.ABORT
         with pytest.raises(EngineStoppedError):
             engine.generate([97], 1, GREEDY)
@@ -159,20 +170,13 @@ def test_stop_finishes_in_flight_requests_within_the_grace_period_and_aborts_the
     asyncio.run(main())
 
 
-def test_standin_calls_last_their_nominal_time() -> None:
-    """The stand-ins are a latency model: a call takes its nominal time (a timer, then a spin), not more."""
+def test_standin_calls_are_never_early() -> None:
+    """The stand-ins are a latency model: a call takes at least its nominal time (a timer, then a spin). That
+    it takes no more is the server benchmark's to check (`orchestration.check_standins`): a timing."""
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
         for seconds in (0.0005, 0.003, 0.012):
-            elapsed = []
-            for _ in range(20):
-                started = loop.time()
-                await wait_until(time.perf_counter() + seconds)
-                elapsed.append(loop.time() - started)
-            assert all(seconds <= e + 1e-6 for e in elapsed), "never early"
-            # Not more: the best of twenty, since a loaded machine can deschedule any one spin.
-            assert min(elapsed) < seconds + 0.002
+            assert len(await standin_overshoot(seconds)) == 20  # raises on an early return
 
     asyncio.run(main())
 

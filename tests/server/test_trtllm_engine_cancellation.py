@@ -46,12 +46,14 @@ def test_a_client_that_goes_away_cancels_its_executor_requests(
         gen = engine.generate(engine.tokenizer.encode(PROMPT), 200, SamplingParams(temperature=0.0))
         step = asyncio.ensure_future(anext(gen.outputs))
         # the first draft request is in flight
-        assert await within(10, lambda: any(e._next_id > 1 for e in trtllm_double.executors))
+        assert await within(10, lambda: any(e._next_id > 1 for e in trtllm_double.executors)), (
+            "no draft request in flight"
+        )
         step.cancel()  # what the HTTP layer does when the client disconnects
         with contextlib.suppress(asyncio.CancelledError):
             await step
         assert await within(10, lambda: bool(trtllm_double.cancelled)), "no executor request was cancelled"
-        assert await within(10, lambda: not engine.scheduler.running)
+        assert await within(10, lambda: not engine.scheduler.running), "the request released"
         await engine.stop(1)
 
     asyncio.run(main())

@@ -140,7 +140,11 @@ class SpeculativeScheduler:
         deadline = time.monotonic() + timeout
         while self.queue_depth and time.monotonic() < deadline and self.alive:
             await asyncio.sleep(0.01)
-        for seq in [*self.waiting, *self.running]:
+        left = [*self.waiting, *self.running]
+        if left:
+            why = f"the {timeout:.1f} s shutdown timeout" if self.alive else "the end of the scheduler loop"
+            log.warning("drain: %d request(s) unfinished at %s: aborted", len(left), why)
+        for seq in left:
             self.abort(seq)
         self._closing = True
         self._wakeup.set()
