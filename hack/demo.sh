@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 dir="${1:-.cluster}"
 example="${2:-examples/01-draft-target-llama70b-8b-h100.yaml}"
 namespace="${DEMO_NAMESPACE:-demo}"
-bin="$(hack/cluster/build.sh)"
+bin="$(hack/cluster/build.sh core)"
 k() { "$bin/kubectl" --kubeconfig "$dir/kubeconfig" "$@"; }
 py=.venv/bin/python
 

@@ -33,9 +33,10 @@ What runs differs from what the README shows only by these substitutions, each a
 - `specdeploy-system` -> a fresh namespace for the Helm release.
 - `NAME`, `ENGINE`, `FILE` -> the deployment, one of its EngineBuilds, a manifest with mistakes.
 - `/models/target`, `/models/draft`, port 8000 -> tiny checkpoints (specdeploy_testkit), a free port.
-- `make X` -> `make -o .venv/.installed X` (a test never reinstalls the virtualenv), with `CLUSTER_DIR=<tmp>`
-  for the local-cluster targets, `my-pools.yaml` -> a pools file, and `PYTEST_ARGS='--collect-only -q ...'`
-  (tests/server left out: its imports alone take most of a collection) added to the bare `make test-unit`.
+- `make X` -> `make -o .venv/.installed -o .venv/.runtime X` (a test never reinstalls the virtualenv), with
+  `CLUSTER_DIR=<tmp>` for the local-cluster targets, `my-pools.yaml` -> a pools file, and
+  `PYTEST_ARGS='--collect-only -q ...'` (tests/server left out: its imports alone take most of a collection)
+  added to the bare `make test-unit`.
   Nested make and pytest runs inherit neither the outer make's MAKEFLAGS nor the outer pytest's base
   temporary directory.
 
@@ -135,7 +136,7 @@ COMMANDS: dict[str, Row] = {
     ),
     "kubectl get nodes -o wide": Here("test_local_cluster_commands"),
     "make cluster-down": Here("test_local_cluster_commands"),
-    "hack/cluster/build.sh": Demo('bin="$(hack/cluster/build.sh)"'),
+    "hack/cluster/build.sh": Demo('bin="$(hack/cluster/build.sh core)"'),
     "make cluster-up NODEPOOLS=my-pools.yaml": Here("test_local_cluster_commands"),
     # The operator
     "python -m specdeploy_operator --kubeconfig PATH": Demo("$py -m specdeploy_operator --kubeconfig"),

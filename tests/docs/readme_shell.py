@@ -25,7 +25,7 @@ class Shell:
     def script(self, command: str, subs: Mapping[str, str], append: str) -> str:
         text = readme_command(command)
         if text.startswith("make "):
-            text = "make -o .venv/.installed " + text.removeprefix("make ")
+            text = "make -o .venv/.installed -o .venv/.runtime " + text.removeprefix("make ")
         for old, new in subs.items():
             assert old in text, f"{old!r} is not in the README command {command!r} any more"
             text = text.replace(old, new)

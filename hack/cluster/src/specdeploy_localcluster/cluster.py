@@ -31,7 +31,11 @@ from pathlib import Path
 from typing import Any
 
 from specdeploy_localcluster.adminapi import FIELD_MANAGER, AdminApi
-from specdeploy_localcluster.autoscalingstack import AUTOSCALING_CLIENTS, METRICS_ADAPTER_SERVING
+from specdeploy_localcluster.autoscalingstack import (
+    AUTOSCALING_CLIENTS,
+    METRICS_ADAPTER_SERVING,
+    autoscaler_loops,
+)
 from specdeploy_localcluster.components import ClusterError, ComponentProcesses
 from specdeploy_localcluster.controlplane import APISERVER_SERVING, CONTROL_PLANE_CLIENTS
 from specdeploy_localcluster.lwscontroller import LWS_CLIENT, LWS_WEBHOOK_SERVING
@@ -63,6 +67,7 @@ __all__ = [
     "ClusterError",
     "LocalCluster",
     "autoscaling_from_env",
+    "build_binaries",
     "lws_from_env",
 ]
 
@@ -84,6 +89,15 @@ def lws_from_env() -> bool:
     """Whether local clusters run the LeaderWorkerSet controller: yes unless ``SPECDEPLOY_LWS`` is ``0``,
     ``false``, ``no`` or ``off``."""
     return os.environ.get(LWS_ENV, "1").strip().lower() not in _OFF
+
+
+def build_binaries(*what: str) -> Path:
+    """The directory of the pinned binaries, after `build.sh what...` built what was missing of them
+    (`core`, `autoscaling`, `cluster`, `promtool`, `keda-crds`; nothing: all; a cache hit is instant)."""
+    out = subprocess.run(
+        [str(HARNESS_DIR / "build.sh"), *what], check=True, stdout=subprocess.PIPE, text=True
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
 
 
 class LocalCluster:
@@ -161,10 +175,8 @@ class LocalCluster:
             if env:
                 self._bin_dir = Path(env)
             else:
-                out = subprocess.run(
-                    [str(HARNESS_DIR / "build.sh")], check=True, stdout=subprocess.PIPE, text=True
-                ).stdout
-                self._bin_dir = Path(out.strip().splitlines()[-1])
+                # what this cluster runs; the tests' tools are built when asked for
+                self._bin_dir = build_binaries("core", *(["autoscaling"] if self.autoscaling else []))
         return self._bin_dir
 
     def state(self) -> dict[str, Any]:
@@ -385,6 +397,13 @@ class LocalCluster:
         query = urllib.parse.urlencode({"labelSelector": selector})
         items: list[dict[str, Any]] = self.api("GET", f"/api/v1/nodes?{query}")["items"]
         return items
+
+    def autoscaler_loops(self) -> int:
+        """How many main loops the Cluster Autoscaler has finished (from its own /metrics): a test waits for
+        more loops, not for seconds."""
+        port = self.state()["ports"]["cluster_autoscaler"]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+            return autoscaler_loops(resp.read().decode())
 
     # -- metrics ----------------------------------------------------------------------------------------
     def prometheus_metric(self, promql: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
