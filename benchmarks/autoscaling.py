@@ -216,7 +216,24 @@ def one_round(target: Target, timeout: float) -> Round:
             seconds["node_gone"] = now
         time.sleep(0.2)
     wait(lambda: target.ready(1), 60, f"{target.path} back to one Ready replica")
+    check_autoscaler_timers(target.path, seconds)
     return Round(target.path, seconds)
+
+
+NODE_BOUND_SECONDS, NODE_GONE_BOUND_SECONDS = 30.0, 60.0
+"""The local cluster's Cluster Autoscaler adds a node for a pending pod within 30 s of the HPA's decision
+(it does not wait for the pod to age: `--bypassed-scheduler-names`) and takes an emptied one away within 60 s
+(`--scale-down-unneeded-time=10s`); timings of the harness, so checked here rather than in the tests."""
+
+
+def check_autoscaler_timers(path: str, seconds: dict[str, float]) -> None:
+    added, removed = seconds["node"] - seconds["hpa"], seconds["node_gone"] - seconds["down"]
+    if added > NODE_BOUND_SECONDS or removed > NODE_GONE_BOUND_SECONDS:
+        raise RuntimeError(
+            f"{path}: the Cluster Autoscaler added a node {added:.0f} s after the HPA scaled (at most "
+            f"{NODE_BOUND_SECONDS:.0f}) and removed it {removed:.0f} s after the scale-down (at most "
+            f"{NODE_GONE_BOUND_SECONDS:.0f}): see the test timers in autoscalingstack.cluster_autoscaler_argv"
+        )
 
 
 def _kubectl(bench: Bench) -> Any:

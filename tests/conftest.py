@@ -40,14 +40,28 @@ class Kubectl(Protocol):
 
 
 _NET_GUARD = pytest.StashKey[NetGuard]()
+_WORKER_VIOLATIONS = pytest.StashKey[list[str]]()
+VIOLATIONS_KEY = "netguard_violations"
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Loopback only: every socket of this process and of everything it starts (the local cluster, operators,
     the pod runner's servers, kubectl, helm) is sampled for the whole session
     (specdeploy_localcluster.netguard); pod IPs count as this machine's (specdeploy_localcluster.podnet keeps
-    POD_NETWORK here)."""
+    POD_NETWORK here). Under pytest-xdist each worker samples its own processes and hands what it saw to the
+    controller, which samples the workers too and reports.
+
+    kubectl's discovery cache is the session's own: two local clusters of one machine (xdist workers, a test's
+    second cluster) can serve on the same port one after the other, and must not read each other's."""
+    os.environ["KUBECACHEDIR"] = tempfile.mkdtemp(prefix="specdeploy-kubecache-")
+    session.config.stash[_WORKER_VIOLATIONS] = []
     session.stash[_NET_GUARD] = NetGuard(lambda: [os.getpid()], allowed=[POD_NETWORK]).start()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """pytest-xdist, in the controller: keep what a finished worker's guard saw."""
+    node.config.stash[_WORKER_VIOLATIONS] += node.workeroutput.get(VIOLATIONS_KEY, [])
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -56,6 +70,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if guard is None:
         return
     violations = guard.stop()
+    shutil.rmtree(os.environ.get("KUBECACHEDIR", ""), ignore_errors=True)
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller reports
+        workeroutput[VIOLATIONS_KEY] = violations
+        return
+    violations = [*violations, *session.config.stash.get(_WORKER_VIOLATIONS, [])]
     if violations:
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         lines = ["connections to addresses off this machine (only loopback is allowed):", *violations]
@@ -249,6 +269,19 @@ def install_crds(kubectl: Kubectl) -> list[str]:
         names += [line.split("/", 1)[1] for line in out.stdout.split() if line]
     for name in names:
         kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+    # Established is the CRD's condition; the API server's discovery (what kubectl resolves `sdep` and
+    # `kubectl explain` by) lists the new resources a moment later.
+    groups = {name.split(".", 1)[1] for name in names}
+    wanted = {name.split(".", 1)[0] for name in names}
+
+    def discovered() -> bool:
+        listed = set()
+        for group in groups:
+            out = kubectl("api-resources", f"--api-group={group}", "-o", "name", check=False)
+            listed |= {line.split(".", 1)[0] for line in out.stdout.split()}
+        return wanted <= listed
+
+    wait_for(discovered, timeout=60, what=f"{sorted(wanted)} in the API server's discovery")
     return names
 
 

@@ -160,6 +160,20 @@ class Campaign(Bench):
             time.sleep(0.25)
         raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
+    def wait_quiet(self, read: Callable[[], Any], quiet: float, timeout: float, what: str) -> Any:
+        """`read()`'s value once it has not changed for `quiet` seconds; raises TimeoutError if it still
+        changes after `timeout`."""
+        start = time.monotonic()
+        last, since = read(), time.monotonic()
+        while time.monotonic() - since < quiet:
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(f"{what} still changing after {timeout:.0f} s (last: {last!r})")
+            time.sleep(0.25)
+            value = read()
+            if value != last:
+                last, since = value, time.monotonic()
+        return last
+
     def converged(self, outcome: Outcome, namespace: str, names: list[str]) -> None:
         """Checks every scenario ends with: one Job per EngineBuild, no orphan, each deployment's status."""
         engines = {

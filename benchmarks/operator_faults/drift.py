@@ -20,7 +20,8 @@ MERGE = "application/merge-patch+json"
 REPAIR_BOUND_SECONDS = 15.0
 """A repair within this came from the edit's watch event: the campaign's operators resync every 60 s."""
 SETTLE_SECONDS = 1.5
-"""Requests charged to a case are those up to this long after the repair (a status write it caused)."""
+"""Requests charged to a case are those until the operator has made none for this long after the repair (a
+status write it caused)."""
 QUIET_SECONDS = 3.0
 """A case starts once the operator has written no status for this long (what an earlier case or the HPA's
 first syncs caused is not charged to it)."""
@@ -209,10 +210,14 @@ def run_case(c: Campaign, op: Any, ns: str, name: str, case: Case) -> Outcome:
     outcome.figures["repair_seconds"] = repaired_after
     if not case.edit:
         c.wait(lambda: c.ready(ns, name), 120, f"{name} Ready again")
-    settled = time.monotonic() + SETTLE_SECONDS
-    while time.monotonic() < settled:
+    deadline = time.monotonic() + QUIET_BOUND_SECONDS
+    last, since = (api_requests(op, writes_only=True), status_writes(op)), time.monotonic()
+    while time.monotonic() - since < SETTLE_SECONDS and time.monotonic() < deadline:
         phases.append(_state(c, ns, name))
         time.sleep(0.05)
+        now = (api_requests(op, writes_only=True), status_writes(op))
+        if now != last:
+            last, since = now, time.monotonic()
     outcome.figures["operator_writes"] = api_requests(op, writes_only=True) - writes
     outcome.figures["status_writes"] = status_writes(op) - statuses
     if case.edit:

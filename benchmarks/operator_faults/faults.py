@@ -3,7 +3,7 @@ etcd stopped mid-rollout, the active replica of two killed."""
 
 from __future__ import annotations
 
-import time
+from specdeploy_localcluster.operatorproc import OperatorProcess
 
 from .campaign import (
     GROUP_PATH,
@@ -62,10 +62,11 @@ def kill_at(c: Campaign, point: str, kind: str, variant: int) -> Outcome:
     return outcome
 
 
-def control_plane_restart(c: Campaign, component: str, outage: float = 8.0) -> Outcome:
+def control_plane_restart(c: Campaign, component: str) -> Outcome:
     """Stop kube-apiserver (and compact etcd's history meanwhile, so resumed watches get 410 Gone) or etcd in
-    the middle of a build and rollout; start it again; the same operator process must converge."""
-    injected = f"{component} stopped {outage:.0f} s mid-rollout" + (
+    the middle of a build and rollout, until the outage shows (the operator's requests fail; the apiserver is
+    not ready without its storage); start it again; the same operator process must converge."""
+    injected = f"{component} stopped mid-rollout until the outage showed" + (
         ", etcd compacted meanwhile (watches resume into 410 Gone)" if component == "kube-apiserver" else ""
     )
     outcome = Outcome(
@@ -78,11 +79,13 @@ def control_plane_restart(c: Campaign, component: str, outage: float = 8.0) -> O
             c.apply(deployment("build", ns, name, 0))
             c.wait(lambda: c.items(f"/apis/batch/v1/namespaces/{ns}/jobs"), 60, "a build Job")
             errors_before = reconcile_errors(op)
+            log_start = op.log.stat().st_size
             c.cluster.stop_component(component)
-            time.sleep(outage / 2)
-            if component == "kube-apiserver":
+            if component == "kube-apiserver":  # kopf's watches break and their reconnections fail
+                c.wait(lambda: RETRIED in op_log_since(op, log_start), 60, "the operator's requests failing")
                 outcome.figures["compacted_revision"] = float(c.cluster.compact_etcd())
-            time.sleep(outage / 2)
+            else:
+                c.wait(lambda: not c.cluster.apiserver_ready(), 60, "the apiserver not ready without etcd")
             c.cluster.start_component(component)
             if component == "etcd":  # the apiserver reconnects by itself
                 c.wait(c.cluster.apiserver_ready, 60, "the apiserver back")
@@ -91,6 +94,16 @@ def control_plane_restart(c: Campaign, component: str, outage: float = 8.0) -> O
             outcome.figures["reconcile_errors"] = reconcile_errors(op) - errors_before
             c.converged(outcome, ns, [name])
     return outcome
+
+
+RETRIED = "failed; will retry"
+"""What kopf logs when a request to the API server fails (a watch's reconnection among them)."""
+
+
+def op_log_since(op: OperatorProcess, offset: int) -> str:
+    with op.log.open("rb") as log:
+        log.seek(offset)
+        return log.read().decode(errors="replace")
 
 
 def takeover(c: Campaign, lifetime: int = 10) -> Outcome:
@@ -113,7 +126,12 @@ def takeover(c: Campaign, lifetime: int = 10) -> Outcome:
         env = {"SPECDEPLOY_WATCH_NAMESPACES": ns, "SPECDEPLOY_PEERING_LIFETIME_SECONDS": str(lifetime)}
         replicas = [c.operator(env=env, args=("--peering=specdeploy",), log=f"ha-{i}") for i in (0, 1)]
         with c.trial(outcome, *replicas):
-            time.sleep(3)  # both see each other's peering record
+            peering = f"/apis/kopf.dev/v1/namespaces/{ns}/kopfpeerings/specdeploy"
+            c.wait(
+                lambda: len(c.cluster.api("GET", peering).get("status") or {}) >= 2,
+                60,
+                "both replicas in the peering record",
+            )
             name = "ha"
             doc = deployment("build", ns, name, 0)
             c.apply(doc)

@@ -43,6 +43,7 @@ from specdeploy_localcluster.metricsstack import (
     OPERATOR_NAMESPACE,
     OPERATOR_TARGETS,
     RULES_DIR,
+    SCRAPE_INTERVAL,
     load_rules,
     prometheus_alerts,
     write_operator_targets,
@@ -60,7 +61,12 @@ BAD = "bad-draft"
 UNTRAINED = "untrained-models"
 # The low-acceptance alert on a short window, firing at once; thresholds stay the chart's defaults.
 RULE_SETS = ["monitoring.alerts.lowAcceptance.window=1m", "monitoring.alerts.lowAcceptance.for=0s"]
-PHASES = ((1, 25.0), (4, 25.0))  # (clients per deployment, seconds), greedy streams of 32 tokens
+# (clients per deployment, streams each deployment completes), greedy streams of 32 tokens; a phase also
+# lasts SCRAPES_PER_PHASE scrapes of every pod, so each concurrency shows in the series.
+PHASES = ((1, 12), (4, 24))
+SCRAPES_PER_PHASE = 3
+SCRAPE_SECONDS = float(SCRAPE_INTERVAL.removesuffix("s"))
+SERVERS_JOB = f"{OPERATOR_NAMESPACE}/specdeploy-servers"  # the job of the chart's PodMonitor
 NO_KSM = "kube-state-metrics is not part of the local cluster"
 #: Names whose series are legitimately absent here, and why.
 ABSENT_HERE = {
@@ -133,6 +139,21 @@ def invalid_request(endpoints: ServiceEndpoints) -> None:
     assert got.status_code == 400, got.text
 
 
+def scraped_since(cluster: LocalCluster, namespace: str, scrapes: int, since: float) -> bool:
+    """Whether Prometheus has scraped both deployments' pods `scrapes` times since the Unix time `since` (its
+    last scrape of each is that many intervals later)."""
+    last = cluster.prometheus_metric(f'timestamp(up{{job="{SERVERS_JOB}", namespace="{namespace}"}})')
+    return len(last) == 2 and all(value >= since + scrapes * SCRAPE_SECONDS for _, value in last)
+
+
+def phase_done(
+    cluster: LocalCluster, namespace: str, loads: list[StreamingLoad], streams: int, began: float
+) -> bool:
+    """Whether each load completed `streams` streams and Prometheus scraped them all phase long."""
+    completed = all(load.report.completed >= streams for load in loads)
+    return completed and scraped_since(cluster, namespace, SCRAPES_PER_PHASE, began)
+
+
 def counted_for_both(cluster: LocalCluster, namespace: str, status: str) -> bool:
     """Whether Prometheus has a request answered `status` from both deployments' pods."""
     series = f'specdeploy_requests_total{{namespace="{namespace}", status="{status}"}}'
@@ -167,20 +188,28 @@ def run(
             for s in (good, bad):  # first: their counts are scraped by the time the traffic is over
                 abort_one_request(s.endpoints)
                 invalid_request(s.endpoints)
-            for clients, seconds in PHASES:
+            for clients, streams in PHASES:
                 loads = [StreamingLoad(s.endpoints, clients=clients) for s in (good, bad)]
+                began = time.time()
                 for load in loads:
                     load.body["temperature"] = 0  # greedy: token match against the target's argmax
                     load.start()
-                time.sleep(seconds)
+                done = functools.partial(phase_done, cluster, namespace, loads, streams, began)
+                wait_for(done, timeout=180, interval=0.5, what=f"{streams} streams of {clients} clients")
                 for load in loads:
                     report = load.stop()
                     assert not report.failed, report.failed[:3]
-                    assert report.completed > 0
             for status in ("499", "400"):  # the abandoned and the invalid request of each deployment
                 counted = functools.partial(counted_for_both, cluster, namespace, status)
                 wait_for(counted, timeout=120, interval=2, what=f"the requests answered {status} scraped")
-            time.sleep(6)  # three more scrapes: rate() over the new series has samples to work with
+            # Three more scrapes: rate() over the new series has samples to work with.
+            counted_at = time.time()
+            wait_for(
+                lambda: scraped_since(cluster, namespace, 3, counted_at),
+                timeout=60,
+                interval=0.5,
+                what="three scrapes of both deployments after their 499 and 400 were counted",
+            )
             end = time.time()
             record = os.environ.get("SPECDEPLOY_DASHBOARD_RECORD")
             if record:
@@ -284,8 +313,7 @@ def test_every_alert_expression_is_evaluated_against_the_real_prometheus(run: Ru
         return [labels for labels, _ in query(run, expr) if labels.get("namespace") == ns]
 
     assert not ours(by_name["SpecDeployNoServingPod"]["expr"])
-    servers = f"{OPERATOR_NAMESPACE}/specdeploy-servers"
-    serving = query(run, f'sum by (deployment) (up{{job="{servers}", namespace="{ns}"}})')
+    serving = query(run, f'sum by (deployment) (up{{job="{SERVERS_JOB}", namespace="{ns}"}})')
     assert {labels["deployment"]: value for labels, value in serving} == {good: 1.0, BAD: 1.0}
     figures = query(run, f'specdeploy_operator_deployment_replicas{{namespace="{ns}"}}')
     assert {(labels["deployment"], labels["state"]): value for labels, value in figures} == {

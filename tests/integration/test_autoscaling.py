@@ -9,7 +9,6 @@ import copy
 import json
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -319,13 +318,7 @@ def test_more_replicas_add_a_gpu_node_of_the_right_pool_and_fewer_take_the_node_
     assert status["gpusPerReplica"] == 8
     assert "engines" not in status
     selector = status["selector"]
-
-    # On the way down the Deployment controller removes the pod ready for the shortest time (compared in
-    # logarithmic buckets of readiness age): once the first replica has been ready for 32 s, the new replica
-    # is the one removed, which empties the new node for the autoscaler to take away.
-    first = cluster.pods(selector)[0]
-    ready_at = next(c.last_transition_time for c in first.status.conditions if c.type == "Ready")
-    time.sleep(max(0.0, 32 - (time.time() - ready_at.timestamp())))
+    (first,) = cluster.pods(selector)
     before = gpu_node_groups(cluster.core)
 
     with status_history(cluster, name) as history:
@@ -364,6 +357,15 @@ def test_more_replicas_add_a_gpu_node_of_the_right_pool_and_fewer_take_the_node_
         pods = {p.spec.node_name for p in cluster.pods(selector)}
         assert node_name in pods
 
+        # Which replica goes on the way down is the ReplicaSet controller's choice; the pod deletion cost
+        # (a Kubernetes annotation anyone may set) makes it the new one, which empties the new node for the
+        # Cluster Autoscaler. (Left alone, it removes the pod ready for the shorter time, by powers of two.)
+        (second,) = [p for p in cluster.pods(selector) if p.metadata.uid != first.metadata.uid]
+        cluster.core.patch_namespaced_pod(
+            second.metadata.name,
+            cluster.namespace,
+            {"metadata": {"annotations": {"controller.kubernetes.io/pod-deletion-cost": "-100"}}},
+        )
         scale(cluster, name, 1)
         wait_for(
             lambda: replicas(cluster, name) == 1 and len(cluster.pods(selector)) == 1,

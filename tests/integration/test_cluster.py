@@ -8,7 +8,7 @@ label and taint: tests/integration/test_leaderworkerset_cluster.py).
 
 from __future__ import annotations
 
-import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -244,9 +244,9 @@ def test_a_deleted_pod_stays_ready_while_its_containers_stop_then_ends_succeeded
     core.create_namespaced_pod(namespace, stops)
     wait_for(lambda: pods_by_phase(core, namespace).get("Running"), what="the pod running")
     since = core.delete_namespaced_pod("stops", namespace).metadata.resource_version
-    deleted = time.monotonic()
     # Every change from the deletion on, as a controller's watch sees them.
-    seen: list[tuple[str, str, bool, float]] = []
+    seen: list[tuple[str, str, bool]] = []
+    pods: list[Any] = []
     for event in watch.Watch().stream(
         core.list_namespaced_pod,
         namespace,
@@ -256,15 +256,23 @@ def test_a_deleted_pod_stays_ready_while_its_containers_stop_then_ends_succeeded
     ):
         pod = event["object"]
         ready = any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or ())
-        seen.append((event["type"], pod.status.phase, ready, time.monotonic() - deleted))
+        seen.append((event["type"], pod.status.phase, ready))
+        pods.append(pod)
         if event["type"] == "DELETED":
             break
-    stopped = next(i for i, (_, phase, _, _) in enumerate(seen) if phase != "Running")
-    assert all(ready for _, _, ready, _ in seen[:stopped]), f"Ready until its containers stopped: {seen}"
-    assert {(phase, ready) for _, phase, ready, _ in seen[stopped:]} == {("Succeeded", False)}, seen
-    assert seen[stopped][3] >= 2.5, f"the containers took the stop delay: {seen}"
+    stopped = next(i for i, (_, phase, _) in enumerate(seen) if phase != "Running")
+    assert all(ready for _, _, ready in seen[:stopped]), f"Ready until its containers stopped: {seen}"
+    assert {(phase, ready) for _, phase, ready in seen[stopped:]} == {("Succeeded", False)}, seen
     assert seen[-1][0] == "DELETED", seen
-    assert seen[-1][3] - seen[stopped][3] >= 0.5, f"reported, then gone: {seen}"
+    assert seen[stopped][0] == "MODIFIED", f"reported Succeeded, then gone: {seen}"
+    # The containers took the stop delay, by the pod's own times (whole seconds): deleted at its deletion
+    # timestamp less its grace period, finished when its container says.
+    pod = pods[stopped]
+    deleted_at = pod.metadata.deletion_timestamp - timedelta(
+        seconds=pod.metadata.deletion_grace_period_seconds
+    )
+    finished_at = pod.status.container_statuses[0].state.terminated.finished_at
+    assert finished_at - deleted_at >= timedelta(seconds=2), f"stopped {finished_at}, deleted {deleted_at}"
 
 
 def test_deleting_a_deployment_garbage_collects_its_replicasets_and_pods(

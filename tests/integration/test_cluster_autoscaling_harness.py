@@ -9,7 +9,6 @@ session cluster as it found it: its namespace is deleted and the nodes the autos
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -107,15 +106,18 @@ def test_a_pending_h200_pod_gets_one_h200_node_from_the_autoscaler_which_removes
             lambda: running_on(core, ns, "filler"), timeout=30, what="the filler pod on the static H200 node"
         )
 
-        started = time.monotonic()
         core.create_namespaced_pod(ns, pod("wants-h200", gpus=8, product=H200))
         node_name = wait_for(
             lambda: running_on(core, ns, "wants-h200"),
             timeout=60,
             what="the H200 pod to run on an added node",
         )
-        scale_up = time.monotonic() - started
-        assert scale_up < 30, f"scale-up took {scale_up:.0f}s"
+        # The hostname label is a kwok Stage's, as a kubelet's would be: written after the node was made.
+        wait_for(
+            lambda: core.read_node(node_name).metadata.labels.get("kubernetes.io/hostname") == node_name,
+            timeout=30,
+            what=f"the kubernetes.io/hostname label of {node_name}",
+        )
         groups = autoscaled(cluster)
         assert list(groups) == [H200_GROUP], groups
         (node,) = groups[H200_GROUP]
@@ -133,22 +135,25 @@ def test_a_pending_h200_pod_gets_one_h200_node_from_the_autoscaler_which_removes
         assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
         assert node_ready(node)
 
-        # Exactly one node, and never one of the H100 group, over several more autoscaler loops.
-        for _ in range(6):
-            time.sleep(1)
+        # Exactly one node, and never one of the H100 group, over three more autoscaler loops.
+        loops = cluster.autoscaler_loops()
+
+        def three_more_loops_adding_nothing() -> bool:
             groups = autoscaled(cluster)
             assert [n["metadata"]["name"] for n in groups.get(H200_GROUP, [])] == [node_name]
             assert H100_GROUP not in groups, groups
+            return cluster.autoscaler_loops() >= loops + 3
 
-        started = time.monotonic()
+        wait_for(
+            three_more_loops_adding_nothing, timeout=60, interval=0.5, what="three more autoscaler loops"
+        )
+
         core.delete_namespaced_pod("wants-h200", ns, grace_period_seconds=0)
         wait_for(
             lambda: not any(n["metadata"]["name"] == node_name for n in cluster.autoscaled_nodes()),
             timeout=90,
             what=f"the autoscaler to remove the emptied node {node_name}",
         )
-        scale_down = time.monotonic() - started
-        assert scale_down < 60, f"scale-down took {scale_down:.0f}s"
         with pytest.raises(ApiException) as gone:
             core.read_node(node_name)
         assert gone.value.status == 404

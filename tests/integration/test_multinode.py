@@ -66,11 +66,16 @@ def test_a_two_node_group_becomes_ready_with_the_leader_alone_behind_the_service
         assert env["LWS_LEADER_ADDRESS"].startswith(f"{name}-lws-0.{name}-lws.{cluster.namespace}")
     (leader,) = [p for p in pods if p.metadata.labels["app.kubernetes.io/component"] == "server"]
     assert leader.metadata.name == f"{name}-lws-0"
+
     # The Service routes to the leader only: its EndpointSlices hold the leader's address and nothing else.
-    discovery = cluster.kubectl(
-        "get", "endpointslices", "-n", cluster.namespace, "-l", f"kubernetes.io/service-name={name}", "-o",
-        "jsonpath={.items[*].endpoints[*].addresses[*]}",
-    ).stdout.split()  # fmt: skip
+    # They are the EndpointSlice controller's, written after the pods are ready: waited for, then compared.
+    def addresses() -> list[str]:
+        return cluster.kubectl(
+            "get", "endpointslices", "-n", cluster.namespace, "-l", f"kubernetes.io/service-name={name}",
+            "-o", "jsonpath={.items[*].endpoints[*].addresses[*]}",
+        ).stdout.split()  # fmt: skip
+
+    discovery = wait_for(addresses, timeout=60, interval=0.5, what=f"the endpoints of Service {name}")
     assert discovery == [leader.status.pod_ip]
     assert not cluster.apps.list_namespaced_deployment(cluster.namespace).items
 
@@ -285,7 +290,6 @@ def test_a_group_pod_the_quota_refuses_shows_as_quota_exceeded_and_clears_when_r
 def test_a_hand_edit_of_the_leaderworkerset_is_reverted_on_its_event(cluster: Cluster) -> None:
     name = cluster.apply(deepseek())
     cluster.wait_phase(name, "Ready", timeout=180)
-    edited = time.monotonic()
     patch = {
         "spec": {"replicas": 2, "rolloutStrategy": {"rollingUpdateConfiguration": {"maxUnavailable": 2}}}
     }
@@ -297,6 +301,5 @@ def test_a_hand_edit_of_the_leaderworkerset_is_reverted_on_its_event(cluster: Cl
         return spec if spec["replicas"] == 1 and rolling["maxUnavailable"] == 1 else None
 
     wait_for(reverted, timeout=30, interval=0.1, what="the LeaderWorkerSet reverted")
-    assert time.monotonic() - edited < 30
     status = cluster.wait_phase(name, "Ready", timeout=120, since_generation=False)
     assert status["readyText"] == "1/1"

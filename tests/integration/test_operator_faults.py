@@ -77,7 +77,7 @@ def test_63_character_names_give_valid_child_names_and_converge(campaign: Campai
 def test_a_write_rbac_forbids_is_reported_backed_off_and_converges_once_the_role_is_whole(
     campaign: Campaign,
 ) -> None:
-    outcome = rbac_forbidden(campaign, watch_seconds=20.0)
+    outcome = rbac_forbidden(campaign, backoff_to=1.0)
     assert passed(outcome)
     assert outcome.figures["forbidden_events"] == 1
 

@@ -8,7 +8,6 @@ watch event of the edit, not from the resync.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -40,10 +39,8 @@ def edit(cluster: Cluster, kind: str, name: str, patch: dict[str, Any]) -> None:
     cluster.kubectl("patch", kind, name, "-n", cluster.namespace, "--type=merge", "-p", json.dumps(patch))
 
 
-def repaired(what: str, check: Callable[[], bool]) -> float:
-    started = time.monotonic()
+def repaired(what: str, check: Callable[[], bool]) -> None:
     wait_for(lambda: check() or None, timeout=REPAIR_SECONDS, interval=0.1, what=f"{what} reverted")
-    return time.monotonic() - started
 
 
 def test_hand_edits_of_owned_fields_are_reverted_on_their_watch_event_without_a_status_write(
@@ -81,8 +78,8 @@ def test_hand_edits_of_owned_fields_are_reverted_on_their_watch_event_without_a_
             == min_available
         ),
     )
-    time.sleep(2)
-    assert sdep_version(cluster, name) == before, "no status write: nothing a user relies on changed"
+    after = wait_quiet(lambda: sdep_version(cluster, name), what="the resource's version after the repairs")
+    assert after == before, "no status write: nothing a user relies on changed"
     assert cluster.status(name)["phase"] == "Ready"
 
 
@@ -122,7 +119,17 @@ def test_a_failed_build_whose_job_is_deleted_stays_failed_until_a_retry_is_asked
     engine = failed[0]["metadata"]["name"]
     first_job = failed[0]["status"]["jobName"]
     cluster.kubectl("delete", "jobs", "--all", "-n", cluster.namespace, "--wait=true")
-    time.sleep(8)  # several reconciles' worth: Job and pod deletions are watch events of the EngineBuild
+    # The Job's and then its pods' deletions are watch events of the EngineBuild: once the pods are gone too
+    # and nothing has moved for a few seconds, every one of them has been reconciled.
+    wait_for(
+        lambda: not cluster.core.list_namespaced_pod(cluster.namespace).items,
+        timeout=60,
+        what="the build pods gone",
+    )
+    wait_quiet(
+        lambda: ([j.metadata.uid for j in cluster.jobs()], [e["status"] for e in cluster.engine_builds()]),
+        what="the Jobs and the EngineBuilds after the deletion",
+    )
     assert cluster.jobs() == [], "no build Job was created again"
     builds = {e["metadata"]["name"]: e["status"]["phase"] for e in cluster.engine_builds()}
     assert builds[engine] == "Failed"

@@ -64,7 +64,12 @@ def test_operator_killed_at_any_point_converges_without_duplicates(
     ), "exactly one Job per EngineBuild"
     for job in jobs:
         assert job_uids.get(job.metadata.name, job.metadata.uid) == job.metadata.uid, "a Job was re-created"
-        assert job.status.succeeded == 1
+    # status.succeeded is the Job controller's, which may write it after the operator saw the build done.
+    wait_for(
+        lambda: all(job.status.succeeded == 1 for job in cluster.jobs()),
+        timeout=60,
+        what="every build Job's status.succeeded",
+    )
     deployments = cluster.apps.list_namespaced_deployment(cluster.namespace).items
     assert sorted(d.metadata.name for d in deployments) == sorted(names)
     for name in names:

@@ -26,7 +26,6 @@ from kubernetes import client
 from openai import OpenAI
 from specdeploy_localcluster.demomodels import make_demo_models
 from specdeploy_localcluster.serviceload import ServiceEndpoints, StreamingLoad
-from specdeploy_operator.builders.serverconfig import PRESTOP_SECONDS
 from specdeploy_server.config import ServerConfig, config_digest
 
 from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
@@ -291,6 +290,15 @@ def _wait_rolled_out(s: Served, replicas: int, timeout: float = 300) -> None:
     wait_for(done, timeout=timeout, interval=1, what=f"{s.name} rolled out with {replicas} ready replicas")
 
 
+def _wait_served_by(load: StreamingLoad, endpoints: list[str], what: str, streams: int = 2) -> None:
+    wait_for(
+        lambda: load.completed_on(endpoints) >= streams,
+        timeout=120,
+        interval=0.2,
+        what=f"{streams} streams completed on each of {what} ({', '.join(endpoints)})",
+    )
+
+
 def test_a_rolling_update_under_streaming_load_fails_and_truncates_nothing(
     served: tuple[Served, Path],
 ) -> None:
@@ -301,10 +309,10 @@ def test_a_rolling_update_under_streaming_load_fails_and_truncates_nothing(
     _wait_rolled_out(s, 2)
     old = {p.metadata.uid for p in s.pods()}
     load = StreamingLoad(s.endpoints, clients=8, max_tokens=24).start()
-    time.sleep(3)
+    _wait_served_by(load, s.endpoints.ready(), "the old pods")
     s.apply({"replicas": 2, "speculative": {**s.doc["spec"]["speculative"], "draftLen": 3}})
     _wait_rolled_out(s, 2)
-    time.sleep(3)
+    _wait_served_by(load, s.endpoints.ready(), "the new pods")
     report = load.stop()
     print(
         f"rolling update under load: {report.sent} streams sent, {report.completed} completed, "
@@ -336,9 +344,16 @@ def test_a_deleted_pod_finishes_its_streams_in_flight_and_scaling_down_under_loa
     body = {"model": "target", "prompt": PROMPTS[0], "max_tokens": 400, "temperature": 0, "stream": True}
     accepted: list[tuple[str | None, bool, float]] = []
     refused: list[str] = []
+    in_flight = [0]  # streams the victim is answering
     lock = threading.Lock()
     closed = threading.Event()  # the pod stopped taking work: feed no more
+    closed_at = [float("inf")]  # when the feeder first saw it refuse
     slots = threading.Semaphore(STREAMS)
+
+    def refuse(why: str) -> None:
+        refused.append(why)
+        closed_at[0] = min(closed_at[0], time.monotonic())
+        closed.set()
 
     def stream() -> None:
         finish, done, answered = None, False, False
@@ -347,9 +362,10 @@ def test_a_deleted_pod_finishes_its_streams_in_flight_and_scaling_down_under_loa
                 answered = True
                 if resp.status_code != 200:  # draining: 503 shutting_down, before any work is accepted
                     with lock:
-                        refused.append(f"HTTP {resp.status_code}: {resp.read()[:120]!r}")
-                    closed.set()
+                        refuse(f"HTTP {resp.status_code}: {resp.read()[:120]!r}")
                     return
+                with lock:
+                    in_flight[0] += 1
                 for line in resp.iter_lines():
                     if line == "data: [DONE]":
                         done = True
@@ -357,6 +373,7 @@ def test_a_deleted_pod_finishes_its_streams_in_flight_and_scaling_down_under_loa
                         finish = json.loads(line[6:])["choices"][0].get("finish_reason") or finish
             with lock:
                 accepted.append((finish, done, time.monotonic()))
+                in_flight[0] -= 1
         except httpx.TransportError as err:
             with lock:
                 if answered:  # a stream the pod accepted was cut: the failure the test is about
@@ -364,9 +381,7 @@ def test_a_deleted_pod_finishes_its_streams_in_flight_and_scaling_down_under_loa
                 else:
                     # Nothing was answered on this connection: the process is gone (connect refused), or the
                     # listener closed with the connection still in its backlog (reset before any response).
-                    refused.append(f"{type(err).__name__}: {err}")
-            if not answered:
-                closed.set()
+                    refuse(f"{type(err).__name__}: {err}")
         finally:
             slots.release()
 
@@ -383,7 +398,7 @@ def test_a_deleted_pod_finishes_its_streams_in_flight_and_scaling_down_under_loa
 
     feeder = threading.Thread(target=feed)
     feeder.start()
-    time.sleep(2)
+    wait_for(lambda: in_flight[0] > 0, timeout=60, interval=0.1, what="a stream in flight on the pod")
     deleted = time.monotonic()
     kubectl("delete", "pod", "-n", s.namespace, victim.metadata.name, "--wait=false")
     load = StreamingLoad(s.endpoints, clients=4, max_tokens=16).start()
@@ -397,7 +412,10 @@ def test_a_deleted_pod_finishes_its_streams_in_flight_and_scaling_down_under_loa
         f"deleted pod: {len(accepted)} accepted streams all completed, the last {last:.1f} s after the "
         f"deletion; {len(refused)} refused while draining ({refused[:1]})"
     )
-    assert last > PRESTOP_SECONDS, "no stream was in flight at SIGTERM: the drain was not exercised"
+    # Streams still ran when the pod first refused work (SIGTERM had come, after the preStop sleep): the
+    # drain finished them.
+    drained = [at for _, _, at in accepted if at > closed_at[0]]
+    assert drained, "no stream was in flight at SIGTERM: the drain was not exercised"
     s.apply({**spec, "replicas": 1})
     _wait_rolled_out(s, 1)
     report = load.stop()

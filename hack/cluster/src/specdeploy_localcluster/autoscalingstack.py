@@ -174,6 +174,18 @@ def cluster_autoscaler_argv(bins: Path, kubeconfig: Path, port: int) -> list[str
     ]
 
 
+#: the Cluster Autoscaler's count of finished main loops (its loop/run.go times each as function "main")
+AUTOSCALER_LOOPS = 'cluster_autoscaler_function_duration_seconds_count{function="main"}'
+
+
+def autoscaler_loops(metrics_text: str) -> int:
+    """The number of main loops the Cluster Autoscaler's /metrics text counts (0 before the first ends)."""
+    for line in metrics_text.splitlines():
+        if line.startswith(f"{AUTOSCALER_LOOPS} "):
+            return int(float(line.split()[-1]))
+    return 0
+
+
 def cluster_autoscaler_env(kubeconfig: Path) -> dict[str, str]:
     """The kwok provider reads KUBECONFIG in local mode and its ConfigMaps from POD_NAMESPACE."""
     return {

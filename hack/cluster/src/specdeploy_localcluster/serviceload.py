@@ -57,6 +57,7 @@ class LoadReport:
     failed: list[str] = field(default_factory=list)
     truncated: list[str] = field(default_factory=list)
     endpoints: set[str] = field(default_factory=set)
+    completed_by: dict[str, int] = field(default_factory=dict)  # base URL -> streams completed there
 
 
 class StreamingLoad:
@@ -123,6 +124,12 @@ class StreamingLoad:
                 self.report.truncated.append(f"{base}: finish={finish} done={done}")
             else:
                 self.report.completed += 1
+                self.report.completed_by[base] = self.report.completed_by.get(base, 0) + 1
+
+    def completed_on(self, endpoints: list[str]) -> int:
+        """The fewest streams completed on any of `endpoints` (`ip:port`, as ServiceEndpoints.ready gives)."""
+        with self._lock:
+            return min((self.report.completed_by.get(f"http://{e}", 0) for e in endpoints), default=0)
 
     def _client(self) -> None:
         with httpx.Client() as client:
