@@ -47,7 +47,9 @@ BY_RECORD: dict[str, tuple[str, ...]] = {
         "tests/integration/test_real_pods.py",
     ),
     "timing-demo": ("operator/src", "server/src", "hack", "examples", "Makefile"),
+    "timing-demo-cold": _WHOLE,
     "timing-test-warm": _WHOLE,
+    "timing-test-loaded": _WHOLE,
     "timing-ci-cold": _WHOLE,
 }
 

@@ -47,6 +47,7 @@ from benchmarks.recording import (
 __all__ = [
     "BLOCK_RE",
     "CLUSTER_DOC",
+    "DEVELOPMENT_DOC",
     "DOCS",
     "GPU_SECTIONS",
     "MEASURED_REGIONS",
@@ -110,11 +111,12 @@ class Block:
         return rendered
 
 
-SERVER_DOC, OPERATOR_DOC, CLUSTER_DOC, RELIABILITY_DOC = (
+SERVER_DOC, OPERATOR_DOC, CLUSTER_DOC, RELIABILITY_DOC, DEVELOPMENT_DOC = (
     DOCS / "benchmarks-server.md",
     DOCS / "benchmarks.md",
     DOCS / "local-cluster.md",
     DOCS / "reliability.md",
+    DOCS / "development.md",
 )
 
 
@@ -191,11 +193,25 @@ def blocks() -> list[Block]:
         ),
         Block(
             "local-cluster-times",
-            CLUSTER_DOC,
+            DEVELOPMENT_DOC,
             tuple(timings.record_name(m.name) for m in timings.MEASUREMENTS),
             "benchmarks.timings:render",
             "make measure NAME=<measurement>",
             partial=True,
+        ),
+        Block(
+            "first-run",
+            REPO / "README.md",
+            (timings.record_name("demo-cold"),),
+            "benchmarks.timings:render_first_run",
+            "make measure NAME=demo-cold",
+        ),
+        Block(
+            "test-durations",
+            DEVELOPMENT_DOC,
+            (timings.record_name("test-warm"),),
+            "benchmarks.durations:render",
+            "make measure NAME=test-warm",
         ),
     ]
 
@@ -204,7 +220,8 @@ def blocks() -> list[Block]:
 MEASURED_REGIONS: dict[Path, str | None] = {
     SERVER_DOC: None,
     OPERATOR_DOC: None,
-    CLUSTER_DOC: "## Measured times",
+    CLUSTER_DOC: "## Memory",
+    DEVELOPMENT_DOC: "## Measured times",
     RELIABILITY_DOC: "## Server",  # the findings table further down is not measured figures
 }
 

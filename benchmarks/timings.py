@@ -1,4 +1,4 @@
-"""The timings of docs/local-cluster.md's "Measured times": what `make measure NAME=<name>` (hack/measure.py)
+"""The timings of docs/development.md's "Measured times": what `make measure NAME=<name>` (hack/measure.py)
 runs for each, and the table rendered from their records (benchmarks/results/timing-<name>.json).
 
 A measurement runs its steps in a scratch directory's context (`{dir}`), `rounds` times, each step timed by
@@ -62,20 +62,13 @@ COLD_CACHES = {
     "GOMODCACHE": "{dir}/gomodcache",
     "SPECDEPLOY_CACHE": "{dir}/specdeploy-cache",
 }
-# One phase per `[build] <what> <version>` line of hack/cluster/build.sh, in its order (a unit test holds them
-# to the script).
-BUILD_PHASES = (
-    ("lws", r"^\[build\] lws v"),
-    ("promtool", r"^\[build\] promtool v"),
-    ("k8s", r"^\[build\] kube-apiserver"),
-    ("etcd", r"^\[build\] etcd "),
-    ("kwok", r"^\[build\] kwok "),
-    ("helm", r"^\[build\] helm "),
-    ("prometheus", r"^\[build\] prometheus v"),
-    ("prometheus-adapter", r"^\[build\] prometheus-adapter"),
-    ("cluster-autoscaler", r"^\[build\] cluster-autoscaler "),
-    ("KEDA CRDs", r"^\[build\] KEDA "),
-)
+# One phase per unit hack/cluster/build.sh builds (two at a time), timed by the unit itself: its
+# "[build] <unit> built in <N>s" line. promtool is built with the addons when both are missing (a cold build).
+# A unit test holds them to the script.
+BUILD_UNITS = ("k8s", "addons", "cluster-autoscaler", "prometheus-adapter", "etcd", "keda-crds")
+BUILD_PHASES = tuple((unit, rf"^\[build\] {unit} built in (?P<seconds>\d+)s$") for unit in BUILD_UNITS)
+# The units `make demo` builds (build.sh core: no autoscaling chain).
+DEMO_BUILD_PHASES = tuple((u, pattern) for u, pattern in BUILD_PHASES if u in ("k8s", "addons", "etcd"))
 MAKE_TEST_PHASES = (
     ("venv", r"-m venv |-m pip install"),
     ("binaries", r"^\[build\] "),
@@ -106,6 +99,8 @@ class Measurement:
     # whether that cluster runs the metrics stack and the Cluster Autoscaler
     cluster: str | None = None
     autoscaling: bool = True
+    # a `make test`: pytest writes a JUnit XML report, whose per-test times (durations.py) the record keeps
+    durations: bool = False
 
     def expected_processes(self) -> tuple[str, ...]:
         """The processes the cluster of this measurement runs once up (none when it measures no cluster)."""
@@ -170,9 +165,33 @@ MEASUREMENTS: tuple[Measurement, ...] = (
         cleanup=("make cluster-down CLUSTER_DIR={dir}/cluster",),
     ),
     Measurement(
+        "demo-cold",
+        "`make demo` on a fresh clone with empty Go, binary and pip caches: a newcomer's first run",
+        (Step("`make demo`", "make demo CLUSTER_DIR={dir}/cluster"),),
+        env={**COLD_CACHES, "PIP_NO_CACHE_DIR": "1"},
+        setup=(
+            "git clone --quiet --no-checkout {repo} {dir}/clone",
+            "git -C {dir}/clone checkout --quiet {commit}",
+        ),
+        cleanup=("make -C {dir}/clone cluster-down CLUSTER_DIR={dir}/cluster",),
+        phases=DEMO_BUILD_PHASES,
+        cwd="{dir}/clone",
+        cold=True,
+    ),
+    Measurement(
         "test-warm",
-        "warm `make test` (binaries cached, venv current; the session's own cluster)",
+        "warm `make test` (binaries cached, venv current; its workers' own clusters)",
         (Step("`make test`", "make test"),),
+        phases=MAKE_TEST_PHASES,
+        durations=True,
+    ),
+    Measurement(
+        "test-loaded",
+        "warm `make test` three times in a row beside a busy loop on one core (each run must pass)",
+        (Step("`make test`", "make test"),),
+        rounds=3,
+        setup=("bash -c 'while :; do :; done' >/dev/null 2>&1 & echo $! > {dir}/busy.pid",),
+        cleanup=("kill $(cat {dir}/busy.pid)",),
         phases=MAKE_TEST_PHASES,
     ),
     Measurement(
@@ -248,6 +267,18 @@ def rows(record: Record, measurement: Measurement | None = None) -> list[list[st
             ]
         )
     return out
+
+
+def render_first_run(records: Sequence[Record]) -> str:
+    """The README's first-run figure: the cold `make demo`."""
+    (record,) = records
+    (step,) = record["figures"]["rounds"][0]
+    took = duration(step["seconds"])
+    return (
+        f"Measured: a first `make demo` on an empty machine (a fresh clone; no Go, binary or pip cache) took "
+        f"**{took}** on {record['machine']['cpu_cores']} cores, {record['started'][:10]} "
+        "([docs/development.md](docs/development.md#measured-times)).\n"
+    )
 
 
 def render(records: Sequence[Record]) -> str:

@@ -1,4 +1,4 @@
-"""Time one of the measurements of docs/local-cluster.md's "Measured times" and write its record.
+"""Time one of the measurements of docs/development.md's "Measured times" and write its record.
 
 python3 hack/measure.py --list              # the measurements (benchmarks/timings.py) and what each runs
 python3 hack/measure.py test-warm           # run it: benchmarks/results/timing-test-warm.json, then the table
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks import records, timings  # noqa: E402
+from benchmarks import durations, records, timings  # noqa: E402
 
 PENDING_BLOCK = "local-cluster-times"
 MAKE_VARIABLES = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")
@@ -69,9 +69,12 @@ def user_environment() -> dict[str, str]:
 def run_step(
     command: str, cwd: Path, env: Mapping[str, str], phases: Sequence[tuple[str, str]]
 ) -> dict[str, Any]:
-    """Run `command`, pass its output through, and return its time, phases and test counts."""
+    """Run `command`, pass its output through, and return its time, phases and test counts. A phase whose
+    pattern has a group `seconds` takes its time from the line (a part that times itself, as build.sh's
+    parallel builds do); any other lasts from its first line to the next phase's."""
     patterns = [(label, re.compile(pattern)) for label, pattern in phases]
     marks: dict[str, float] = {}
+    reported: dict[str, float] = {}
     tests: dict[str, int] | None = None
     started = time.monotonic()
     with subprocess.Popen(
@@ -89,14 +92,20 @@ def run_step(
             sys.stdout.flush()
             now = time.monotonic() - started
             for label, pattern in patterns:
-                if label not in marks and pattern.search(line):
+                match = pattern.search(line)
+                if match is None or label in marks or label in reported:
+                    continue
+                if "seconds" in pattern.groupindex:
+                    reported[label] = float(match["seconds"])
+                else:
                     marks[label] = now
             tests = pytest_counts(line) or tests
         returncode = proc.wait()
     seconds = time.monotonic() - started
     if returncode != 0:
         raise StepFailed(f"`{command}` exited with {returncode} after {seconds:.1f} s")
-    return {"seconds": round(seconds, 2), "phases": phase_seconds(marks, seconds), "tests": tests}
+    timed = {**phase_seconds(marks, seconds), **reported}
+    return {"seconds": round(seconds, 2), "phases": timed, "tests": tests}
 
 
 def running_processes(cluster: Path) -> list[str]:
@@ -158,12 +167,16 @@ def measure(m: timings.Measurement, argv: Sequence[str]) -> records.Record:
         for command in m.setup:
             subprocess.run(["bash", "-c", fill(command, values)], cwd=REPO, check=True)
         for i in range(m.rounds):
-            results = []
+            results: list[dict[str, Any]] = []
             for step in m.steps:
                 print(
                     f"[measure] {m.name} round {i + 1}/{m.rounds}: {step.label}", file=sys.stderr, flush=True
                 )
-                results.append(run_step(fill(step.command, values), cwd, env, m.phases))
+                junit = scratch / f"junit-{i}-{len(results)}.xml"
+                step_env = {**env, "PYTEST_ARGS": f"--junitxml={junit}"} if m.durations else env
+                results.append(run_step(fill(step.command, values), cwd, step_env, m.phases))
+                if junit.exists():
+                    results[-1]["durations"] = durations.summarize(junit.read_text())
                 if m.cluster:
                     results[-1]["processes"] = running_processes(Path(fill(m.cluster, values)))
                 print(f"[measure] {results[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
@@ -179,7 +192,7 @@ def write(record: records.Record, measurement: str) -> list[Path]:
     """Save `record`, re-render the measured table and drop the hand-typed rows it replaces."""
     records.save(record)
     written = records.update_docs([record["name"]])
-    doc = records.CLUSTER_DOC
+    doc = records.DEVELOPMENT_DOC
     text = doc.read_text()
     updated = records.drop_pending_rows(text, PENDING_BLOCK, f"`make measure NAME={measurement}`")
     if updated != text:

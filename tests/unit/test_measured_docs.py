@@ -105,7 +105,7 @@ def test_measured_tables_are_all_inside_blocks(doc: Path) -> None:
 
 
 def test_hand_typed_timings_name_the_measurement_that_replaces_them_and_it_has_no_record() -> None:
-    pending = [b for b in blocks_of(records.CLUSTER_DOC) if b[:2] == ("PENDING", "local-cluster-times")]
+    pending = [b for b in blocks_of(records.DEVELOPMENT_DOC) if b[:2] == ("PENDING", "local-cluster-times")]
     rows = [line for _, _, body in pending for line in body.splitlines() if line.startswith("| ")]
     rows = [row for row in rows if not row.startswith("| what |")]
     assert rows or not pending, "an empty PENDING block is left"
@@ -181,8 +181,8 @@ def test_the_timing_wrapper_times_steps_splits_phases_and_keeps_test_counts(tmp_
     path = records.save(record, tmp_path)
     loaded = json.loads(path.read_text())
     [first, second] = loaded["figures"]["rounds"]
-    assert 0.3 <= first[0]["seconds"] < 5
-    assert 0.3 <= second[0]["seconds"] < 5
+    assert first[0]["seconds"] >= 0.3  # each round on its own: at least its sleep
+    assert second[0]["seconds"] >= 0.3
     assert first[0]["phases"]["etcd"] >= 0.3
     assert set(first[0]["phases"]) == {"etcd", "kwok"}
     assert first[0]["tests"] == {"passed": 7}
@@ -194,12 +194,32 @@ def test_the_timing_wrapper_times_steps_splits_phases_and_keeps_test_counts(tmp_
     assert row[3] == "7 passed"
 
 
+def test_a_phase_that_times_itself_and_a_pytest_run_s_test_times_are_kept(tmp_path: Path) -> None:
+    junit = (
+        '<testsuites><testsuite><testcase classname="tests.unit.test_a" name="test_x" time="2.5"/>'
+        '<testcase classname="tests.server.test_b" name="test_y[1]" time="0.5"/></testsuite></testsuites>'
+    )
+    (tmp_path / "report.xml").write_text(junit)
+    # what `make test` does with the PYTEST_ARGS the measurement passes: here, copy the prepared report
+    work = f"echo '[build] k8s built in 42s'; cp {tmp_path}/report.xml \"${{{{PYTEST_ARGS#--junitxml=}}}}\""
+    m = timings.Measurement(
+        "unit", "times", (timings.Step("x", work),), phases=timings.BUILD_PHASES, durations=True
+    )
+    [[result]] = measure.measure(m, ["python3", "hack/measure.py", "unit"])["figures"]["rounds"]
+    assert result["phases"] == {"k8s": 42.0}
+    assert result["durations"]["slowest"] == [
+        ["tests/unit/test_a.py::test_x", 2.5],
+        ["tests/server/test_b.py::test_y[1]", 0.5],
+    ]
+    assert result["durations"]["directories"]["tests/unit"] == {"tests": 1, "seconds": 2.5}
+
+
 def test_a_measured_command_runs_as_if_typed_not_inside_make(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MAKEFLAGS", " -- NAME=test-warm")
     monkeypatch.setenv("MAKELEVEL", "1")
     m = timings.Measurement("unit", "env", (timings.Step("x", 'test -z "$MAKEFLAGS$MAKELEVEL"'),))
     [[result]] = measure.measure(m, ["make", "measure", "NAME=unit"])["figures"]["rounds"]
-    assert result["seconds"] < 5
+    assert result["seconds"] > 0  # the step passed: no MAKEFLAGS, no MAKELEVEL
 
 
 def test_a_failed_step_ends_the_measurement_before_any_record(tmp_path: Path) -> None:
