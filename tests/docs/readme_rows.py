@@ -123,6 +123,7 @@ BENCH_WHY = "minutes long, and it writes its records and rewrites its docs/bench
 COMMANDS: dict[str, Row] = {
     # The two commands
     "make demo": Demo(),
+    "make demo AUTOSCALING=1": Here("test_demo_with_the_autoscaling_chain"),
     "make test": MakeTest(),
     ".ci/run": NotHere(
         "test_ci_entry_point", "it is `make test`: run here it would run the suite inside itself"
@@ -235,10 +236,14 @@ COMMANDS: dict[str, Row] = {
     ),
     "make measure NAME=test-warm": NotHere(
         "test_benchmark_commands",
-        "it runs `make test` (the suite inside the suite) and rewrites docs/local-cluster.md",
+        "it runs `make test` (the suite inside the suite) and rewrites docs/development.md",
+    ),
+    "make measure NAME=demo-cold": NotHere(
+        "test_benchmark_commands",
+        "about 15 minutes (a fresh clone, empty caches: every build and download) and it rewrites the README",
     ),
     # Developing
-    "make venv": Demo(),
+    "make venv": MakeTest(),
     "make lint": MakeTest(),
     "make test-unit": Here("test_make_test_unit_commands"),
     "make test-unit PYTEST_ARGS='-x tests/unit/test_cli.py'": Here("test_make_test_unit_commands"),

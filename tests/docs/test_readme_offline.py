@@ -189,10 +189,33 @@ def test_benchmark_commands(shell: Shell) -> None:
     usage = shell.tool(".venv/bin/python", *sweep[1:3], "--help").stdout
     assert "--only 7" in usage, usage
     assert "load sweep" in usage, usage
-    recipe = make_dry_run(shell, *make_target(readme_command("make measure NAME=test-warm")))
-    assert "python3 hack/measure.py test-warm" in recipe, recipe
     listing = shell.tool("python3", "hack/measure.py", "--list").stdout
-    assert re.search(r"^test-warm +warm `make test`", listing, re.MULTILINE), listing
+    for command, name, what in (
+        ("make measure NAME=test-warm", "test-warm", "warm `make test`"),
+        ("make measure NAME=demo-cold", "demo-cold", "`make demo` on a fresh clone"),
+    ):
+        recipe = make_dry_run(shell, *make_target(readme_command(command)))
+        assert f"python3 hack/measure.py {name}" in recipe, recipe
+        assert re.search(rf"^{name} +{re.escape(what)}", listing, re.MULTILINE), listing
+
+
+def test_demo_with_the_autoscaling_chain(shell: Shell) -> None:
+    """`make demo` starts its cluster without the autoscaling chain (nor builds it); AUTOSCALING=1 builds and
+    starts it. The chain itself runs in tests/integration/test_autoscaling*.py."""
+    plain = make_dry_run(shell, *make_target(readme_command("make demo")))
+    [build] = [line for line in plain if line.startswith("what=core;")]
+    assert '[ "${SPECDEPLOY_AUTOSCALING:-1}" = 0 ] || what="core autoscaling"' in build, build
+    [up] = [line for line in plain if "-m specdeploy_localcluster up" in line]
+    assert "SPECDEPLOY_AUTOSCALING" not in up, up  # the target's export (0) decides
+    database = shell.tool("make", "--no-print-directory", "-p", "-n", "demo").stdout  # its variables
+    assert re.search(r"^demo: SPECDEPLOY_AUTOSCALING \??= 0$", database, re.MULTILINE), "no 0 for make demo"
+    assert "demo: export SPECDEPLOY_AUTOSCALING" in (REPO / "Makefile").read_text()  # exported to its recipes
+
+    chain = make_dry_run(shell, *make_target(readme_command("make demo AUTOSCALING=1")))
+    [build] = [line for line in chain if line.startswith("what=core;")]
+    assert '[ "1" = 0 ] || what="core autoscaling"' in build, build
+    [up] = [line for line in chain if "-m specdeploy_localcluster up" in line]
+    assert up.startswith("SPECDEPLOY_AUTOSCALING=1 "), up
 
 
 def test_ci_entry_point(shell: Shell) -> None:
