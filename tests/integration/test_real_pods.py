@@ -66,15 +66,29 @@ class Served:
         )
         return dict(obj.get("status") or {})
 
-    def wait_ready(self, timeout: float = 240) -> dict[str, Any]:
+    def wait_ready(self, timeout: float = 420) -> dict[str, Any]:
         def ready() -> dict[str, Any] | None:
             status = self.status()
             return status if status.get("phase") == "Ready" else None
 
-        result: dict[str, Any] = wait_for(ready, timeout=timeout, interval=0.5, what=f"{self.name} Ready")
+        try:
+            result: dict[str, Any] = wait_for(ready, timeout=timeout, interval=0.5, what=f"{self.name} Ready")
+        except pytest.fail.Exception as timed_out:
+            raise AssertionError(f"{timed_out}\n{self.describe()}") from None
         # The Service's EndpointSlices are another controller's, written after the pods it saw ready.
         wait_for(self.endpoints.ready, timeout=60, what=f"a ready endpoint of {self.name}")
         return result
+
+    def describe(self) -> str:
+        """The deployment's status, its namespace's pods and events, and each pod's last log lines."""
+        ns = ("-n", self.namespace)
+        parts = [f"status: {json.dumps(self.status())}"]
+        for what in (("get", "pods,jobs", "-o", "wide"), ("get", "events", "--sort-by=.lastTimestamp")):
+            parts.append(self.kubectl(*what, *ns, check=False).stdout)
+        for pod in self.core.list_namespaced_pod(self.namespace).items:
+            logs = self.kubectl("logs", pod.metadata.name, "--all-containers", "--tail=20", *ns, check=False)
+            parts.append(f"--- logs of {pod.metadata.name}:\n{logs.stdout}{logs.stderr}")
+        return "\n".join(parts)
 
     def pods(self) -> list[client.V1Pod]:
         selector = self.status()["selector"]
