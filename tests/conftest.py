@@ -92,6 +92,16 @@ def net_guard(request: pytest.FixtureRequest) -> NetGuard:
     return request.session.stash[_NET_GUARD]
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed test that ran beside the session's operator reports the operator's last log lines."""
+    report = yield
+    operator = getattr(item, "funcargs", {}).get("operator")
+    if report.failed and isinstance(operator, OperatorProcess):
+        report.sections.append(("the session operator's log (last 60 lines)", operator.log_tail(60)))
+    return report
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Everything under tests/integration needs the cluster (elsewhere, tests mark themselves)."""
     for item in items:
