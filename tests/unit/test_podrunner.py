@@ -245,9 +245,7 @@ def test_a_read_only_root_leaves_only_the_writable_volumes_writable_to_the_pods_
     exposed = hidden_ancestors([private / "shown" / "python"])
     assert exposed == {private: {"shown"}}
     script = base / "run.sh"
-    script.write_text(
-        _mount_script(mounts, workdir=None, read_only_root=True, exposed=exposed, keep=base / "keep")
-    )
+    script.write_text(_mount_script(mounts, workdir=None, read_only_root=True, exposed=exposed))
     who = ProcessIdentity(10001, 10001, (10001,), no_new_privs=True, read_only_root=True)
     check = (
         f"id -u; touch {target}/tmp/ok && echo volume-writable; "
@@ -284,9 +282,7 @@ def test_the_image_stays_visible_under_a_volume_mounted_over_its_parent(traversa
     exposed = hidden_ancestors([checkout / "bin" / "program"])
     script = base / "run.sh"
     script.write_text(
-        _mount_script(
-            mounts, workdir=None, read_only_root=True, exposed=exposed, keep=base / "keep", image=[checkout]
-        )
+        _mount_script(mounts, workdir=None, read_only_root=True, exposed=exposed, image=[checkout])
     )
     who = ProcessIdentity(10001, 10001, (10001,), no_new_privs=True, read_only_root=True)
     check = f"cat {checkout}/bin/program; touch {parent}/scratch && echo volume-writable"
@@ -295,3 +291,29 @@ def test_the_image_stays_visible_under_a_volume_mounted_over_its_parent(traversa
     assert out.stdout.splitlines() == ["the image's program", "volume-writable"]
     assert (volume / "scratch").exists(), "the volume is the pod's emptyDir"
     assert not (parent / "scratch").exists(), "and only inside the container"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces and setpriv need root")
+def test_a_checkout_and_cluster_in_one_private_directory_show_the_checkout_only(
+    traversable_dir: Path,
+) -> None:
+    """A fresh clone and its cluster's directory side by side in a directory only root may enter (mkdtemp's,
+    or a private home): the pod's mount script, which lives in the cluster's directory, shows the checkout
+    to a non-root pod and hides the rest."""
+    private = traversable_dir / "scratch"
+    checkout = private / "clone"
+    (checkout / "bin").mkdir(parents=True)
+    (checkout / "bin" / "program").write_text("the image's program\n")
+    pod_dir = private / "cluster" / "pods" / "ns_pod"
+    pod_dir.mkdir(parents=True)
+    (private / "cluster" / "secret").write_text("not for the pod\n")
+    private.chmod(0o700)
+    exposed = hidden_ancestors([checkout / "bin" / "program"])
+    assert exposed == {private: {"clone"}}
+    script = pod_dir / "run.sh"
+    script.write_text(_mount_script([], workdir=None, read_only_root=True, exposed=exposed, image=[checkout]))
+    who = ProcessIdentity(10001, 10001, (10001,), no_new_privs=True, read_only_root=True)
+    check = f"cat {checkout}/bin/program; cat {private}/cluster/secret 2>/dev/null || echo hidden"
+    argv = ["unshare", "--mount", "--propagation", "private", "sh", str(script), *privilege_drop(who)]
+    out = subprocess.run([*argv, "sh", "-c", check], capture_output=True, text=True, check=True)
+    assert out.stdout.splitlines() == ["the image's program", "hidden"]

@@ -143,13 +143,12 @@ def _mount_script(
     *,
     read_only_root: bool = False,
     exposed: Mapping[Path, set[str]] | None = None,
-    keep: Path | None = None,
     image: Sequence[Path] = (),
 ) -> str:
     """The shell script that mounts the container's volumes at their paths (mount points are created
     first, before a read-only root forbids it), then execs its arguments. `exposed`: directories a non-root
-    user cannot enter, each replaced by a tmpfs that shows only the given entries (kept aside under `keep`
-    while the tmpfs is mounted). `image`: the directories that are the "image" here (this checkout and its
+    user cannot enter, each replaced by a tmpfs that shows only the given entries (held open while the tmpfs
+    is mounted). `image`: the directories that are the "image" here (this checkout and its
     virtualenv); a volume mounted over one of their ancestors (an emptyDir at `/tmp` while the checkout is
     under /tmp) would hide the programs, so each is opened before the volumes are mounted and bound back at
     its own path afterwards, as the image's files stay visible under a real container's volumes."""
@@ -159,15 +158,18 @@ def _mount_script(
         for root in dict.fromkeys(image)
         if any(Path(m.target) == root or Path(m.target) in root.parents for m in mounts)
     ]
-    for n, (hidden, entries) in enumerate(sorted((exposed or {}).items())):
-        assert keep is not None, "exposing directories needs a place to keep them"
-        pairs = [
-            (shlex.quote(str(keep / f"{n}-{i}")), shlex.quote(str(hidden / entry)))
-            for i, entry in enumerate(sorted(entries))
-        ]
-        lines += [f"mkdir -p {aside} && mount --bind {real} {aside}" for aside, real in pairs]
+    for hidden, entries in sorted((exposed or {}).items()):
+        # Each entry is held open across the tmpfs and bound back from its descriptor: a directory kept
+        # aside on disk could itself be under `hidden` (the cluster's directory in a private home).
+        shown = list(enumerate(sorted(entries), start=_IMAGE_FD))
+        assert len(shown) <= 10 - _IMAGE_FD, f"more than {10 - _IMAGE_FD} entries to show in {hidden}"
+        lines += [f"exec {fd}< {shlex.quote(str(hidden / entry))}" for fd, entry in shown]
         lines.append(f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(hidden))}")
-        lines += [f"mkdir -p {real} && mount --move {aside} {real}" for aside, real in pairs]
+        for fd, entry in shown:
+            real = shlex.quote(str(hidden / entry))
+            made = f"mkdir -p {real}" if (hidden / entry).is_dir() else f"touch {real}"
+            lines.append(f'{made} && mount --no-canonicalize --bind "/proc/$$/fd/{fd}" {real}')
+            lines.append(f"exec {fd}<&-")
     for m in mounts:
         dst = shlex.quote(m.target)
         if m.source.is_dir():
@@ -232,9 +234,8 @@ def launch(
     """Start the process in its own mount namespace and process group; its stdout and stderr go to
     `log_path` as CRI log lines. A command that cannot be executed ends the process with status 127 or 126,
     as a shell reports it."""
-    keep = script.parent / f"{script.stem}-keep"
     script.write_text(
-        _mount_script(mounts, workdir, read_only_root=read_only_root, exposed=exposed, keep=keep, image=image)
+        _mount_script(mounts, workdir, read_only_root=read_only_root, exposed=exposed, image=image)
     )
     proc = subprocess.Popen(
         netns_exec(netns, ["unshare", "--mount", "--propagation", "private", "sh", str(script), *argv]),
