@@ -294,26 +294,40 @@ def test_the_image_stays_visible_under_a_volume_mounted_over_its_parent(traversa
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces and setpriv need root")
-def test_a_checkout_and_cluster_in_one_private_directory_show_the_checkout_only(
-    traversable_dir: Path,
-) -> None:
+def test_a_checkout_and_cluster_in_one_private_directory(traversable_dir: Path) -> None:
     """A fresh clone and its cluster's directory side by side in a directory only root may enter (mkdtemp's,
-    or a private home): the pod's mount script, which lives in the cluster's directory, shows the checkout
-    to a non-root pod and hides the rest."""
+    or a private home): a non-root pod whose mount script and volumes live in the cluster's directory sees
+    the checkout and its volumes, and nothing else of that directory."""
     private = traversable_dir / "scratch"
     checkout = private / "clone"
     (checkout / "bin").mkdir(parents=True)
     (checkout / "bin" / "program").write_text("the image's program\n")
     pod_dir = private / "cluster" / "pods" / "ns_pod"
     pod_dir.mkdir(parents=True)
+    claim = private / "cluster" / "volumes" / "pvc-1"
+    claim.mkdir(parents=True)
+    claim.chmod(0o777)
     (private / "cluster" / "secret").write_text("not for the pod\n")
     private.chmod(0o700)
     exposed = hidden_ancestors([checkout / "bin" / "program"])
     assert exposed == {private: {"clone"}}
+    models = traversable_dir / "models"
     script = pod_dir / "run.sh"
-    script.write_text(_mount_script([], workdir=None, read_only_root=True, exposed=exposed, image=[checkout]))
+    script.write_text(
+        _mount_script(
+            [Mount(claim, str(models), read_only=False)],
+            workdir=None,
+            read_only_root=True,
+            exposed=exposed,
+            image=[checkout],
+        )
+    )
     who = ProcessIdentity(10001, 10001, (10001,), no_new_privs=True, read_only_root=True)
-    check = f"cat {checkout}/bin/program; cat {private}/cluster/secret 2>/dev/null || echo hidden"
+    check = (
+        f"cat {checkout}/bin/program; touch {models}/weights && echo volume-writable; "
+        f"cat {private}/cluster/secret 2>/dev/null || echo hidden"
+    )
     argv = ["unshare", "--mount", "--propagation", "private", "sh", str(script), *privilege_drop(who)]
     out = subprocess.run([*argv, "sh", "-c", check], capture_output=True, text=True, check=True)
-    assert out.stdout.splitlines() == ["the image's program", "hidden"]
+    assert out.stdout.splitlines() == ["the image's program", "volume-writable", "hidden"]
+    assert (claim / "weights").exists(), "the claim's directory is the volume"

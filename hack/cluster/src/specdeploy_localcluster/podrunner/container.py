@@ -158,18 +158,6 @@ def _mount_script(
         for root in dict.fromkeys(image)
         if any(Path(m.target) == root or Path(m.target) in root.parents for m in mounts)
     ]
-    for hidden, entries in sorted((exposed or {}).items()):
-        # Each entry is held open across the tmpfs and bound back from its descriptor: a directory kept
-        # aside on disk could itself be under `hidden` (the cluster's directory in a private home).
-        shown = list(enumerate(sorted(entries), start=_IMAGE_FD))
-        assert len(shown) <= 10 - _IMAGE_FD, f"more than {10 - _IMAGE_FD} entries to show in {hidden}"
-        lines += [f"exec {fd}< {shlex.quote(str(hidden / entry))}" for fd, entry in shown]
-        lines.append(f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(hidden))}")
-        for fd, entry in shown:
-            real = shlex.quote(str(hidden / entry))
-            made = f"mkdir -p {real}" if (hidden / entry).is_dir() else f"touch {real}"
-            lines.append(f'{made} && mount --no-canonicalize --bind "/proc/$$/fd/{fd}" {real}')
-            lines.append(f"exec {fd}<&-")
     for m in mounts:
         dst = shlex.quote(m.target)
         if m.source.is_dir():
@@ -180,13 +168,10 @@ def _mount_script(
         lines.append(f"mkdir -p {shlex.quote(workdir)}")
     for fd, root in enumerate(covered, start=_IMAGE_FD):
         lines.append(f"exec {fd}< {shlex.quote(str(root))}")
-    if read_only_root:
-        lines.append(_READ_ONLY_ROOT)
+    # The volumes first: their sources (the cluster's directory) may lie in a directory hidden below.
     for m in mounts:
         src, dst = shlex.quote(str(m.source)), shlex.quote(m.target)
         lines.append(f"mount --bind {src} {dst}")
-        if not m.read_only and read_only_root:
-            lines.append(f"mount -o remount,bind,rw {dst}")
         lines += [
             f"mkdir -p {shlex.quote(str(root))} 2>/dev/null || true"
             for root in covered
@@ -194,10 +179,27 @@ def _mount_script(
         ]
         if m.read_only:
             lines.append(f"mount -o remount,bind,ro {dst}")
+    if read_only_root:
+        lines.append(_READ_ONLY_ROOT)
+        lines += [f"mount -o remount,bind,rw {shlex.quote(m.target)}" for m in mounts if not m.read_only]
     for fd, root in enumerate(covered, start=_IMAGE_FD):
         # --no-canonicalize: mount would resolve the /proc link to its path, the empty directory just made.
         lines.append(f'mount --no-canonicalize --bind "/proc/$$/fd/{fd}" {shlex.quote(str(root))}')
         lines.append(f"exec {fd}<&-")
+    for hidden, entries in sorted((exposed or {}).items()):
+        # Each entry is held open across the tmpfs and bound back from its descriptor (it keeps the
+        # read-only flag of the mount it lies on); the tmpfs itself is read-only under a read-only root.
+        shown = list(enumerate(sorted(entries), start=_IMAGE_FD))
+        assert len(shown) <= 10 - _IMAGE_FD, f"more than {10 - _IMAGE_FD} entries to show in {hidden}"
+        lines += [f"exec {fd}< {shlex.quote(str(hidden / entry))}" for fd, entry in shown]
+        lines.append(f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(hidden))}")
+        for fd, entry in shown:
+            real = shlex.quote(str(hidden / entry))
+            made = f"mkdir -p {real}" if (hidden / entry).is_dir() else f"touch {real}"
+            lines.append(f'{made} && mount --no-canonicalize --bind "/proc/$$/fd/{fd}" {real}')
+            lines.append(f"exec {fd}<&-")
+        if read_only_root:
+            lines.append(f"mount -o remount,ro {shlex.quote(str(hidden))}")
     if workdir:
         lines.append(f"cd {shlex.quote(workdir)}")
     lines.append('exec "$@"')
