@@ -277,7 +277,7 @@ def render_first_run(records: Sequence[Record]) -> str:
     return (
         f"Measured: a first `make demo` on an empty machine (a fresh clone; no Go, binary or pip cache) took "
         f"**{took}** on {record['machine']['cpu_cores']} cores, {record['started'][:10]} "
-        "([docs/development.md](docs/development.md#measured-times)).\n"
+        f"(`{record['command']}`, [docs/development.md](docs/development.md#measured-times)).\n"
     )
 
 

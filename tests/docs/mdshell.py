@@ -170,7 +170,8 @@ def inline_code(markdown: str) -> list[InlineCode]:
     spans: list[InlineCode] = []
     paragraph: list[tuple[int, str]] = []
     for index, line in enumerate([*lines, ""]):
-        if index in inside or not line.strip():
+        comment = line.lstrip().startswith("<!--") and line.rstrip().endswith("-->")  # not shown to a reader
+        if index in inside or not line.strip() or comment:
             spans += _spans(paragraph)
             paragraph = []
         else:
