@@ -10,6 +10,7 @@ Nothing here mocks the Kubernetes API.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -107,6 +108,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if Path(str(item.fspath)).is_relative_to(Path(__file__).parent / "integration"):
             item.add_marker(pytest.mark.integration)
+
+
+async def wait_for_async(check: Callable[[], Any], timeout: float = 30.0, what: str = "condition") -> None:
+    """`wait_for` inside an event loop: yields to the loop between polls, so the tasks it waits on run."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(0.001)
 
 
 def wait_for(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -20,16 +20,9 @@ from specdeploy_server.core.types import FinishReason, SamplingParams, StepOutpu
 from specdeploy_server.engine import Engine
 
 from benchmarks.server.orchestration import standin_overshoot
+from tests.conftest import wait_for_async
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-async def _until(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(0.001)
 
 
 async def _drain(engine: Engine, prompt: list[int], max_tokens: int) -> list[StepOutput]:
@@ -97,9 +90,9 @@ def test_a_full_queue_refuses_new_requests() -> None:
         await engine.start()
         first = engine.generate([97], 50, GREEDY)
         second = engine.generate([97], 50, GREEDY)  # waits: one slot, one queue place
-        await _until(
+        await wait_for_async(
             lambda: (len(engine.scheduler.running), len(engine.scheduler.waiting)) == (1, 1),
-            "the first request in the batch slot, the second in the queue",
+            what="the first request in the batch slot, the second in the queue",
         )
         with pytest.raises(QueueFullError):
             engine.generate([97], 5, GREEDY)
@@ -159,7 +152,7 @@ def test_stop_finishes_in_flight_requests_within_the_grace_period_and_aborts_the
         await engine.start()
         short = asyncio.ensure_future(_drain(engine, [97], 5))
         long = asyncio.ensure_future(_drain(engine, [97], 100_000))
-        await _until(lambda: len(engine.scheduler.running) == 2, "both requests in the batch")
+        await wait_for_async(lambda: len(engine.scheduler.running) == 2, what="both requests in the batch")
         await engine.stop(0.3)
         assert (await short)[-1].finish_reason == FinishReason.LENGTH
         # aborted at the timeout: its 100000 steps would have ended it with `length`

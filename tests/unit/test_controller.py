@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -22,6 +21,8 @@ from specdeploy_operator.controller.status import (
     merge_conditions,
     previous_engines,
 )
+
+from tests.conftest import wait_for_async
 
 NOW = datetime(2026, 11, 21, 12, 0, 0, tzinfo=UTC)
 
@@ -349,15 +350,6 @@ def test_previous_engines_keep_one_per_role_and_drop_engines_in_use_again() -> N
 # -- work queue --------------------------------------------------------------------------------------------
 
 
-async def until(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    """Returns once `check()` holds; fails naming `what` after `timeout` seconds."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not check():
-        assert loop.time() < deadline, f"timed out after {timeout} s waiting for {what}"
-        await asyncio.sleep(0.001)
-
-
 def test_queue_deduplicates_keys_and_never_runs_one_key_twice_at_once() -> None:
     async def scenario() -> tuple[list[str], int]:
         seen: list[str] = []
@@ -378,9 +370,11 @@ def test_queue_deduplicates_keys_and_never_runs_one_key_twice_at_once() -> None:
         for _ in range(5):
             queue.add("a")
         queue.add("b")
-        await until(lambda: "a" in active, "a being processed")
+        await wait_for_async(lambda: "a" in active, what="a being processed")
         queue.add("a")  # while "a" is processed: once more afterwards
-        await until(lambda: len(seen) == 3 and not active, "a processed again and nothing in progress")
+        await wait_for_async(
+            lambda: len(seen) == 3 and not active, what="a processed again and nothing in progress"
+        )
         await queue.stop()
         return seen, overlap
 
