@@ -99,7 +99,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = yield
     operator = getattr(item, "funcargs", {}).get("operator")
     if report.failed and isinstance(operator, OperatorProcess):
-        report.sections.append(("the session operator's log (last 60 lines)", operator.log_tail(60)))
+        state = "running" if operator.running else "EXITED"
+        title = f"the session operator ({state}): its last 60 log lines"
+        report.sections.append((title, operator.log_tail(60)))
     return report
 
 
@@ -120,9 +122,14 @@ async def wait_for_async(check: Callable[[], Any], timeout: float = 30.0, what: 
 
 
 def wait_for(
-    check: Callable[[], Any], timeout: float = 60.0, interval: float = 0.25, what: str = "condition"
+    check: Callable[[], Any],
+    timeout: float = 60.0,
+    interval: float = 0.25,
+    what: str = "condition",
+    describe: Callable[[], Any] | None = None,
 ) -> Any:
-    """Poll ``check`` until it returns something truthy; fail the test with ``what`` after ``timeout``."""
+    """Poll ``check`` until it returns something truthy; fail the test with ``what`` after ``timeout``, and
+    with what ``describe`` reads then (the state that kept the condition false) when given."""
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
@@ -130,7 +137,8 @@ def wait_for(
         if last:
             return last
         time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r})")
+    seen = f"; then: {describe()!r}" if describe is not None else ""
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r}){seen}")
 
 
 def wait_quiet(

@@ -114,8 +114,18 @@ def test_a_failed_build_whose_job_is_deleted_stays_failed_until_a_retry_is_asked
     doc["spec"]["images"] = {"builder": FAILING_IMAGE}
     name = cluster.apply(doc)
     cluster.wait_phase(name, "Failed", timeout=120)
-    failed = [e for e in cluster.engine_builds() if (e.get("status") or {}).get("phase") == "Failed"]
-    assert failed
+    # The deployment fails with its first failed build; the other build's Job may still be retrying, and a
+    # running build whose Job is deleted gets a new one. Every build must have failed before the deletion.
+    failed = wait_for(
+        lambda: (
+            builds
+            if (builds := cluster.engine_builds())
+            and all((e.get("status") or {}).get("phase") == "Failed" for e in builds)
+            else None
+        ),
+        timeout=120,
+        what="every EngineBuild Failed",
+    )
     engine = failed[0]["metadata"]["name"]
     first_job = failed[0]["status"]["jobName"]
     cluster.kubectl("delete", "jobs", "--all", "-n", cluster.namespace, "--wait=true")
@@ -125,6 +135,10 @@ def test_a_failed_build_whose_job_is_deleted_stays_failed_until_a_retry_is_asked
         lambda: not cluster.core.list_namespaced_pod(cluster.namespace).items,
         timeout=60,
         what="the build pods gone",
+        describe=lambda: [
+            (p.metadata.name, p.status.phase, p.metadata.finalizers, p.metadata.deletion_timestamp)
+            for p in cluster.core.list_namespaced_pod(cluster.namespace).items
+        ],
     )
     wait_quiet(
         lambda: ([j.metadata.uid for j in cluster.jobs()], [e["status"] for e in cluster.engine_builds()]),
