@@ -214,6 +214,7 @@ def test_example_goes_from_building_to_ready_with_its_jobs_gpus_and_endpoint(
         assert node.metadata.labels["nvidia.com/gpu.product"] == product
         assert requests["nvidia.com/gpu"] == str(sdep.spec.gpus_per_pod)
     assert status["endpoint"] == f"http://{name}.{cluster.namespace}.svc:{sdep.spec.serving.port}/v1"
+    assert status["modelName"] == sdep.spec.served_model_names[0]
     assert status["readyReplicas"] == status["replicas"] == status["updatedReplicas"] == sdep.spec.replicas
     assert status["readyText"] == f"{sdep.spec.replicas}/{sdep.spec.replicas}"
     assert status["gpusPerReplica"] == sdep.spec.gpus_per_replica

@@ -49,6 +49,11 @@ def test_the_seed_launch_shape_sets_target_draft_port_and_debug() -> None:
     assert config.method == Method.DRAFT_TARGET
 
 
+def test_aliases_come_from_the_file_or_from_repeated_flags() -> None:
+    config = load_config(["/m/llama", "--served-model-alias", "short", "--served-model-alias", "gpt-4o"])
+    assert config.model.names == ("llama", "short", "gpt-4o")
+
+
 def test_without_a_draft_the_method_defaults_to_plain_decoding() -> None:
     assert load_config(["/m/t"]).method == Method.NONE
     assert load_config(["/m/t", "--speculative-method", "promptLookup"]).method == Method.PROMPT_LOOKUP
@@ -64,6 +69,9 @@ def test_without_a_draft_the_method_defaults_to_plain_decoding() -> None:
             {"model": {"target": "/t"}, "runtime": {"kvCacheFreeGpuMemFraction": 1.5}},
             "kvCacheFreeGpuMemFraction",
         ),
+        ({"model": {"target": "/t", "servedModelAliases": ["t"]}}, "servedModelAliases"),
+        ({"model": {"target": "/t", "servedModelAliases": ["a", "a"]}}, "servedModelAliases"),
+        ({"model": {"target": "/t", "servedModelName": "a b"}}, "servedModelName"),
     ],
 )
 def test_invalid_configurations_are_rejected_with_the_field_named(

@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     g = p.add_argument_group("model")
     g.add_argument("--served-model-name", help="name in /v1/models (default: target directory name)")
+    g.add_argument(
+        "--served-model-alias",
+        action="append",
+        metavar="NAME",
+        help="another name a request may send (repeatable)",
+    )
     g.add_argument("--tokenizer", help="tokenizer directory (default: the target directory)")
     g.add_argument("--dtype", choices=["auto", "float32", "float16", "bfloat16", "float64"])
     g.add_argument("--max-model-len", type=int, help="context length limit")
@@ -119,6 +125,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
     put("model.target", args.target)
     put("model.draft", args.draft)
     put("model.servedModelName", args.served_model_name)
+    put("model.servedModelAliases", args.served_model_alias)
     put("model.tokenizer", args.tokenizer)
     put("model.dtype", args.dtype)
     put("model.maxModelLen", args.max_model_len)
@@ -225,6 +232,7 @@ def serve(config: ServerConfig) -> None:
     app = create_app(
         engine,
         served_model_name=config.model.name,
+        served_model_aliases=config.model.served_model_aliases,
         api_key=read_api_key(config),
         default_max_tokens=config.serving.default_max_tokens,
         shutdown_timeout=config.serving.shutdown_timeout_seconds,

@@ -11,7 +11,7 @@ import enum
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -58,7 +58,14 @@ class ModelConfig(_Model):
     )
     served_model_name: str | None = Field(
         default=None,
-        description="Name in /v1/models and the `model` field; default: the target directory's name.",
+        min_length=1,
+        pattern=r"^\S+$",
+        description="Name in /v1/models, in every response's `model` field and in the metrics' `model` "
+        "label; default: the target directory's name.",
+    )
+    served_model_aliases: list[Annotated[str, Field(min_length=1, pattern=r"^\S+$")]] = Field(
+        default_factory=list,
+        description="Other names a request may send for this model; it is answered under servedModelName.",
     )
     dtype: Literal["auto", "float32", "float16", "bfloat16", "float64"] = Field(
         default="auto",
@@ -72,9 +79,20 @@ class ModelConfig(_Model):
         description="EAGLE-3 draft checkpoint (`speculative_model_dir`); method eagle3 only.",
     )
 
+    @model_validator(mode="after")
+    def _aliases_distinct(self) -> ModelConfig:
+        if len(set(self.names)) != len(self.names):
+            raise ValueError("model.servedModelAliases: each alias once, none equal to the served model name")
+        return self
+
     @property
     def name(self) -> str:
         return self.served_model_name or self.target.resolve().name
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every name a request may send: the served model name first, then the aliases."""
+        return (self.name, *self.served_model_aliases)
 
 
 class PromptLookupConfig(_Model):

@@ -112,6 +112,12 @@ SCHEMA_CASES = [
         "spec.target.build.extraArgs[0]",
     ),
     Case(
+        "model-name-with-a-space",
+        "none",
+        {"spec": {"serving": {"modelName": "llama 8b"}}},
+        "spec.serving.modelName",
+    ),
+    Case(
         "extra-args-too-many",
         "draftTarget",
         patch_build("target", extraArgs=["--log_level=info"] * 65),

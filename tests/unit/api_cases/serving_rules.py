@@ -186,6 +186,20 @@ BUILD_AND_SERVING_CASES = [
         "env-names-unique",
     ),
     Case(
+        "alias-named-twice",
+        "none",
+        patch_spec(serving={"modelAliases": ["llama", "llama"]}),
+        "spec.serving.modelAliases",
+        "model-aliases-distinct",
+    ),
+    Case(
+        "alias-is-the-model-name",
+        "none",
+        patch_spec(serving={"modelName": "llama", "modelAliases": ["short", "llama"]}),
+        "spec.serving.modelAliases",
+        "model-aliases-distinct",
+    ),
+    Case(
         "env-sets-nccls",
         "none",
         patch_spec(serving={"env": [{"name": "NCCL_IB_DISABLE", "value": "0"}]}),

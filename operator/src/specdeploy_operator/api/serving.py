@@ -28,6 +28,9 @@ _NoSpace = Annotated[str, StringConstraints(pattern=r"^\S+$", min_length=1, max_
 
 _Fraction = Annotated[float, Field(gt=0, le=1)]
 
+ModelName = Annotated[str, StringConstraints(pattern=r"^\S+$", min_length=1, max_length=256)]
+"""A name clients send in a request's `model` field."""
+
 
 class RuntimeSpec(ApiModel):
     """Executor settings, the seed's `runtime.json` in camelCase; unset fields keep TensorRT-LLM defaults."""
@@ -103,7 +106,20 @@ def _env_not_operators(s: ServingSpec) -> bool:
     return not any(e.name in OPERATOR_ENV for e in s.env or ())
 
 
+def _aliases_distinct(s: ServingSpec) -> bool:
+    aliases = s.model_aliases or []
+    return len(aliases) == len(set(aliases)) and s.model_name not in aliases
+
+
 SERVING_RULES: Rules = (
+    Rule["ServingSpec"](
+        name="model-aliases-distinct",
+        cel="!has(self.modelAliases) || self.modelAliases.all(a, self.modelAliases.exists_one(b, b == a) "
+        "&& (!has(self.modelName) || a != self.modelName))",
+        message="spec.serving.modelAliases names each alias once, none equal to spec.serving.modelName",
+        field_path=".modelAliases",
+        check=_aliases_distinct,
+    ),
     Rule["ServingSpec"](
         name="one-chat-template",
         cel="!has(self.chatTemplate) || !has(self.chatTemplateConfigMap)",
@@ -158,6 +174,14 @@ class ServingSpec(ApiModel):
     """Environment variables of the server container (on a replica that spans nodes, of every rank), e.g.
     TensorRT-LLM's `TLLM_WORKER_USE_SINGLE_PROCESS` (docs/trtllm.md). The operator's own
     (`NCCL_SOCKET_IFNAME`, `NCCL_IB_DISABLE`, from `spec.placement.multiNode.nccl`) are refused."""
+    model_name: ModelName | None = None
+    """The model name clients send (`model` in a request) and every response, `/v1/models` and the metrics'
+    `model` label carry. Unset: the target's Hugging Face id for `hf://org/name` (`org/name`, as vLLM and
+    trtllm-serve name a model; `name` is accepted too, as earlier releases served it), else the last
+    segment of its URI. `status.modelName` holds it (`kubectl get sdep -o wide`)."""
+    model_aliases: Annotated[list[ModelName], Field(max_length=16)] | None = None
+    """Other names a request may send for the same model (answered under `modelName`), e.g. a short name;
+    each distinct, none equal to `modelName`."""
     unknown_fields: Literal["warn", "refuse"] | None = None
     """What the server does with request fields it does not know (docs/server.md): `warn` serves the request
     and logs their names (unset means this), `refuse` answers 400 naming the first, as OpenAI does."""

@@ -360,3 +360,22 @@ class SpeculativeDeploymentSpec(ApiModel):
     def gpus_per_pod(self) -> int:
         """GPUs each serving pod requests: the replica's, shared out over its nodes."""
         return self.gpus_per_replica // self.nodes_per_replica
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        """The names clients may send: `spec.serving.modelName` first, then the aliases. With `modelName`
+        unset, an `hf://org/name` target is served as `org/name` and, as earlier releases served it, as
+        `name`."""
+        uri = self.target.model.uri
+        names = [self.serving.model_name or default_model_name(uri)]
+        if self.serving.model_name is None and uri.startswith("hf://"):
+            names.append(uri.rstrip("/").rsplit("/", 1)[-1])
+        names += self.serving.model_aliases or ()
+        return tuple(dict.fromkeys(names))
+
+
+def default_model_name(uri: str) -> str:
+    """The served name of a target at ``uri`` when `spec.serving.modelName` is unset."""
+    if uri.startswith("hf://"):
+        return uri.removeprefix("hf://").rstrip("/")
+    return uri.rstrip("/").rsplit("/", 1)[-1]

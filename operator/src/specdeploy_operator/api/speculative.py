@@ -85,6 +85,7 @@ SPECULATIVE_DEPLOYMENT = ResourceInfo(
         PrinterColumn("Age", "date", ".metadata.creationTimestamp", "Time since creation"),
         PrinterColumn("Backend", "string", ".spec.backend", "Inference backend", priority=1),
         PrinterColumn("Endpoint", "string", ".status.endpoint", "OpenAI-compatible base URL", priority=1),
+        PrinterColumn("Model", "string", ".status.modelName", "Name clients send as `model`", priority=1),
         PrinterColumn(
             "Nodes/replica",
             "integer",

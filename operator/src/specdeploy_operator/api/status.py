@@ -154,6 +154,8 @@ class SpeculativeDeploymentStatus(ApiModel):
     """Label selector of the pods, as a string (scale subresource, HPA)."""
     endpoint: Annotated[str, StringConstraints(max_length=512)] | None = None
     """OpenAI-compatible base URL, `http://<service>.<namespace>.svc:<port>/v1`."""
+    model_name: Annotated[str, StringConstraints(max_length=256)] | None = None
+    """The name clients send in a request's `model` field (`spec.serving.modelName` or its default)."""
     gpus_per_replica: Annotated[int, Field(ge=0)] | None = None
     """GPUs each replica requests."""
     nodes_per_replica: Annotated[int, Field(ge=1)] | None = None

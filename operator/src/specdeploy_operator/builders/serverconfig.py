@@ -82,7 +82,10 @@ def server_config(sdep: SpeculativeDeployment, pod: ServingPod, settings: Operat
         model["tokenizer"] = paths.tokenizer
     if spec.backend == "transformers" and spec.runtime.max_seq_len is not None:
         model["maxModelLen"] = spec.runtime.max_seq_len
-    model["servedModelName"] = spec.target.model.uri.rstrip("/").rsplit("/", 1)[-1]
+    name, *aliases = spec.served_model_names
+    model["servedModelName"] = name
+    if aliases:
+        model["servedModelAliases"] = aliases
     speculative: dict[str, Any] = {
         "maxDraftLen": spec.speculative.max_draft_len,
         "draftLen": spec.speculative.effective_draft_len,

@@ -317,6 +317,7 @@ def deployment_report(
         serving=ServingObservation(outcome.workload, outcome.current, pods, creation),
         selector=status_selector(sdep),
         endpoint=endpoint(sdep),
+        model_name=sdep.spec.served_model_names[0],
         gpus_per_replica=sdep.spec.gpus_per_replica,
         nodes_per_replica=sdep.spec.nodes_per_replica,
         gpu_resource=sdep.spec.placement.gpu_resource,

@@ -255,6 +255,7 @@ def deployment_status(
     selector: str,
     endpoint: str,
     gpus_per_replica: int,
+    model_name: str | None = None,
     nodes_per_replica: int = 1,
     gpu_resource: str = "nvidia.com/gpu",
     autoscaler: Obj | None = None,
@@ -350,6 +351,7 @@ def deployment_status(
             "selector": selector,
             "endpoint": endpoint,
             "gpusPerReplica": gpus_per_replica,
+            **({"modelName": model_name} if model_name is not None else {}),
         }
     )
     if nodes_per_replica > 1:

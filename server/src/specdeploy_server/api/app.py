@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -92,6 +92,7 @@ def create_app(
     default_max_tokens: int = 16,
     shutdown_timeout: float = 30.0,
     *,
+    served_model_aliases: Sequence[str] = (),
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES,
     unknown_fields: UnknownFields = DEFAULT_UNKNOWN_FIELDS,
 ) -> FastAPI:
@@ -106,7 +107,9 @@ def create_app(
             metrics.bind_executor_stats(engine.executor_stats)
     state = AppState(
         engine=engine,
-        serving=OpenAIServing(engine, ServingSettings(name, default_max_tokens), metrics),
+        serving=OpenAIServing(
+            engine, ServingSettings(name, default_max_tokens, tuple(served_model_aliases)), metrics
+        ),
         metrics=metrics,
         api_key=api_key,
         shutdown_timeout=shutdown_timeout,
@@ -123,7 +126,8 @@ def create_app(
 
     app = FastAPI(title="specdeploy-server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.specdeploy = state
-    app.openapi = lambda: openapi.openapi_document(app, name)  # type: ignore[method-assign]
+    names = [name, *served_model_aliases]
+    app.openapi = lambda: openapi.openapi_document(app, names)  # type: ignore[method-assign]
     _install_error_handlers(app, state)
     _install_routes(app, state)
     app.add_middleware(UnknownFieldsPolicy, policy=unknown_fields)

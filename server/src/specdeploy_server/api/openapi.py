@@ -4,6 +4,7 @@ of the models the handlers build them from (``api/contract.py``)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from fastapi import FastAPI
@@ -111,10 +112,10 @@ def _definitions(model: type[BaseModel]) -> dict[str, Any]:
     return {**nested, model.__name__: schema}
 
 
-def openapi_document(app: FastAPI, served_model_name: str | None = None) -> dict[str, Any]:
+def openapi_document(app: FastAPI, served_model_names: Sequence[str] = ()) -> dict[str, Any]:
     """FastAPI's document without what this server never answers: 422 (validation errors are 400 here)
     and the JSON body FastAPI assumes for a route that returns a plain ``Response`` (``/metrics``); with the
-    served model's name as the one value of every request body's ``model`` (a schema-driven client then
+    served model's names as the values of every request body's ``model`` (a schema-driven client then
     reaches the generation path instead of a 404 for a made-up name)."""
     if app.openapi_schema is not None:
         return app.openapi_schema
@@ -131,11 +132,11 @@ def openapi_document(app: FastAPI, served_model_name: str | None = None) -> dict
         schemas.update(_definitions(model))
     for unused in ("HTTPValidationError", "ValidationError"):
         schemas.pop(unused, None)
-    if served_model_name is not None:
+    if served_model_names:
         for name in _request_bodies(document):
             model = schemas.get(name, {}).get("properties", {}).get("model")
             if isinstance(model, dict) and model.get("type") == "string":
-                model["enum"] = [served_model_name]
+                model["enum"] = list(served_model_names)
     app.openapi_schema = document
     return document
 

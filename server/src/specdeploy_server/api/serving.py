@@ -39,6 +39,20 @@ T = TypeVar("T")
 class ServingSettings:
     served_model_name: str
     default_max_tokens: int = 16
+    served_model_aliases: tuple[str, ...] = ()
+    """Other names a request may send; the answer carries `served_model_name`."""
+
+    @property
+    def served_model_names(self) -> tuple[str, ...]:
+        return (self.served_model_name, *self.served_model_aliases)
+
+    def check_model(self, model: str) -> None:
+        """404 `model_not_found` naming the served names, unless ``model`` is one of them."""
+        if model not in self.served_model_names:
+            served = ", ".join(f"'{name}'" for name in self.served_model_names)
+            raise ModelNotFoundError(
+                f"The model '{model}' does not exist; this server serves {served}", param="model"
+            )
 
 
 class OpenAIServing:
@@ -76,21 +90,18 @@ class OpenAIServing:
         )
 
     def list_models(self) -> ModelList:
-        return ModelList(object="list", data=[self._model_card()])
+        """One card per name a request may send, the served model name first (as vLLM lists its names)."""
+        return ModelList(object="list", data=[self._model_card(n) for n in self.settings.served_model_names])
 
     def retrieve_model(self, model: str) -> ModelCard:
-        """``GET /v1/models/{model}``: the served model's card, or 404 ``model_not_found``."""
-        if model != self.settings.served_model_name:
-            raise ModelNotFoundError(
-                f"The model '{model}' does not exist; this server serves '{self.settings.served_model_name}'",
-                param="model",
-            )
-        return self._model_card()
+        """``GET /v1/models/{model}``: the card of a served name, or 404 ``model_not_found``."""
+        self.settings.check_model(model)
+        return self._model_card(model)
 
-    def _model_card(self) -> ModelCard:
+    def _model_card(self, name: str) -> ModelCard:
         info = self.engine.info
         return ModelCard(
-            id=self.settings.served_model_name,
+            id=name,
             object="model",
             created=info.created,
             owned_by="specdeploy",
@@ -100,12 +111,7 @@ class OpenAIServing:
 
     # ----------------------------------------------------------------- validation
     def _check_common(self, req: CompletionRequest | ChatCompletionRequest, grammar: bool) -> None:
-        if req.model != self.settings.served_model_name:
-            raise ModelNotFoundError(
-                f"The model '{req.model}' does not exist; this server serves "
-                f"'{self.settings.served_model_name}'",
-                param="model",
-            )
+        self.settings.check_model(req.model)
         unsupported = req.unsupported()
         if unsupported:
             name = unsupported[0]

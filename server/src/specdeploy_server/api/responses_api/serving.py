@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import BaseModel
@@ -75,7 +75,8 @@ class ResponsesServing:
             raise BadRequestError(reason, param=name)
         history = self._history(req)
         chat = chat_request(req, history)
-        echo = Echo.of(req)
+        # answered under the served model name, as the chat completion is (a request may send an alias)
+        echo = replace(Echo.of(req), model=self.serving.settings.served_model_name)
         try:
             prepared = await self.serving.prepare_chat(chat)
         except BadRequestError as exc:
