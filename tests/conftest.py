@@ -287,14 +287,19 @@ def namespace(core: client.CoreV1Api) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def install_crds(kubectl: Kubectl) -> list[str]:
-    """Apply every CRD in crds/ (server-side) and wait until each is Established. Returns their names."""
+    """Apply crds/ (server-side): the CRDs, each waited for until Established, and the admission policy.
+    Returns the CRDs' names."""
     files = sorted(CRDS.glob("*.yaml"))
     if not files:
         pytest.fail(f"no CRDs in {CRDS}: run `make crds`")
     names = []
     for f in files:
         out = kubectl("apply", "--server-side", "--force-conflicts", "-f", str(f), "-o", "name")
-        names += [line.split("/", 1)[1] for line in out.stdout.split() if line]
+        names += [
+            line.split("/", 1)[1]
+            for line in out.stdout.split()
+            if line.startswith("customresourcedefinition.apiextensions.k8s.io/")
+        ]
     for name in names:
         kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
     # Established is the CRD's condition; the API server's discovery (what kubectl resolves `sdep` and

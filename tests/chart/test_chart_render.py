@@ -162,6 +162,8 @@ def test_default_render(helm: Helm) -> None:
             "Deployment",
             "Service",
             "ServiceAccount",
+            "ValidatingAdmissionPolicy",
+            "ValidatingAdmissionPolicyBinding",
         ]
     )
     crds = {o["metadata"]["name"] for o in by_kind(objs, "CustomResourceDefinition")}

@@ -66,7 +66,8 @@ ROWS: dict[str, str] = {
     "kubectl port-forward -n llm svc/llama-8b-1b-h100 8000:8000 &": NEEDS_GPUS,
     (
         "curl -s localhost:8000/v1/completions -H 'Content-Type: application/json'"
-        """ -d '{"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "Speculative decoding", "max_tokens": 24}'"""
+        """ -d '{"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "Speculative decoding","""
+        """ "max_tokens": 24}'"""
     ): NEEDS_GPUS,
     "kubectl delete sdep --all -n llm": NAMESPACE_LLM,
     "kubectl delete enginebuilds --all -n llm": NAMESPACE_LLM,

@@ -40,7 +40,7 @@ def test_defaults_of_a_minimal_manifest() -> None:
     spec = parse_sdep(minimal()).spec
     assert spec.to_dict() == {
         "replicas": 1,
-        "backend": "tensorrt",
+        "backend": "pytorch",
         "target": {
             "model": {"uri": "hf://org/model"},
             "tensorParallel": 1,

@@ -217,6 +217,7 @@ def test_a_mig_deployment_builds_its_engines_on_the_mig_slices_it_serves_on() ->
         "kind": "SpeculativeDeployment",
         "metadata": {"name": "mig", "namespace": "ns", "uid": "u"},
         "spec": {
+            "backend": "tensorrt",
             "target": {"model": {"uri": "hf://org/target-8b"}},
             "speculative": {"method": "promptLookup"},
             "placement": {

@@ -115,6 +115,7 @@ class _Kube(FakeKube):
 
 def gpu_deployment(cache: dict[str, Any] | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {
+        "backend": "tensorrt",
         "target": {"model": {"uri": "hf://org/target-8b"}},
         "speculative": {"method": "promptLookup"},
     }

@@ -47,6 +47,7 @@ def gpu_deployment(name: str = "gpu") -> dict[str, Any]:
         "kind": "SpeculativeDeployment",
         "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "generation": 1},
         "spec": {
+            "backend": "tensorrt",
             "target": {"model": {"uri": "hf://org/target-8b"}},
             "speculative": {"method": "promptLookup"},
             "placement": {"gpuProduct": "NVIDIA-H100-80GB-HBM3"},

@@ -68,6 +68,7 @@ BASES: dict[str, dict[str, Any]] = {
     "draftTarget": _manifest(
         "base-draft-target",
         {
+            "backend": "tensorrt",
             "target": _fp8_model("hf://meta-llama/Llama-3.3-70B-Instruct", 2),
             "draft": _fp8_model("hf://meta-llama/Llama-3.1-8B-Instruct", 2),
             "speculative": {"method": "draftTarget", "draftLen": 4, "maxDraftLen": 10},
@@ -79,6 +80,7 @@ BASES: dict[str, dict[str, Any]] = {
     "promptLookup": _manifest(
         "base-prompt-lookup",
         {
+            "backend": "tensorrt",
             "target": {
                 "model": {"uri": "hf://meta-llama/Llama-2-13b-hf"},
                 "quantization": {"dtype": "float16"},

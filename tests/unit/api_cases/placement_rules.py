@@ -12,7 +12,6 @@ from tests.unit.api_cases.cases import (
     patch_draft,
     patch_runtime,
     patch_spec,
-    patch_speculative,
     patch_target,
 )
 
@@ -99,7 +98,7 @@ PLACEMENT_AND_BACKEND_CASES = [
     Case(
         "mtp-on-tensorrt",
         "none",
-        patch_speculative(method="mtp"),
+        {"spec": {"backend": "tensorrt", "speculative": {"method": "mtp"}}},
         "spec.speculative.method",
         "method-needs-pytorch",
     ),
@@ -216,7 +215,7 @@ PLACEMENT_AND_BACKEND_CASES = [
     Case(
         "target-across-nodes-on-tensorrt",
         "none",
-        patch_target(tensorParallel=16),
+        {"spec": {"backend": "tensorrt", "target": {"tensorParallel": 16}}},
         "spec.backend",
         "multi-node-needs-pytorch",
     ),

@@ -22,9 +22,19 @@ from .podsecurity import PodSecuritySpec
 from .serving import EngineCacheSpec, ImagesSpec, RolloutSpec, RuntimeSpec, ServingSpec
 from .speculation import SpeculativeSpec
 
-__all__ = ["SPEC_RULES", "Backend", "SpeculativeDeploymentSpec"]
+__all__ = ["SPEC_RULES", "TENSORRT_BACKEND_WARNING", "Backend", "SpeculativeDeploymentSpec"]
 
 Backend = Literal["tensorrt", "pytorch", "transformers"]
+
+TENSORRT_BACKEND_WARNING = (
+    "spec.backend: tensorrt builds engines with trtllm-build for TensorRT-LLM's TensorRT-engine workflow, "
+    "which TensorRT-LLM deprecated in February 2026 and removed in July 2026: it runs only on the 1.2.x "
+    "image (docs/trtllm.md#supported-versions). Migrate to spec.backend: pytorch, the default, which loads "
+    "the Hugging Face checkpoint directly: drop spec.target.build and spec.draft.build "
+    "(docs/trtllm.md#from-tensorrt-to-pytorch)."
+)
+"""What `kubectl apply` prints for a deployment that chooses the engine workflow (the admission policy in
+crds/)."""
 
 # --- spec.target and spec.draft------------------------------------------------------------------------------
 
@@ -301,9 +311,11 @@ class SpeculativeDeploymentSpec(ApiModel):
     replicas: Annotated[int, Field(ge=0, le=1024)] = 1
     """Number of serving replicas; each runs the target (and the draft) on the GPUs (or CPUs) of one node, or
     of several when it needs more GPUs than `spec.placement.gpusPerNode` (a group of pods, one per node)."""
-    backend: Backend = "tensorrt"
-    """`tensorrt`: engines built with `trtllm-build` and run by paired executors (seeds 000, 001, 003, 004).
-    `pytorch`: the TensorRT-LLM LLM API with a `speculative_config`, no engine build (seed 002).
+    backend: Backend = "pytorch"
+    """`pytorch` (default): the TensorRT-LLM LLM API with a `speculative_config`; the Hugging Face checkpoint
+    loads directly, no engine build (seed 002). `tensorrt`: engines built with `trtllm-build` and run by
+    paired executors (seeds 000, 001, 003, 004); TensorRT-LLM removed this workflow in July 2026, so it runs
+    on the 1.2.x image only and `kubectl apply` warns about it.
     `transformers`: Hugging Face checkpoints run by the specdeploy server's own speculative loop on the
     transformers reference backend, on a GPU or (with `spec.placement.device: cpu`) on CPUs; methods
     `draftTarget`, `promptLookup` and `none`, no quantization, no engine build (the checkpoint is staged

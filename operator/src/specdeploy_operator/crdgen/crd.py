@@ -10,6 +10,7 @@ import yaml
 from specdeploy_operator.api import EngineBuild, SpeculativeDeployment
 from specdeploy_operator.api.base import ApiModel, ResourceInfo
 
+from .policy import POLICY_FILENAME, backend_warning_policy
 from .schema import normalise_description, sort_keys, structural_schema
 
 __all__ = ["HEADER", "KINDS", "crd_filename", "custom_resource_definition", "render_crds", "to_yaml"]
@@ -121,8 +122,13 @@ def to_yaml(document: dict[str, Any]) -> str:
 
 
 def render_crds() -> dict[str, str]:
-    """File name -> YAML text of every CRD."""
-    return {crd_filename(kind.resource): HEADER + to_yaml(custom_resource_definition(kind)) for kind in KINDS}
+    """File name -> YAML text of every CRD, and of the admission policy that warns about a deprecated choice
+    (crds/ holds what a cluster needs before the operator runs)."""
+    files = {
+        crd_filename(kind.resource): HEADER + to_yaml(custom_resource_definition(kind)) for kind in KINDS
+    }
+    files[POLICY_FILENAME] = HEADER + "---\n".join(to_yaml(doc) for doc in backend_warning_policy())
+    return files
 
 
 def write_crds(directory: Path) -> list[Path]:
