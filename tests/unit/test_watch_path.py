@@ -5,6 +5,8 @@ would compute for handlers the operator does not have."""
 from __future__ import annotations
 
 import copy
+import itertools
+from collections.abc import Iterable, Sized
 from typing import Any
 
 import kopf
@@ -104,3 +106,18 @@ def test_no_handler_reads_kopfs_diffs_so_none_are_built() -> None:
     body = kopf.Body({"metadata": {"name": "a"}, "spec": {"replicas": 1}})
     assert storage.build(body=body) == {}
     assert storage.fetch(body=body) is None
+
+
+def test_a_failed_api_request_is_retried_without_end_not_escalated() -> None:
+    """An API server away for minutes must not stop the operator: kopf raises after the last backoff, and
+    a watch that raises ends the process."""
+    settings = kopf.OperatorSettings()
+    build_settings(settings, None)
+    backoffs = settings.networking.error_backoffs
+    assert isinstance(backoffs, Iterable)
+    assert not isinstance(backoffs, Sized)  # kopf then retries until a request succeeds
+    for _ in range(2):  # every request iterates anew
+        pauses = list(itertools.islice(iter(backoffs), 1000))
+        assert pauses[:8] == [1, 1, 2, 3, 5, 8, 13, 21]
+        assert len(pauses) == 1000
+        assert max(pauses) == 21

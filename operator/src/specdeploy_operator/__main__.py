@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import logging
 import os
 import secrets
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import kopf
@@ -80,7 +81,20 @@ def configure_logging(level: str) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
+class EndlessBackoffs:
+    """kopf's pauses between retries of a failed API request (1, 1, 2, 3, 5, 8, 13 s), then 21 s for ever.
+
+    kopf gives up on a request after its last pause and raises; when that request is a watch's (the
+    namespace observer's among them), the whole operator stops, so an API server away for longer than the
+    pauses add up to (54 s) would end the process. Controllers built on client-go retry without end; so does
+    this operator. Not sized, so kopf counts no attempts; iterable again for every request."""
+
+    def __iter__(self) -> Iterator[float]:
+        return itertools.chain((1, 1, 2, 3, 5, 8, 13), itertools.repeat(21))
+
+
 def build_settings(settings: kopf.OperatorSettings, peering: str | None, lifetime: int = 60) -> None:
+    settings.networking.error_backoffs = EndlessBackoffs()
     settings.posting.enabled = False  # events are posted by the reconciler, on milestones only
     settings.persistence.diffbase_storage = NoEssence()  # no handler reads kopf's per-event diffs
     settings.watching.server_timeout = 300
