@@ -98,7 +98,12 @@ def test_a_deployment_stored_under_the_old_default_keeps_tensorrt(
         return str(stored["spec"]["backend"])
 
     def default_now() -> str:
-        probe = doc | {"metadata": {"name": "probe"}}
+        probe = {
+            "apiVersion": doc["apiVersion"],
+            "kind": doc["kind"],
+            "metadata": {"name": "probe"},
+            "spec": {"target": {"model": {"uri": "hf://org/model"}}, "speculative": {"method": "none"}},
+        }
         dry_run = apply(kubectl, namespace, probe, "--dry-run=server", "-o", "json")
         return str(json.loads(dry_run.stdout)["spec"]["backend"])
 
