@@ -100,6 +100,7 @@ def test_status_and_scale_subresources(kubectl: Kubectl, namespace: str) -> None
         "selector": f"specdeploy.dev/name={name}",
         "gpusPerReplica": 2,
         "endpoint": f"http://{name}.{namespace}.svc:8000/v1",
+        "modelName": "meta-llama/Llama-3.3-70B-Instruct",
         "conditions": [
             {
                 "type": "Available",
@@ -133,7 +134,7 @@ def test_status_and_scale_subresources(kubectl: Kubectl, namespace: str) -> None
     table = kubectl("get", "sdep", name, "-n", namespace, "-o", "wide").stdout.splitlines()
     assert table[0].split() == [
         "NAME", "PHASE", "METHOD", "TARGET", "DRAFT", "READY", "ACCEPTANCE", "TOKENS/STEP", "GPUS/REPLICA",
-        "AGE", "BACKEND", "ENDPOINT", "NODES/REPLICA",
+        "AGE", "BACKEND", "ENDPOINT", "MODEL", "NODES/REPLICA",
     ]  # fmt: skip
     row = table[1].split()
     assert row[:7] == [
