@@ -137,8 +137,8 @@ def wait_for(
         if last:
             return last
         time.sleep(interval)
-    seen = f"; then: {describe()!r}" if describe is not None else ""
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r}){seen}")
+    seen = "" if describe is None else (d if isinstance(d := describe(), str) else repr(d))
+    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last value: {last!r})\n{seen}".rstrip())
 
 
 def wait_quiet(

@@ -106,17 +106,17 @@ class Cluster:
             current = not since_generation or status.get("observedGeneration") == generation
             return status if status.get("phase") == phase and current else None
 
-        try:
-            result: dict[str, Any] = wait_for(
-                reached, timeout=timeout, interval=0.2, what=f"{name} phase {phase}"
-            )
-        except pytest.fail.Exception as timed_out:
+        def seen() -> str:
             engines = {e["metadata"]["name"]: e.get("status") for e in self.engine_builds()}
             jobs = {j.metadata.name: (j.status.succeeded, j.status.failed) for j in self.jobs()}
-            raise AssertionError(
-                f"{timed_out}\nphases seen: {self.phases.get(name)}\nstatus: {self.status(name)}\n"
+            return (
+                f"phases seen: {self.phases.get(name)}\nstatus: {self.status(name)}\n"
                 f"engine builds: {engines}\njobs (succeeded, failed): {jobs}"
-            ) from None
+            )
+
+        result: dict[str, Any] = wait_for(
+            reached, timeout=timeout, interval=0.2, what=f"{name} phase {phase}", describe=seen
+        )
         return result
 
     def engine_builds(self) -> list[dict[str, Any]]:

@@ -71,10 +71,9 @@ class Served:
             status = self.status()
             return status if status.get("phase") == "Ready" else None
 
-        try:
-            result: dict[str, Any] = wait_for(ready, timeout=timeout, interval=0.5, what=f"{self.name} Ready")
-        except pytest.fail.Exception as timed_out:
-            raise AssertionError(f"{timed_out}\n{self.describe()}") from None
+        result: dict[str, Any] = wait_for(
+            ready, timeout=timeout, interval=0.5, what=f"{self.name} Ready", describe=self.describe
+        )
         # The Service's EndpointSlices are another controller's, written after the pods it saw ready.
         wait_for(self.endpoints.ready, timeout=60, what=f"a ready endpoint of {self.name}")
         return result

@@ -35,6 +35,10 @@ from specdeploy_localcluster.podrunner.volumes import Mount, UnsupportedPod, fie
 
 SERVER = "ghcr.io/specdeploy/server:0.1.0"
 
+NEEDS_ROOT = pytest.mark.skipif(
+    os.geteuid() != 0, reason="mount namespaces and setpriv need root (CI and the local cluster run as root)"
+)
+
 
 def pod(*containers: dict[str, Any], init: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {"containers": list(containers)}
@@ -223,7 +227,7 @@ def traversable_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces and setpriv need root")
+@NEEDS_ROOT
 def test_a_read_only_root_leaves_only_the_writable_volumes_writable_to_the_pods_user(
     traversable_dir: Path,
 ) -> None:
@@ -265,7 +269,7 @@ def test_a_read_only_root_leaves_only_the_writable_volumes_writable_to_the_pods_
     (base / "outside").write_text("still writable")
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces and setpriv need root")
+@NEEDS_ROOT
 def test_the_image_stays_visible_under_a_volume_mounted_over_its_parent(traversable_dir: Path) -> None:
     """A checkout under /tmp and a pod with an emptyDir at /tmp: the programs must still be there (they are
     the image), next to the volume's own files; a real runtime mounts volumes over the image the same way."""
@@ -293,7 +297,7 @@ def test_the_image_stays_visible_under_a_volume_mounted_over_its_parent(traversa
     assert not (parent / "scratch").exists(), "and only inside the container"
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces and setpriv need root")
+@NEEDS_ROOT
 def test_a_checkout_and_cluster_in_one_private_directory(traversable_dir: Path) -> None:
     """A fresh clone and its cluster's directory side by side in a directory only root may enter (mkdtemp's,
     or a private home): a non-root pod whose mount script and volumes live in the cluster's directory sees

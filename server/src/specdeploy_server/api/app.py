@@ -105,11 +105,10 @@ def create_app(
         engine.attach_observer(metrics)
         if engine.executor_stats is not None:
             metrics.bind_executor_stats(engine.executor_stats)
+    settings = ServingSettings(name, default_max_tokens, tuple(served_model_aliases))
     state = AppState(
         engine=engine,
-        serving=OpenAIServing(
-            engine, ServingSettings(name, default_max_tokens, tuple(served_model_aliases)), metrics
-        ),
+        serving=OpenAIServing(engine, settings, metrics),
         metrics=metrics,
         api_key=api_key,
         shutdown_timeout=shutdown_timeout,
@@ -126,8 +125,7 @@ def create_app(
 
     app = FastAPI(title="specdeploy-server", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.specdeploy = state
-    names = [name, *served_model_aliases]
-    app.openapi = lambda: openapi.openapi_document(app, names)  # type: ignore[method-assign]
+    app.openapi = lambda: openapi.openapi_document(app, settings.served_model_names)  # type: ignore[method-assign]
     _install_error_handlers(app, state)
     _install_routes(app, state)
     app.add_middleware(UnknownFieldsPolicy, policy=unknown_fields)

@@ -137,6 +137,12 @@ _IMAGE_FD = 3
 """First file descriptor the mount script holds an image directory open on (sh's `exec N<` takes 3 to 9)."""
 
 
+def _bind_back(fd: int, path: Path) -> list[str]:
+    """Script lines that mount what descriptor `fd` holds open at `path` again, then close it."""
+    # --no-canonicalize: mount would resolve the /proc link to its path, the empty directory just made.
+    return [f'mount --no-canonicalize --bind "/proc/$$/fd/{fd}" {shlex.quote(str(path))}', f"exec {fd}<&-"]
+
+
 def _mount_script(
     mounts: list[Mount],
     workdir: str | None,
@@ -183,9 +189,7 @@ def _mount_script(
         lines.append(_READ_ONLY_ROOT)
         lines += [f"mount -o remount,bind,rw {shlex.quote(m.target)}" for m in mounts if not m.read_only]
     for fd, root in enumerate(covered, start=_IMAGE_FD):
-        # --no-canonicalize: mount would resolve the /proc link to its path, the empty directory just made.
-        lines.append(f'mount --no-canonicalize --bind "/proc/$$/fd/{fd}" {shlex.quote(str(root))}')
-        lines.append(f"exec {fd}<&-")
+        lines += _bind_back(fd, root)
     for hidden, entries in sorted((exposed or {}).items()):
         # Each entry is held open across the tmpfs and bound back from its descriptor (it keeps the
         # read-only flag of the mount it lies on); the tmpfs itself is read-only under a read-only root.
@@ -195,9 +199,8 @@ def _mount_script(
         lines.append(f"mount -t tmpfs -o mode=0755 tmpfs {shlex.quote(str(hidden))}")
         for fd, entry in shown:
             real = shlex.quote(str(hidden / entry))
-            made = f"mkdir -p {real}" if (hidden / entry).is_dir() else f"touch {real}"
-            lines.append(f'{made} && mount --no-canonicalize --bind "/proc/$$/fd/{fd}" {real}')
-            lines.append(f"exec {fd}<&-")
+            lines.append(f"mkdir -p {real}" if (hidden / entry).is_dir() else f"touch {real}")
+            lines += _bind_back(fd, hidden / entry)
         if read_only_root:
             lines.append(f"mount -o remount,ro {shlex.quote(str(hidden))}")
     if workdir:
