@@ -150,13 +150,16 @@ class Rendered:
 
 def rendered_inputs() -> list[Rendered]:
     out = []
-    examples = {p.stem: p for p in sorted((REPO / "examples").glob("*.yaml"))}
-    for stem, path in examples.items():
+    # Keyed by the path under examples/ without .yaml, labelled by its number ("tensorrt/01": engine builds).
+    root = REPO / "examples"
+    paths = sorted(root.glob("*.yaml")) + sorted(root.glob("tensorrt/*.yaml"))
+    examples = {p.relative_to(root).with_suffix("").as_posix(): p for p in paths}
+    for key, path in examples.items():
         for doc in yaml.safe_load_all(path.read_text()):
             if doc and doc.get("kind") == "SpeculativeDeployment":
                 sdep = parse_object(doc)
                 assert isinstance(sdep, SpeculativeDeployment)
-                out.append(Rendered(stem.split("-")[0], sdep, render_children(sdep, OperatorSettings())))
+                out.append(Rendered(key.split("-")[0], sdep, render_children(sdep, OperatorSettings())))
     for label, stem, patch in RENDER_VARIATIONS:
         doc = yaml.safe_load(examples[stem].read_text())
         doc["spec"] = _merge(doc["spec"], patch)

@@ -18,6 +18,7 @@ from specdeploy_operator.builders.settings import ENV_PREFIX, OperatorSettings
 from specdeploy_operator.crdgen import render_crds
 
 from tests.chart.conftest import CHART, KUBE_VERSION, KUBE_VERSION_FLOOR, REPO, Helm, render
+from tests.example_files import example_files
 
 VALUES_FILES = sorted((CHART / "ci").glob("*-values.yaml"))
 # Kinds that are not part of Kubernetes itself: validated by the apiserver in the integration tests (kopf
@@ -50,7 +51,7 @@ def rules_of(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 KUBE_VERSIONS = [KUBE_VERSION, KUBE_VERSION_FLOOR]
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+EXAMPLES = example_files()
 
 
 def minor(version: str) -> str:

@@ -17,9 +17,10 @@ from specdeploy_operator.api import SpeculativeDeployment, parse_object
 from specdeploy_operator.builders import OperatorSettings, render_children
 
 from tests.chart.conftest import CHART, KUBE_VERSION, REPO, Helm, render
+from tests.example_files import example_files
 from tests.pod_security_standards import pod_specs, violations
 
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+EXAMPLES = example_files()
 VALUES_FILES = sorted((CHART / "ci").glob("*-values.yaml"))
 CUSTOM_SECURITY = {
     "runAsUser": 4000,

@@ -15,11 +15,12 @@ import yaml
 from specdeploy_operator.api import EngineBuild, SpeculativeDeployment, parse_object
 
 from tests.conftest import Kubectl
+from tests.example_files import example_files, example_id
 from tests.unit.api_cases import BASES, INVALID_CASES, Case
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("install_crds")]
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+EXAMPLES = example_files()
 
 
 def get_json(kubectl: Kubectl, *args: str) -> Any:
@@ -32,7 +33,7 @@ def create(kubectl: Kubectl, namespace: str, doc: dict[str, Any], *extra: str) -
     )
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
+@pytest.mark.parametrize("example", EXAMPLES, ids=example_id)
 def test_example_is_accepted_with_the_models_defaults(
     kubectl: Kubectl, namespace: str, example: Path
 ) -> None:

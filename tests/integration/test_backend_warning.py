@@ -18,7 +18,7 @@ from tests.conftest import CRDS, Kubectl, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("install_crds")]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
-TENSORRT = EXAMPLES / "02-draft-target-llama8b-1b-h100.yaml"
+TENSORRT = EXAMPLES / "tensorrt" / "02-draft-target-llama8b-1b-h100.yaml"
 PYTORCH = EXAMPLES / "06-eagle3-pytorch-tp8.yaml"
 CRD = CRDS / "specdeploy.dev_speculativedeployments.yaml"
 

@@ -28,9 +28,10 @@ from tests.conftest import (
     wait_for,
     wait_quiet,
 )
+from tests.example_files import example_files
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+EXAMPLES = example_files()
 # The GPU examples, whose pods kwok simulates. backend transformers runs for real where it can: examples/09
 # (CPU) is served by the pod runner (tests/integration/test_real_pods.py); examples/10's staging Job really
 # runs its hf:// download, which no model hub answers from here (test_real_pods.py checks the failure).

@@ -29,10 +29,11 @@ from specdeploy_operator.builders import OperatorSettings, render_children
 
 from tests.chart.test_pod_security_restricted import MUTATIONS
 from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl, fresh_namespace, wait_for
+from tests.example_files import example_files
 from tests.pod_security_standards import pod_specs, violations
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+EXAMPLES = example_files()
 GROUP, VERSION, PLURAL = "specdeploy.dev", "v1alpha1", "speculativedeployments"
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",

@@ -45,5 +45,5 @@ def deployment_of(sdep: SpeculativeDeployment) -> dict[str, Any]:
     return build_deployment(sdep, build_engine_builds(sdep, SETTINGS), SETTINGS)
 
 
-COLOCATED = "01-draft-target-llama70b-8b-h100"
-DEDICATED = "03-draft-target-dedicated-logits"
+COLOCATED = "tensorrt/01-draft-target-llama70b-8b-h100"
+DEDICATED = "tensorrt/03-draft-target-dedicated-logits"

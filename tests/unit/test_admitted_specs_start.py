@@ -34,6 +34,7 @@ from specdeploy_server.backends.factory import startup_problems
 from specdeploy_server.cli import load_config
 from specdeploy_server.config import Backend
 
+from tests.example_files import example_files, example_id
 from tests.unit.api_cases import merge_patch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,10 +60,10 @@ class Spec:
 
 def example_specs() -> list[Spec]:
     out = []
-    for path in sorted((REPO / "examples").glob("*.yaml")):
+    for path in example_files():
         for i, doc in enumerate(yaml.safe_load_all(path.read_text())):
             if isinstance(doc, dict) and doc.get("kind") == "SpeculativeDeployment":
-                out.append(Spec(f"{path.stem}[{i}]", doc))
+                out.append(Spec(f"{example_id(path)}[{i}]", doc))
     assert len(out) >= 10
     return out
 

@@ -17,6 +17,8 @@ from specdeploy_operator.api import (
 )
 from specdeploy_operator.api.flags import flag_name
 
+from tests.example_files import example_files
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 # Flags of the seeds' trtllm-build commands, without --checkpoint_dir, --output_dir and --workers (paths and
@@ -87,13 +89,13 @@ def example(name: str) -> SpeculativeDeployment:
 @pytest.mark.parametrize(
     ("file", "role", "seed_flags"),
     [
-        ("01-draft-target-llama70b-8b-h100.yaml", "target", SEED_000_TARGET),
-        ("01-draft-target-llama70b-8b-h100.yaml", "draft", SEED_000_DRAFT),
-        ("03-draft-target-dedicated-logits.yaml", "target", SEED_001_TARGET),
-        ("04a-draft-target-llama405b-1b-4xh200.yaml", "target", SEED_003_405B_TARGET),
-        ("04a-draft-target-llama405b-1b-4xh200.yaml", "draft", SEED_003_405B_DRAFT),
-        ("05-prompt-lookup-llama13b.yaml", "target", SEED_004_TARGET),
-        ("07-baseline-llama70b-none.yaml", "target", SEED_003_BASELINE_STYLE),
+        ("tensorrt/01-draft-target-llama70b-8b-h100.yaml", "target", SEED_000_TARGET),
+        ("tensorrt/01-draft-target-llama70b-8b-h100.yaml", "draft", SEED_000_DRAFT),
+        ("tensorrt/03-draft-target-dedicated-logits.yaml", "target", SEED_001_TARGET),
+        ("tensorrt/04a-draft-target-llama405b-1b-4xh200.yaml", "target", SEED_003_405B_TARGET),
+        ("tensorrt/04a-draft-target-llama405b-1b-4xh200.yaml", "draft", SEED_003_405B_DRAFT),
+        ("tensorrt/05-prompt-lookup-llama13b.yaml", "target", SEED_004_TARGET),
+        ("tensorrt/07-baseline-llama70b-none.yaml", "target", SEED_003_BASELINE_STYLE),
     ],
 )
 def test_rendered_flags_match_the_seed_commands(file: str, role: Any, seed_flags: str) -> None:
@@ -105,14 +107,14 @@ def test_rendered_flags_match_the_seed_commands(file: str, role: Any, seed_flags
 
 def test_70b_1b_on_one_h200_matches_the_405b_recipe() -> None:
     """seed 003 lines 79-96 repeat lines 53-70 with --workers 1: the same flags."""
-    small = example("04b-draft-target-llama70b-1b-h200.yaml").spec
+    small = example("tensorrt/04b-draft-target-llama70b-1b-h200.yaml").spec
     assert flag_set(render_build_flags(small, "target")) == flag_set(SEED_003_405B_TARGET)
     assert flag_set(render_build_flags(small, "draft")) == flag_set(SEED_003_405B_DRAFT)
 
 
 def test_quantize_args_match_seed_000() -> None:
     """seed 000 line 15, without --model_dir and --output_dir."""
-    spec = example("01-draft-target-llama70b-8b-h100.yaml").spec
+    spec = example("tensorrt/01-draft-target-llama70b-8b-h100.yaml").spec
     expected = "--dtype auto --qformat fp8 --kv_cache_dtype fp8 --calib_size 512 --tp_size 2 --pp_size 1"
     assert render_quantize_args(spec.target) == expected.split()
     assert spec.draft is not None
@@ -120,7 +122,7 @@ def test_quantize_args_match_seed_000() -> None:
 
 
 def test_quantize_args_without_quantization() -> None:
-    spec = example("05-prompt-lookup-llama13b.yaml").spec
+    spec = example("tensorrt/05-prompt-lookup-llama13b.yaml").spec
     assert render_quantize_args(spec.target) == [
         "--dtype",
         "float16",
@@ -134,7 +136,7 @@ def test_quantize_args_without_quantization() -> None:
 
 
 def test_flag_order_is_deterministic() -> None:
-    spec = example("01-draft-target-llama70b-8b-h100.yaml").spec
+    spec = example("tensorrt/01-draft-target-llama70b-8b-h100.yaml").spec
     assert render_build_flags(spec, "target") == [
         "--max_batch_size", "128",
         "--max_num_tokens", "4096",
@@ -152,7 +154,7 @@ def test_flag_order_is_deterministic() -> None:
 
 
 def test_extra_args_come_last_verbatim() -> None:
-    doc = yaml.safe_load((EXAMPLES / "05-prompt-lookup-llama13b.yaml").read_text())
+    doc = yaml.safe_load((EXAMPLES / "tensorrt/05-prompt-lookup-llama13b.yaml").read_text())
     doc["spec"]["target"]["build"]["extraArgs"] = [
         "--log_level=verbose",
         "--max_prompt_embedding_table_size",
@@ -165,7 +167,7 @@ def test_extra_args_come_last_verbatim() -> None:
 
 
 def test_max_draft_len_follows_the_spec() -> None:
-    doc = yaml.safe_load((EXAMPLES / "05-prompt-lookup-llama13b.yaml").read_text())
+    doc = yaml.safe_load((EXAMPLES / "tensorrt/05-prompt-lookup-llama13b.yaml").read_text())
     doc["spec"]["speculative"]["maxDraftLen"] = 16
     parsed = parse_object(doc)
     assert isinstance(parsed, SpeculativeDeployment)
@@ -177,7 +179,7 @@ def test_no_engine_for_pytorch_or_a_missing_draft() -> None:
     with pytest.raises(ValueError, match="pytorch"):
         render_build_flags(example("06-eagle3-pytorch-tp8.yaml").spec, "target")
     with pytest.raises(ValueError, match="no draft"):
-        render_build_flags(example("05-prompt-lookup-llama13b.yaml").spec, "draft")
+        render_build_flags(example("tensorrt/05-prompt-lookup-llama13b.yaml").spec, "draft")
 
 
 @pytest.mark.parametrize(
@@ -208,7 +210,7 @@ def test_flag_name() -> None:
     [
         ("01-draft-target-llama70b-8b-h100.yaml", 2),  # seed 000: two H100s, draft colocated
         ("02-draft-target-llama8b-1b-h100.yaml", 1),
-        ("03-draft-target-dedicated-logits.yaml", 2),  # seed 001: draft GPU 0, target GPU 1
+        ("03-draft-target-llama13b-7b.yaml", 1),  # seed 001's pair, the draft on the target's GPU
         ("04a-draft-target-llama405b-1b-4xh200.yaml", 4),  # seed 003: four H200s
         ("04b-draft-target-llama70b-1b-h200.yaml", 1),  # seed 003: one H200
         ("05-prompt-lookup-llama13b.yaml", 1),
@@ -219,6 +221,14 @@ def test_flag_name() -> None:
         ("10-transformers-gpu-llama8b-1b.yaml", 1),
         ("11-mtp-deepseek-r1-2x8xh100.yaml", 16),  # two nodes of eight
         ("12-draft-target-llama405b-8b-2x8xh100.yaml", 16),  # two nodes, the draft on the same GPUs
+        ("tensorrt/01-draft-target-llama70b-8b-h100.yaml", 2),
+        ("tensorrt/02-draft-target-llama8b-1b-h100.yaml", 1),
+        ("tensorrt/03-draft-target-dedicated-logits.yaml", 2),  # seed 001: draft GPU 0, target GPU 1
+        ("tensorrt/04a-draft-target-llama405b-1b-4xh200.yaml", 4),
+        ("tensorrt/04b-draft-target-llama70b-1b-h200.yaml", 1),
+        ("tensorrt/05-prompt-lookup-llama13b.yaml", 1),
+        ("tensorrt/07-baseline-llama70b-none.yaml", 2),
+        ("tensorrt/08-autoscaling-llama8b-1b-h100.yaml", 1),
     ],
 )
 def test_examples_gpus_per_replica(file: str, gpus: int) -> None:
@@ -226,22 +236,34 @@ def test_examples_gpus_per_replica(file: str, gpus: int) -> None:
     assert example(file).spec.nodes_per_replica == (2 if gpus == 16 else 1)
 
 
+def test_every_seed_scenario_has_a_maintained_example_and_its_engine_build() -> None:
+    """Every example of the engine path has one on the maintained path with the same target; only the
+    seed's dedicated draft GPU and logits acceptance stay engine-only (examples/03)."""
+    maintained = {path.name[:3]: example(path.name).spec for path in EXAMPLES.glob("*.yaml")}
+    for path in (EXAMPLES / "tensorrt").glob("*.yaml"):
+        engine = example(f"tensorrt/{path.name}").spec
+        twin = maintained[path.name[:3]]
+        assert (engine.backend, twin.backend) == ("tensorrt", "pytorch"), path.name
+        assert twin.target.model.uri == engine.target.model.uri, path.name
+        assert twin.speculative.method == engine.speculative.method, path.name
+
+
 def test_every_example_is_covered_and_valid() -> None:
-    files = sorted(path.name for path in EXAMPLES.glob("*.yaml"))
-    assert len(files) == 13
+    files = [path.relative_to(EXAMPLES).as_posix() for path in example_files()]
+    assert len(files) == 21
     for name in files:
         example(name)
 
 
 def test_scenario_numbers() -> None:
     """The issue's numbers: maxDraftLen 10 and 3, draftLen 10 with n-gram 2, dedicated logits, draftLen 4."""
-    assert example("04a-draft-target-llama405b-1b-4xh200.yaml").spec.speculative.max_draft_len == 10
+    assert example("tensorrt/04a-draft-target-llama405b-1b-4xh200.yaml").spec.speculative.max_draft_len == 10
     eagle = example("06-eagle3-pytorch-tp8.yaml").spec
     assert (eagle.backend, eagle.target.tensor_parallel, eagle.speculative.max_draft_len) == ("pytorch", 8, 3)
-    lookup = example("05-prompt-lookup-llama13b.yaml").spec.speculative
+    lookup = example("tensorrt/05-prompt-lookup-llama13b.yaml").spec.speculative
     assert lookup.prompt_lookup is not None
     assert (lookup.effective_draft_len, lookup.prompt_lookup.max_matching_ngram_size) == (10, 2)
-    dedicated = example("03-draft-target-dedicated-logits.yaml").spec
+    dedicated = example("tensorrt/03-draft-target-dedicated-logits.yaml").spec
     assert (dedicated.speculative.draft_len, dedicated.speculative.acceptance) == (4, "logits")
     assert dedicated.placement.draft == "dedicated"
-    assert example("07-baseline-llama70b-none.yaml").spec.speculative.method == "none"
+    assert example("tensorrt/07-baseline-llama70b-none.yaml").spec.speculative.method == "none"

@@ -33,8 +33,10 @@ from specdeploy_operator.builders import (
     status_selector,
 )
 
+from tests.example_files import example_files, example_id
+
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = example_files()
 GOLDEN = Path(__file__).resolve().parent / "golden_autoscaling"
 UPDATE = os.environ.get("SPECDEPLOY_UPDATE_GOLDEN") == "1"
 
@@ -97,11 +99,11 @@ def _keda_schema() -> dict[str, Any]:
     return schema
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[path.stem for path in EXAMPLES])
+@pytest.mark.parametrize("example", EXAMPLES, ids=[example_id(path) for path in EXAMPLES])
 def test_golden_autoscalers(example: Path) -> None:
     body = _example(example)
     rendered = dump_yaml([build_hpa(_sdep(body, HPA)), build_scaled_object(_sdep(body, KEDA))])
-    golden = GOLDEN / f"{example.stem}.yaml"
+    golden = GOLDEN / f"{example_id(example)}.yaml"
     if UPDATE:
         golden.write_text(rendered)
     assert golden.is_file(), f"no golden file {golden}; run with SPECDEPLOY_UPDATE_GOLDEN=1"
@@ -112,10 +114,12 @@ def test_golden_autoscalers(example: Path) -> None:
 
 
 def test_no_stale_autoscaler_golden_files() -> None:
-    assert sorted(path.stem for path in GOLDEN.glob("*.yaml")) == [path.stem for path in EXAMPLES]
+    assert sorted(path.stem for path in GOLDEN.glob("*.yaml")) == sorted(
+        example_id(path) for path in EXAMPLES
+    )
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[path.stem for path in EXAMPLES])
+@pytest.mark.parametrize("example", EXAMPLES, ids=[example_id(path) for path in EXAMPLES])
 @pytest.mark.parametrize(
     "settings", [HPA, KEDA, {**KEDA, "minReplicas": 2, "keda": None}], ids=["hpa", "keda", "keda-default"]
 )

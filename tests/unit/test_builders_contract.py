@@ -13,10 +13,12 @@ from specdeploy_operator.builders import OperatorSettings, render_children
 # The test environment installs both packages (make venv): this contract must never be skipped.
 from specdeploy_server import config
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+from tests.example_files import example_files, example_id
+
+EXAMPLES = example_files()
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[path.stem for path in EXAMPLES])
+@pytest.mark.parametrize("example", EXAMPLES, ids=[example_id(path) for path in EXAMPLES])
 def test_rendered_server_config_loads(example: Path) -> None:
     for body in yaml.safe_load_all(example.read_text()):
         if not body or body.get("kind") != "SpeculativeDeployment":

@@ -17,8 +17,10 @@ from specdeploy_operator.api import SpeculativeDeployment, parse_object
 from specdeploy_operator.builders import OperatorSettings, dump_yaml, render_children
 from specdeploy_operator.cli import main
 
+from tests.example_files import example_files, example_id
+
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+EXAMPLES = example_files()
 GOLDEN = Path(__file__).resolve().parent / "golden"
 UPDATE = os.environ.get("SPECDEPLOY_UPDATE_GOLDEN") == "1"
 
@@ -34,9 +36,9 @@ def _render(example: Path) -> str:
     return dump_yaml(objects)
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=[path.stem for path in EXAMPLES])
+@pytest.mark.parametrize("example", EXAMPLES, ids=[example_id(path) for path in EXAMPLES])
 def test_golden(example: Path) -> None:
-    golden = GOLDEN / f"{example.stem}.yaml"
+    golden = GOLDEN / f"{example_id(example)}.yaml"
     rendered = _render(example)
     if UPDATE:
         golden.write_text(rendered)
@@ -48,15 +50,17 @@ def test_golden(example: Path) -> None:
 
 
 def test_no_stale_golden_files() -> None:
-    assert sorted(path.stem for path in GOLDEN.glob("*.yaml")) == [path.stem for path in EXAMPLES]
+    assert sorted(path.stem for path in GOLDEN.glob("*.yaml")) == sorted(
+        example_id(path) for path in EXAMPLES
+    )
 
 
-@pytest.mark.parametrize("example", EXAMPLES[:2], ids=[path.stem for path in EXAMPLES[:2]])
+@pytest.mark.parametrize("example", EXAMPLES[:2], ids=[example_id(path) for path in EXAMPLES[:2]])
 def test_cli_render_prints_the_golden_objects(example: Path) -> None:
     out = io.StringIO()
     with redirect_stdout(out):
         assert main(["render", "-f", str(example)]) == 0
-    assert out.getvalue() == (GOLDEN / f"{example.stem}.yaml").read_text()
+    assert out.getvalue() == (GOLDEN / f"{example_id(example)}.yaml").read_text()
 
 
 def test_render_is_deterministic() -> None:

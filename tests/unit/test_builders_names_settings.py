@@ -23,10 +23,10 @@ from specdeploy_operator.builders import (
     status_selector,
 )
 
+from tests.example_files import example_files
 from tests.unit.builder_examples import (
     COLOCATED,
     DNS_LABEL,
-    EXAMPLES,
     SETTINGS,
     deployment_of,
     example_body,
@@ -53,7 +53,7 @@ def test_names_are_deterministic_dns_labels_within_63() -> None:
 
 
 def test_every_child_name_is_a_dns_label() -> None:
-    for path in sorted(EXAMPLES.glob("*.yaml")):
+    for path in example_files():
         for body in yaml.safe_load_all(path.read_text()):
             if not body or body.get("kind") != "SpeculativeDeployment":
                 continue
@@ -191,7 +191,7 @@ def test_tensorrt_serving_needs_its_engines() -> None:
 
 
 def test_rendered_engine_builds_are_valid_api_objects() -> None:
-    for path in sorted(EXAMPLES.glob("*.yaml")):
+    for path in example_files():
         for body in yaml.safe_load_all(path.read_text()):
             if not body or body.get("kind") != "SpeculativeDeployment":
                 continue

@@ -66,7 +66,7 @@ def _flag_map(argv: list[str]) -> dict[str, str | None]:
 
 @pytest.fixture(scope="module")
 def engines() -> list[dict[str, Any]]:
-    body = yaml.safe_load((EXAMPLES / "01-draft-target-llama70b-8b-h100.yaml").read_text())
+    body = yaml.safe_load((EXAMPLES / "tensorrt" / "01-draft-target-llama70b-8b-h100.yaml").read_text())
     sdep = parse_object(body)
     assert isinstance(sdep, SpeculativeDeployment)
     return build_engine_builds(sdep, OperatorSettings())

@@ -69,7 +69,7 @@ def test_no_draft_has_no_draft_devices() -> None:
 
 
 def test_job_requests_tp_times_pp_gpus_on_the_gpu_product() -> None:
-    body = example_body("04a-draft-target-llama405b-1b-4xh200")
+    body = example_body("tensorrt/04a-draft-target-llama405b-1b-4xh200")
     sdep = parsed_example(body)
     for engine in build_engine_builds(sdep, SETTINGS):
         job = build_job(engine, SETTINGS)

@@ -11,9 +11,10 @@ import pytest
 import yaml
 from specdeploy_operator.cli import main
 
+from tests.example_files import example_files, example_id
 from tests.unit.api_cases import BASES, INVALID_CASES
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+EXAMPLES = example_files()
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -28,7 +29,7 @@ def write(tmp_path: Path, text: str, name: str = "manifest.yaml") -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.name)
+@pytest.mark.parametrize("example", EXAMPLES, ids=example_id)
 def test_examples_are_valid(capsys: pytest.CaptureFixture[str], example: Path) -> None:
     code, out, err = run(capsys, "-f", str(example))
     assert (code, err) == (0, "")

@@ -189,7 +189,9 @@ def test_the_configmap_hands_the_measured_figures_to_the_next_pods_without_resta
 def test_only_a_trtllm_llmapi_server_choosing_its_draft_length_gets_measured_figures() -> None:
     for sdep in (
         _withstatus_of(PYTORCH, FIGURES, draftLen=3),
-        _withstatus_of("01-draft-target-llama70b-8b-h100", FIGURES),  # backend tensorrt: our own loop
+        _withstatus_of(
+            "tensorrt/01-draft-target-llama70b-8b-h100", FIGURES
+        ),  # backend tensorrt: our own loop
     ):
         configmap = _configmap(sdep)
         assert "measured.json" not in configmap["data"]

@@ -206,6 +206,20 @@ PLACEMENT_AND_BACKEND_CASES = [
         "dedicated-placement-needs-draft",
     ),
     Case(
+        "dedicated-draft-on-pytorch",
+        "mtp",
+        {
+            "spec": {
+                "speculative": {"method": "draftTarget", "draftLen": 3, "maxDraftLen": 3},
+                "draft": {"model": {"uri": "hf://meta-llama/Llama-3.2-1B-Instruct"}, "tensorParallel": 1},
+                "target": {"tensorParallel": 1},
+                "placement": {"draft": "dedicated"},
+            }
+        },
+        "spec.placement.draft",
+        "dedicated-draft-not-on-pytorch",
+    ),
+    Case(
         "colocated-draft-wider-than-target",
         "draftTarget",
         patch_draft(tensorParallel=4),

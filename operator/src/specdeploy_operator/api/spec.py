@@ -237,6 +237,15 @@ SPEC_RULES: Rules = (
         check=lambda s: s.placement.draft != "dedicated" or s.draft is not None,
     ),
     Rule["SpeculativeDeploymentSpec"](
+        name="dedicated-draft-not-on-pytorch",
+        cel="self.placement.draft != 'dedicated' || self.backend != 'pytorch'",
+        message="spec.placement.draft dedicated needs spec.backend tensorrt or transformers: TensorRT-LLM's "
+        "PyTorch flow builds the draft model with the target's mapping, so it runs on the target's GPUs "
+        "(use colocated)",
+        field_path=".placement.draft",
+        check=lambda s: s.placement.draft != "dedicated" or s.backend != "pytorch",
+    ),
+    Rule["SpeculativeDeploymentSpec"](
         name="colocated-draft-fits",
         cel="!has(self.draft) || self.placement.draft != 'colocated' || "
         "self.draft.tensorParallel <= self.target.tensorParallel * self.target.pipelineParallel",
