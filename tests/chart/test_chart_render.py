@@ -13,6 +13,7 @@ import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
 from specdeploy_operator.api import SpeculativeDeployment, parse_object
+from specdeploy_operator.api.trtllm import RELEASES
 from specdeploy_operator.builders import METRIC_NAMES, build_deployment, build_engine_builds, render_children
 from specdeploy_operator.builders.settings import ENV_PREFIX, OperatorSettings
 from specdeploy_operator.crdgen import render_crds
@@ -217,14 +218,16 @@ def test_every_setting_reaches_the_operator_as_env(helm: Helm) -> None:
     assert set(env) == fields, f"missing: {fields - set(env)}, unknown: {set(env) - fields}"
     settings = OperatorSettings.from_env(env)
     assert settings.server_image == "ghcr.io/specdeploy/server:0.1.0"
-    assert settings.builder_image == "ghcr.io/specdeploy/server:0.1.0"
+    # The engine path's image is named after the TENSORRT pin of trtllm-releases.env; builds use the
+    # serving image of their deployment.
+    assert settings.engine_server_image == f"ghcr.io/specdeploy/server:0.1.0-trtllm{RELEASES.tensorrt}"
+    assert settings.builder_image is None
     assert settings.watch_namespaces == ()
     assert settings.cache_storage_class_name is None
     assert settings.cache_pvc_name == "specdeploy-engine-cache"
     assert settings.cache_size == "1Ti"
-    # The chart's defaults are the operator's own defaults, except the images (pinned to the chart's version).
-    defaults = OperatorSettings().model_dump(exclude={"server_image", "builder_image"})
-    assert settings.model_dump(exclude={"server_image", "builder_image"}) == defaults
+    # The chart's defaults are the operator's own defaults (the images: at the chart's appVersion).
+    assert settings == OperatorSettings()
 
 
 def test_values_files_reach_the_settings(helm: Helm) -> None:

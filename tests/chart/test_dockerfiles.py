@@ -7,14 +7,18 @@ tests/chart/test_image_install.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import subprocess
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from dockerfile_parse import DockerfileParser
+from specdeploy_operator.api.trtllm import RELEASES
+from specdeploy_operator.builders import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILES = ["Dockerfile.operator", "Dockerfile.server"]
@@ -139,10 +143,44 @@ def test_dockerignore_matcher() -> None:
     assert not ignored("server/pyproject.toml", patterns)
 
 
+def build_script_commands() -> list[list[str]]:
+    """The `docker build` argv hack/build-server-images.sh runs (printed, not run)."""
+    out = subprocess.run(
+        ["bash", str(REPO / "hack" / "build-server-images.sh"), "registry.example.com/specdeploy/server"],
+        env={**os.environ, "DOCKER": "echo docker"},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return [shlex.split(line) for line in out.splitlines()]
+
+
+def test_the_server_images_are_built_on_the_pinned_releases_with_the_charts_tags() -> None:
+    """The build script reads both pins from trtllm-releases.env (the Dockerfile has no default to drift) and
+    tags each image as the chart's settings (and the operator's defaults) name it."""
+    assert "TRTLLM_VERSION" not in arg_defaults(parse(REPO / "Dockerfile.server"))
+    defaults = OperatorSettings()
+    repository = "registry.example.com/specdeploy/server"
+    built = {}
+    for argv in build_script_commands():
+        assert argv[:4] == ["docker", "build", "-f", "Dockerfile.server"], argv
+        build_args = dict(a.split("=", 1) for a in argv[argv.index("--build-arg") :: 1] if "=" in a)
+        tag = argv[argv.index("-t") + 1]
+        built[tag] = build_args
+    maintained = f"{repository}:{defaults.server_image.rpartition(':')[2]}"
+    engine = f"{repository}:{defaults.engine_server_image.rpartition(':')[2]}"
+    assert built == {
+        maintained: {"TRTLLM_VERSION": RELEASES.pytorch.text},
+        engine: {"TRTLLM_VERSION": RELEASES.tensorrt.text, "ENGINE_WORKFLOW": "true"},
+    }
+
+
 @pytest.mark.parametrize("name", DOCKERFILES)
 def test_base_images_are_pinned(name: str) -> None:
     instructions = parse(REPO / name)
     args = arg_defaults(instructions)
+    if name == "Dockerfile.server":  # the pin comes from trtllm-releases.env (the test above)
+        args["TRTLLM_VERSION"] = RELEASES.pytorch.text
     stages: set[str] = set()
     froms = [ins for ins in instructions if ins.keyword == "FROM"]
     assert froms
@@ -196,7 +234,7 @@ def test_operator_image() -> None:
 def test_install_docs_show_the_docker_build_commands() -> None:
     docs = (REPO / "docs" / "install.md").read_text()
     assert "docker build -f Dockerfile.operator" in docs
-    assert "docker build -f Dockerfile.server" in docs
+    assert "hack/build-server-images.sh" in docs  # both server images (Dockerfile.server)
 
 
 def test_server_image_runs_as_the_numeric_user_the_operators_pods_name() -> None:

@@ -53,6 +53,7 @@ from __future__ import annotations
 import functools
 import os
 import shlex
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -148,16 +149,19 @@ COMMANDS: dict[str, Row] = {
     "docker build -f Dockerfile.operator -t registry.example.com/specdeploy/operator:0.1.0 .": NotHere(
         "test_docker_commands", DOCKER_WHY
     ),
-    "docker build -f Dockerfile.server -t registry.example.com/specdeploy/server:0.1.0 .": NotHere(
+    "hack/build-server-images.sh registry.example.com/specdeploy/server": NotHere(
         "test_docker_commands", DOCKER_WHY
     ),
     "docker push registry.example.com/specdeploy/operator:0.1.0": NotHere("test_docker_commands", DOCKER_WHY),
     "docker push registry.example.com/specdeploy/server:0.1.0": NotHere("test_docker_commands", DOCKER_WHY),
+    "docker push registry.example.com/specdeploy/server:0.1.0-trtllm1.2.1": NotHere(
+        "test_docker_commands", DOCKER_WHY
+    ),
     (
         "helm install specdeploy charts/specdeploy -n specdeploy-system --create-namespace"
         " --set image.repository=registry.example.com/specdeploy/operator"
         " --set settings.serverImage.repository=registry.example.com/specdeploy/server"
-        " --set settings.builderImage.repository=registry.example.com/specdeploy/server"
+        " --set settings.engineServerImage.repository=registry.example.com/specdeploy/server"
         " --set engineCache.storageClassName=efs-rwx"
     ): Here("test_helm_install_commands"),
     "kubectl -n specdeploy-system rollout status deployment/specdeploy": Here("test_helm_install_commands"),
@@ -334,10 +338,23 @@ def helm_install_sets() -> dict[str, str]:
 
 
 def docker_tags() -> dict[str, str]:
-    """Dockerfile -> the tag the README's `docker build` gives its image."""
+    """Image -> the tag the README's commands give it: `Dockerfile.operator` (its `docker build`), `server`
+    and `engine server` (what hack/build-server-images.sh builds, in that order: run with
+    `DOCKER="echo docker"`, which prints the builds instead of running them)."""
     tags = {}
     for found in readme_commands():
         words = shlex.split(found.text)
         if words[:2] == ["docker", "build"]:
             tags[words[words.index("-f") + 1]] = words[words.index("-t") + 1]
+        elif words and words[0] == "hack/build-server-images.sh":
+            printed = subprocess.run(
+                ["bash", *words],
+                cwd=REPO,
+                env={**os.environ, "DOCKER": "echo docker"},
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.splitlines()
+            built = [shlex.split(line) for line in printed]
+            tags["server"], tags["engine server"] = (argv[argv.index("-t") + 1] for argv in built)
     return tags

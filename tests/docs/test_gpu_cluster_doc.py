@@ -45,14 +45,15 @@ ROWS: dict[str, str] = {
         ' --docker-username=robot --docker-password="$REGISTRY_TOKEN"'
     ): "needs a registry and its token",
     "docker build -f Dockerfile.operator -t registry.example.com/specdeploy/operator:0.1.0 .": README,
-    "docker build -f Dockerfile.server -t registry.example.com/specdeploy/server:0.1.0 .": README,
+    "hack/build-server-images.sh registry.example.com/specdeploy/server": README,
     "docker push registry.example.com/specdeploy/operator:0.1.0": README,
     "docker push registry.example.com/specdeploy/server:0.1.0": README,
+    "docker push registry.example.com/specdeploy/server:0.1.0-trtllm1.2.1": README,
     (
         "helm install specdeploy charts/specdeploy -n specdeploy-system --create-namespace"
         " --set image.repository=registry.example.com/specdeploy/operator"
         " --set settings.serverImage.repository=registry.example.com/specdeploy/server"
-        " --set settings.builderImage.repository=registry.example.com/specdeploy/server"
+        " --set settings.engineServerImage.repository=registry.example.com/specdeploy/server"
         " --set engineCache.storageClassName=efs-rwx"
         " --set 'managedPods.imagePullSecrets={regcred}'"
     ): "the README's helm install plus one value; tests/chart checks that value reaching the operator",

@@ -131,8 +131,8 @@ def test_kubectl_explain_command(cluster_shell: Shell, install_crds: list[str]) 
 @pytest.mark.integration
 def test_helm_install_commands(cluster_shell: Shell, kubectl: Kubectl, install_crds: list[str]) -> None:
     """`helm install` with the README's `--set` flags, in a fresh namespace: the chart installs the CRDs, one
-    operator replica running the image the README builds (the server image for serving pods and builds), a
-    ServiceAccount bound to its RBAC, and a metrics Service; `rollout status` waits for it."""
+    operator replica running the image the README builds (with the two server images for serving pods and
+    builds), a ServiceAccount bound to its RBAC, and a metrics Service; `rollout status` waits for it."""
     namespace = f"readme-helm-{os.urandom(4).hex()}"
     release_ns = {"specdeploy-system": namespace}
     try:
@@ -140,7 +140,7 @@ def test_helm_install_commands(cluster_shell: Shell, kubectl: Kubectl, install_c
             "helm install specdeploy charts/specdeploy -n specdeploy-system --create-namespace"
             " --set image.repository=registry.example.com/specdeploy/operator"
             " --set settings.serverImage.repository=registry.example.com/specdeploy/server"
-            " --set settings.builderImage.repository=registry.example.com/specdeploy/server"
+            " --set settings.engineServerImage.repository=registry.example.com/specdeploy/server"
             " --set engineCache.storageClassName=efs-rwx",
             release_ns,
             timeout=300,
@@ -165,8 +165,9 @@ def test_helm_install_commands(cluster_shell: Shell, kubectl: Kubectl, install_c
         images = docker_tags()
         assert container["image"] == images["Dockerfile.operator"]
         env = {e["name"]: e.get("value") for e in container["env"]}
-        assert env["SPECDEPLOY_SERVER_IMAGE"] == images["Dockerfile.server"]
-        assert env["SPECDEPLOY_BUILDER_IMAGE"] == images["Dockerfile.server"]
+        assert env["SPECDEPLOY_SERVER_IMAGE"] == images["server"]
+        assert env["SPECDEPLOY_ENGINE_SERVER_IMAGE"] == images["engine server"]
+        assert env["SPECDEPLOY_BUILDER_IMAGE"] == ""  # builds use each deployment's serving image
         # The engine cache's class reaches the operator (here a name only: the operator pod is kwok's).
         assert env["SPECDEPLOY_CACHE_STORAGE_CLASS_NAME"] == "efs-rwx"
         subject = {"kind": "ServiceAccount", "name": "specdeploy", "namespace": namespace}

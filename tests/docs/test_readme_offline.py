@@ -14,9 +14,10 @@ from pathlib import Path
 
 import yaml
 from specdeploy_localcluster.processes import PortTaken, free_port, port_taken, retry_on_taken_port
+from specdeploy_operator.builders import OperatorSettings
 
 from tests.conftest import wait_for
-from tests.docs.readme_rows import REPO, helm_install_sets, readme_command
+from tests.docs.readme_rows import REPO, docker_tags, helm_install_sets, readme_command
 from tests.docs.readme_shell import Shell, make_dry_run, make_target
 
 
@@ -132,9 +133,10 @@ def test_make_test_unit_commands(shell: Shell) -> None:
 
 
 def test_docker_commands() -> None:
-    """Not run (no Docker engine): each build names an existing Dockerfile and the repository as its context,
-    and tags the image the README's `helm install` deploys, at the chart's appVersion; each push pushes a
-    built tag."""
+    """Not run (no Docker engine): the operator's build names its Dockerfile and the repository as its
+    context, hack/build-server-images.sh builds the two server images (printed, not run:
+    tests/chart/test_dockerfiles.py checks their pins), each tagged as the README's `helm install` deploys it
+    at the chart's appVersion; each push pushes a built tag."""
     build = argparse.ArgumentParser(prog="docker build", exit_on_error=False)
     build.add_argument("-f", "--file", required=True)
     build.add_argument("-t", "--tag", action="append", required=True)
@@ -142,30 +144,31 @@ def test_docker_commands() -> None:
     build.add_argument("context")
     app_version = yaml.safe_load((REPO / "charts" / "specdeploy" / "Chart.yaml").read_text())["appVersion"]
     chart_repositories = helm_install_sets()
-    repositories = {
-        "Dockerfile.operator": chart_repositories["image.repository"],
-        "Dockerfile.server": chart_repositories["settings.serverImage.repository"],
-    }
-    assert chart_repositories["settings.builderImage.repository"] == repositories["Dockerfile.server"]
-    tags = set()
-    for command in (
-        "docker build -f Dockerfile.operator -t registry.example.com/specdeploy/operator:0.1.0 .",
-        "docker build -f Dockerfile.server -t registry.example.com/specdeploy/server:0.1.0 .",
-    ):
-        args = build.parse_args(shlex.split(readme_command(command))[2:])
-        assert (REPO / args.context).resolve() == REPO, "the README builds from the repository root"
-        assert (REPO / args.context / args.file).is_file(), f"{args.file} does not exist"
-        [tag] = args.tag
-        assert tag == f"{repositories[args.file]}:{app_version}", f"{tag}: not the image the chart deploys"
-        tags.add(tag)
+    args = build.parse_args(
+        shlex.split(
+            readme_command(
+                "docker build -f Dockerfile.operator -t registry.example.com/specdeploy/operator:0.1.0 ."
+            )
+        )[2:]
+    )
+    assert (REPO / args.context).resolve() == REPO, "the README builds from the repository root"
+    assert (REPO / args.context / args.file).is_file(), f"{args.file} does not exist"
+    assert args.tag == [f"{chart_repositories['image.repository']}:{app_version}"]
+    tags = docker_tags()
+    server = chart_repositories["settings.serverImage.repository"]
+    assert chart_repositories["settings.engineServerImage.repository"] == server
+    assert tags["server"] == f"{server}:{app_version}"
+    assert tags["engine server"] == f"{server}:{OperatorSettings().engine_server_image.rpartition(':')[2]}"
+    assert "settings.builderImage.repository" not in chart_repositories, "builds use the serving images"
     pushed = {
         shlex.split(readme_command(command))[2]
         for command in (
             "docker push registry.example.com/specdeploy/operator:0.1.0",
             "docker push registry.example.com/specdeploy/server:0.1.0",
+            "docker push registry.example.com/specdeploy/server:0.1.0-trtllm1.2.1",
         )
     }
-    assert pushed == tags
+    assert pushed == set(tags.values())
     checks = (REPO / "tests" / "chart" / "test_dockerfiles.py").read_text()
     assert 'DOCKERFILES = ["Dockerfile.operator", "Dockerfile.server"]' in checks
 

@@ -28,7 +28,7 @@ from tests.conftest import (
     wait_for,
     wait_quiet,
 )
-from tests.example_files import example_files
+from tests.example_files import example_files, example_id
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = example_files()
@@ -49,7 +49,8 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def example(prefix: str) -> dict[str, Any]:
-    return load(next(p for p in EXAMPLES if p.name.startswith(prefix)))
+    """The first example whose id (`02-…`, `tensorrt-02-…` for the engine builds) starts with `prefix`."""
+    return load(next(p for p in EXAMPLES if example_id(p).startswith(prefix)))
 
 
 class Cluster:
@@ -157,7 +158,7 @@ def assert_phase_order(seen: list[str]) -> None:
 # -- every example --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", GPU_EXAMPLES, ids=[p.stem for p in GPU_EXAMPLES])
+@pytest.mark.parametrize("path", GPU_EXAMPLES, ids=[example_id(p) for p in GPU_EXAMPLES])
 def test_example_goes_from_building_to_ready_with_its_jobs_gpus_and_endpoint(
     cluster: Cluster, path: Path
 ) -> None:
@@ -310,7 +311,7 @@ def test_changing_replicas_or_runtime_does_not_rebuild(cluster: Cluster) -> None
 def test_changing_the_engine_builds_a_new_one_and_rolls_the_pods(
     cluster: Cluster, change: dict[str, Any]
 ) -> None:
-    doc = example("02")
+    doc = example("tensorrt-02")
     name = cluster.apply(doc)
     before = cluster.wait_phase(name, "Ready")
     old_pods = {p.metadata.name for p in cluster.pods(before["selector"])}
@@ -377,7 +378,7 @@ def test_a_replica_no_node_can_hold_reports_capacity_pending_with_the_scheduler_
     # 8 target GPUs plus a dedicated draft GPU: 9 on one node, more than any node (or node pool) of the
     # simulated cluster has, so not even the Cluster Autoscaler can help. (The spec claims 16-GPU nodes, or
     # admission would refuse it.)
-    doc = example("04b")
+    doc = example("tensorrt-04b")
     doc["spec"]["target"]["tensorParallel"] = 8
     doc["spec"]["placement"]["draft"] = "dedicated"
     doc["spec"]["placement"]["gpusPerNode"] = 16

@@ -29,7 +29,7 @@ SOURCE = Path(__file__).resolve().parents[2] / "server" / "src" / PACKAGE
 #: layer name -> the modules (and packages, with everything under them) it holds; lowest first
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("core", ("", "core")),  # "": the package itself, which holds only its version
-    ("engine parts", ("config", "tokenizer", "grammar")),
+    ("engine parts", ("config", "method_settings", "tokenizer", "grammar")),
     ("engine interface", ("engine",)),
     ("backends", ("backends",)),
     ("http", ("api", "metrics")),

@@ -53,10 +53,13 @@ Differences from the real API that remain, and why:
    as the real sampler does beyond ``vocab_size``. ``acceptance_threshold`` and ``fast_logits`` are accepted
    and ignored; sampled draft tokens are verified by rejection sampling, greedy ones by token match.
 6. Iteration statistics: one entry per request, not per iteration; the executor reports no perf metrics.
-7. The LLM runs in-process (no MPI workers, no tokenizer on the prompt: prompts are token ids). EAGLE/EAGLE-3
-   ``speculative_model`` checkpoints are run as plain draft models (the tiny models have no EAGLE heads), MTP
-   has no heads at all and decodes one token per step, and sampled requests verify drafts by token match
-   against the target's own samples rather than by rejection sampling.
+7. The LLM runs in-process (no MPI workers, no tokenizer on the prompt: prompts are token ids). EAGLE/EAGLE-3,
+   PARD and DFlash ``speculative_model`` checkpoints are run as plain autoregressive draft models (the tiny
+   models have no EAGLE heads, mask-token training or block diffusion; ``mask_token_id`` and
+   ``target_layer_ids`` are validated, not used), MTP has no heads at all and decodes one token per step, the
+   suffix automaton (``SADecodingConfig``, ``sa_config``) is a search for the longest earlier match in the
+   request's own tokens (``enable_global_pool`` is accepted and ignored), and sampled requests verify drafts
+   by token match against the target's own samples rather than by rejection sampling.
 8. ``request_perf_metrics.speculative_decoding`` comes back zeroed, as in 1.2.x's PyTorch flow with the
    default sampler; the state's ``perf_metrics_count_speculation = True`` reports the real counts (upstream PR
    #17082).
@@ -140,6 +143,10 @@ def trtllm_double(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[D
         DraftTargetDecodingConfig=configs_double.DraftTargetDecodingConfig,
         MTPDecodingConfig=configs_double.MTPDecodingConfig,
         AutoDecodingConfig=configs_double.AutoDecodingConfig,
+        SADecodingConfig=configs_double.SADecodingConfig,
+        SAEnhancerConfig=configs_double.SAEnhancerConfig,
+        PARDDecodingConfig=configs_double.PARDDecodingConfig,
+        DFlashDecodingConfig=configs_double.DFlashDecodingConfig,
         UserProvidedDecodingConfig=drafter_double.UserProvidedDecodingConfig,
         SamplingParams=llmapi_double.SamplingParams,
         GuidedDecodingParams=GuidedDecodingParams,

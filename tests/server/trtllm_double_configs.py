@@ -1,5 +1,10 @@
 """The double's LLM API config models (``tensorrt_llm.llmapi``'s ``KvCacheConfig``, ``SchedulerConfig`` and
-the decoding configs), as strict as their pydantic originals (trtllm_double.py lists what differs)."""
+the decoding configs), as strict as their pydantic originals (trtllm_double.py lists what differs).
+
+The maintained path's classes (``SADecodingConfig``, ``SAEnhancerConfig``, ``PARDDecodingConfig``,
+``DFlashDecodingConfig``, ``sa_config`` on Eagle3/MTP) and their validators were read in NVIDIA/TensorRT-LLM
+``tensorrt_llm/llmapi/llm_args.py`` at commit 0004396720054fd8e205cbf616f21f0b57c6b412 (a 1.3.0rc2x main
+state: no TensorRT backend, ``LlmArgs = TorchLlmArgs``); each field keeps its name and default."""
 
 from __future__ import annotations
 
@@ -92,7 +97,31 @@ LlmSchedulerConfig = config_model(
     "SchedulerConfig", capacity_scheduler_policy=CapacitySchedulerPolicy.GUARANTEED_NO_EVICT
 )
 MODEL_ALIAS = {"speculative_model_dir": "speculative_model"}
-#: the fields of EagleDecodingConfig, which Eagle3DecodingConfig shares
+#: SAEnhancerConfig (a StrictBaseModel, not a decoding config): a suffix match of at least `threshold`
+#: (PositiveInt) tokens overrides the neural draft; the value of `sa_config` on Eagle3, MTP and PARD configs
+SAEnhancerConfig = config_model(
+    "SAEnhancerConfig",
+    check=lambda c: (
+        None
+        if isinstance(c.threshold, int) and c.threshold > 0
+        else f"threshold: Input should be greater than 0, got {c.threshold}"
+    ),
+    threshold=4,
+    enable_global_pool=False,
+)
+
+
+def needs_sa_enhancer(config: Any) -> str | None:
+    if config.sa_config is not None and type(config.sa_config).__name__ != "SAEnhancerConfig":
+        return f"sa_config: Input should be a valid SAEnhancerConfig, got {config.sa_config!r}"
+    return None
+
+
+def _model_and_sa(config: Any) -> str | None:
+    return needs_model(config) or needs_sa_enhancer(config)
+
+
+#: the fields of EagleDecodingConfig, which Eagle3DecodingConfig shares (Eagle3 adds sa_config)
 _EAGLE: dict[str, Any] = {
     **LOAD_AWARE,
     "aliases": MODEL_ALIAS,
@@ -102,7 +131,9 @@ _EAGLE: dict[str, Any] = {
     "eagle3_one_model": True,
 }
 EagleDecodingConfig = config_model("EagleDecodingConfig", **_EAGLE)
-Eagle3DecodingConfig = config_model("Eagle3DecodingConfig", **_EAGLE)
+Eagle3DecodingConfig = config_model(
+    "Eagle3DecodingConfig", **{**_EAGLE, "check": _model_and_sa}, sa_config=None
+)
 NGramDecodingConfig = config_model(
     "NGramDecodingConfig",
     **LOAD_AWARE,
@@ -122,7 +153,73 @@ DraftTargetDecodingConfig = config_model(
     speculative_model=None,
 )
 MTPDecodingConfig = config_model(
-    "MTPDecodingConfig", check=base_fields, num_nextn_predict_layers=1, max_draft_len=None, **LOAD_AWARE
+    "MTPDecodingConfig",
+    check=lambda c: base_fields(c) or needs_sa_enhancer(c),
+    num_nextn_predict_layers=1,
+    max_draft_len=None,
+    sa_config=None,
+    **LOAD_AWARE,
+)
+
+
+def _suffix_automaton(config: Any) -> str | None:
+    """``SADecodingConfig.validate_sa_config``."""
+    size = config.max_matching_ngram_size
+    if size == 0:
+        return "max_matching_ngram_size must be -1 (longest match) or a positive n-gram size, got 0"
+    if config.enable_global_pool and size != -1 and not 1 <= size <= 64:
+        return f"with the global pool max_matching_ngram_size must be -1 or in [1, 64], got {size}"
+    if config.global_pool_size is not None and not config.enable_global_pool:
+        return "global_pool_size requires enable_global_pool=True"
+    if config.global_pool_size is not None and config.global_pool_size <= 0:
+        return f"global_pool_size: Input should be greater than 0, got {config.global_pool_size}"
+    return needs_draft_len(config)
+
+
+#: decoding_type "SA": suffix-automaton drafting, no model (PyTorch backend only)
+SADecodingConfig = config_model(
+    "SADecodingConfig",
+    **LOAD_AWARE,
+    check=_suffix_automaton,
+    max_draft_len=None,
+    max_matching_ngram_size=-1,
+    enable_global_pool=False,
+    global_pool_size=None,
+)
+#: decoding_type "PARD": a parallel draft model (TorchLlmArgs asserts max_draft_len > 0; no validator
+#: requires the model, loading does)
+PARDDecodingConfig = config_model(
+    "PARDDecodingConfig",
+    **LOAD_AWARE,
+    aliases=MODEL_ALIAS,
+    check=lambda c: needs_draft_len(c) or needs_sa_enhancer(c),
+    max_draft_len=None,
+    speculative_model=None,
+    mask_token_id=None,
+    sa_config=None,
+)
+
+
+def _dflash(config: Any) -> str | None:
+    if config.attention_backend not in ("VANILLA", "TRTLLM"):
+        return f"attention_backend: Input should be 'VANILLA' or 'TRTLLM', got {config.attention_backend!r}"
+    ids = config.target_layer_ids
+    if ids is not None and not (isinstance(ids, list) and all(isinstance(i, int) for i in ids)):
+        return f"target_layer_ids: Input should be a valid list of integers, got {ids!r}"
+    return needs_draft_len(config)
+
+
+#: decoding_type "DFlash": a block-diffusion draft conditioned on target hidden states
+DFlashDecodingConfig = config_model(
+    "DFlashDecodingConfig",
+    **LOAD_AWARE,
+    aliases=MODEL_ALIAS,
+    check=_dflash,
+    max_draft_len=None,
+    speculative_model=None,
+    mask_token_id=None,
+    target_layer_ids=None,
+    attention_backend="VANILLA",
 )
 #: decoding_type AUTO: TensorRT-LLM's NGram heuristic (<= 4 active requests K=5/n=3, <= 32 K=3/n=5, above
 #: that off); the base-class fields exist but are ignored

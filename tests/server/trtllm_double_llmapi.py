@@ -191,6 +191,16 @@ _LLM_ARGS = frozenset(
 GUIDED_DECODING_BACKENDS = (None, "xgrammar", "llguidance")
 
 
+#: decoding configs whose `speculative_model` the double runs as a plain draft model
+DRAFT_MODEL_CONFIGS = (
+    "DraftTargetDecodingConfig",
+    "EagleDecodingConfig",
+    "Eagle3DecodingConfig",
+    "PARDDecodingConfig",
+    "DFlashDecodingConfig",
+)
+
+
 class LLM:
     def __init__(self, model: str, tokenizer: str | None = None, **kwargs: Any) -> None:
         unknown = set(kwargs) - _LLM_ARGS
@@ -225,7 +235,7 @@ class LLM:
 
             self.drafter = worker_drafter(self.spec.drafter)
         self._client_ids = 0
-        if kind in ("DraftTargetDecodingConfig", "EagleDecodingConfig", "Eagle3DecodingConfig"):
+        if kind in DRAFT_MODEL_CONFIGS:
             draft: Any = AutoModelForCausalLM.from_pretrained(
                 self.spec.speculative_model, local_files_only=True
             )
@@ -388,6 +398,12 @@ class LLM:
         active = sum(1 for r in self.requests if not r.finished)
         if getattr(spec, "max_concurrency", None) is not None and active > spec.max_concurrency:
             return []  # speculation is off above max_concurrency active requests
+        enhancer = getattr(spec, "sa_config", None)
+        if enhancer is not None:
+            # SA overrides the neural draft where its match is at least `threshold` tokens long.
+            matched = self._longest_match(ids, spec.max_draft_len, enhancer.threshold)
+            if matched:
+                return matched
         if self.draft_model is not None:
             out: list[int] = []
             for _ in range(spec.max_draft_len):
@@ -395,10 +411,26 @@ class LLM:
             return out
         if kind == "NGramDecodingConfig":
             return self._ngram(ids, spec.max_draft_len, spec.max_matching_ngram_size)
+        if kind == "SADecodingConfig":
+            size = spec.max_matching_ngram_size
+            if size == -1:
+                return self._longest_match(ids, spec.max_draft_len, 1)
+            return self._ngram(ids, spec.max_draft_len, size) if len(ids) > size else []
         if kind == "AutoDecodingConfig":
             for bound, k, n in AUTO_NGRAM_SCHEDULE:
                 if active <= bound:
                     return self._ngram(ids, k, n)
+        return []
+
+    @staticmethod
+    def _longest_match(ids: list[int], k: int, shortest: int) -> list[int]:
+        """What follows the longest earlier occurrence of a suffix of `ids` (at least `shortest` tokens),
+        its latest occurrence: a suffix automaton's draft."""
+        for n in range(len(ids) - 1, shortest - 1, -1):
+            tail = ids[-n:]
+            for start in range(len(ids) - n - 1, -1, -1):
+                if ids[start : start + n] == tail:
+                    return ids[start + n : start + n + k]
         return []
 
     @staticmethod

@@ -116,8 +116,12 @@ def test_spec_defaults_and_enums_are_in_the_schema() -> None:
     assert props["speculative"]["properties"]["method"]["enum"] == [
         "draftTarget",
         "promptLookup",
+        "ngram",
+        "suffixAutomaton",
         "eagle3",
         "mtp",
+        "pard",
+        "dflash",
         "none",
     ]
     assert props["placement"]["default"] == {}

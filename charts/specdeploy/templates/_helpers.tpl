@@ -63,7 +63,17 @@ app.kubernetes.io/part-of: specdeploy
 {{- define "specdeploy.settingsImage" -}}
 {{- $root := index . 0 -}}
 {{- $img := index . 1 -}}
+{{- if $img.repository -}}
 {{- printf "%s:%s" $img.repository (default $root.Chart.AppVersion $img.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The engine-path server image: its tag defaults to appVersion-trtllm<TENSORRT pin> (trtllm-releases.env,
+which tests/chart holds this default to). */}}
+{{- define "specdeploy.engineServerImage" -}}
+{{- $root := index . 0 -}}
+{{- $img := index . 1 -}}
+{{- printf "%s:%s" $img.repository (default (printf "%s-trtllm1.2.1" $root.Chart.AppVersion) $img.tag) -}}
 {{- end -}}
 
 {{/* True ("true") when the operator runs more than one pod and therefore uses kopf peering. */}}

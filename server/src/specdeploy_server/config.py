@@ -17,6 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from specdeploy_server.method_settings import DflashConfig, NgramConfig, PardConfig, SuffixAutomatonConfig
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
@@ -32,13 +34,24 @@ class Backend(enum.StrEnum):
 class Method(enum.StrEnum):
     DRAFT_TARGET = "draftTarget"
     PROMPT_LOOKUP = "promptLookup"
-    EAGLE3 = "eagle3"  # backend trtllm-llmapi only
-    MTP = "mtp"  # backend trtllm-llmapi only
+    # backend trtllm-llmapi only:
+    NGRAM = "ngram"
+    SUFFIX_AUTOMATON = "suffixAutomaton"
+    EAGLE3 = "eagle3"
+    MTP = "mtp"
+    PARD = "pard"
+    DFLASH = "dflash"
     NONE = "none"
 
 
-#: Methods TensorRT-LLM's LLM API runs inside the model (our speculative loop cannot drive them).
-LLMAPI_ONLY_METHODS = frozenset({Method.EAGLE3, Method.MTP})
+#: Methods only TensorRT-LLM's LLM API runs (our speculative loop cannot drive them).
+LLMAPI_ONLY_METHODS = frozenset(
+    {Method.NGRAM, Method.SUFFIX_AUTOMATON, Method.EAGLE3, Method.MTP, Method.PARD, Method.DFLASH}
+)
+#: Methods whose draft is a checkpoint of its own (``model.speculativeModel``).
+SPECULATIVE_MODEL_METHODS = frozenset({Method.EAGLE3, Method.PARD, Method.DFLASH})
+#: Methods whose drafts a suffix automaton may override (``speculative.suffixAutomaton``).
+SA_ENHANCED_METHODS = frozenset({Method.EAGLE3, Method.MTP, Method.PARD})
 
 
 class Acceptance(enum.StrEnum):
@@ -76,7 +89,8 @@ class ModelConfig(_Model):
     )
     speculative_model: Path | None = Field(
         default=None,
-        description="EAGLE-3 draft checkpoint (`speculative_model_dir`); method eagle3 only.",
+        description="Draft checkpoint TensorRT-LLM loads itself (`speculative_model`): the EAGLE-3 head, "
+        "the PARD or DFlash draft; methods eagle3, pard and dflash only.",
     )
 
     @model_validator(mode="after")
@@ -102,7 +116,8 @@ class PromptLookupConfig(_Model):
 class SpeculativeConfig(_Model):
     method: Method | None = Field(
         default=None,
-        description="draftTarget | promptLookup | none; default: draftTarget with a draft, else none.",
+        description="draftTarget | promptLookup | none, or on trtllm-llmapi also ngram | suffixAutomaton | "
+        "eagle3 | mtp | pard | dflash; default: draftTarget with a draft, else none.",
     )
     draft_len: int | Literal["auto"] = Field(
         default=4,
@@ -124,6 +139,14 @@ class SpeculativeConfig(_Model):
         description="tokenMatch (use_logits=False) | logits (rejection sampling).",
     )
     prompt_lookup: PromptLookupConfig = Field(default_factory=PromptLookupConfig)
+    ngram: NgramConfig = Field(default_factory=NgramConfig, description="Method ngram's settings.")
+    suffix_automaton: SuffixAutomatonConfig | None = Field(
+        default=None,
+        description="Method suffixAutomaton's settings; with eagle3, mtp or pard: a suffix automaton that "
+        "overrides their drafts.",
+    )
+    pard: PardConfig = Field(default_factory=PardConfig, description="Method pard's settings.")
+    dflash: DflashConfig = Field(default_factory=DflashConfig, description="Method dflash's settings.")
     measured_costs_file: Path | None = Field(
         default=None,
         description="trtllm-llmapi, draftLen auto: pass costs and acceptance earlier pods measured (JSON, "
@@ -265,10 +288,19 @@ class ServerConfig(_Model):
         method = self.speculative.method
         if method == Method.DRAFT_TARGET and self.model.draft is None:
             raise ValueError("speculative.method draftTarget needs model.draft")
-        if method == Method.EAGLE3 and self.model.speculative_model is None:
-            raise ValueError("speculative.method eagle3 needs model.speculativeModel (EAGLE-3 checkpoint)")
-        if self.model.speculative_model is not None and method != Method.EAGLE3:
-            raise ValueError("model.speculativeModel is only used by speculative.method eagle3")
+        if method in SPECULATIVE_MODEL_METHODS and self.model.speculative_model is None:
+            raise ValueError(
+                f"speculative.method {method} needs model.speculativeModel (its draft checkpoint)"
+            )
+        if self.model.speculative_model is not None and method not in SPECULATIVE_MODEL_METHODS:
+            raise ValueError(
+                "model.speculativeModel is only used by speculative.method eagle3, pard and dflash"
+            )
+        sa = self.speculative.suffix_automaton
+        if sa is not None and method not in (Method.SUFFIX_AUTOMATON, *SA_ENHANCED_METHODS):
+            raise ValueError(
+                "speculative.suffixAutomaton is only for methods suffixAutomaton, eagle3, mtp, pard"
+            )
         if method in LLMAPI_ONLY_METHODS and self.backend not in (Backend.AUTO, Backend.TRTLLM_LLMAPI):
             raise ValueError(
                 f"speculative.method {method.value} runs only on backend trtllm-llmapi, "

@@ -117,6 +117,30 @@ BASES: dict[str, dict[str, Any]] = {
             "runtime": {"maxSeqLen": 8192},
         },
     ),
+    "suffixAutomaton": _manifest(
+        "base-suffix-automaton",
+        {
+            "target": {"model": {"uri": "hf://Qwen/Qwen3-8B"}},
+            "speculative": {
+                "method": "suffixAutomaton",
+                "maxDraftLen": 8,
+                "suffixAutomaton": {"globalPool": True, "globalPoolSize": 256},
+            },
+            "runtime": {"maxBatchSize": 128},
+        },
+    ),
+    "pard": _manifest(
+        "base-pard",
+        {
+            "target": {"model": {"uri": "hf://meta-llama/Llama-3.1-8B-Instruct"}},
+            "speculative": {
+                "method": "pard",
+                "maxDraftLen": 8,
+                "pard": {"model": {"uri": "hf://amd/PARD-Llama-3.2-1B"}},
+                "suffixAutomaton": {"threshold": 6},
+            },
+        },
+    ),
     "transformers": _manifest(
         "base-transformers",
         {

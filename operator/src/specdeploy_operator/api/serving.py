@@ -11,6 +11,7 @@ from pydantic import Field, StringConstraints
 
 from .base import ApiModel, Rule, Rules
 from .meta import ConfigMapKeyRef, DnsSubdomain, PercentOrCount, Quantity, ResourceRequirements
+from .trtllm import VERSION_PATTERN
 
 __all__ = [
     "ENGINE_CACHE_RULES",
@@ -237,6 +238,10 @@ class ImagesSpec(ApiModel):
     """Image of the inference server (TensorRT-LLM runtime plus the specdeploy server)."""
     builder: _NoSpace | None = None
     """Image of the download, quantize and engine build Jobs; it pins the TensorRT-LLM version."""
+    trtllm_version: Annotated[str, Field(pattern=VERSION_PATTERN, max_length=32)] | None = None
+    """The TensorRT-LLM release in `server` (e.g. `1.3.0rc14`), which admission holds each method's first
+    release against; unset: the release of the operator's default image for the backend
+    (docs/trtllm.md#supported-versions)."""
     pull_secrets: Annotated[list[DnsSubdomain], Field(max_length=16)] | None = None
     """Secrets (`kubernetes.io/dockerconfigjson`, in the deployment's namespace) of every pod the operator
     creates for this deployment: serving, build and staging pods (`imagePullSecrets`), after the operator's

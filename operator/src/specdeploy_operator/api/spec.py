@@ -20,7 +20,8 @@ from .modelspec import ModelSpec
 from .placement import PlacementSpec
 from .podsecurity import PodSecuritySpec
 from .serving import EngineCacheSpec, ImagesSpec, RolloutSpec, RuntimeSpec, ServingSpec
-from .speculation import SpeculativeSpec
+from .speculation import MAINTAINED_PATH_METHODS, SA_ENHANCED_METHODS, SpeculativeSpec
+from .trtllm import METHOD_FLOORS, RELEASES, SA_COMBINED_FLOOR, MethodFloor, TrtllmVersion, cel_version_key
 
 __all__ = ["SPEC_RULES", "TENSORRT_BACKEND_WARNING", "Backend", "SpeculativeDeploymentSpec"]
 
@@ -184,6 +185,45 @@ def _colocated_draft_fits(s: SpeculativeDeploymentSpec) -> bool:
     return s.draft.tensor_parallel <= s.target.tensor_parallel * s.target.pipeline_parallel
 
 
+_RELEASE_CEL = (
+    "(has(self.images) && has(self.images.trtllmVersion) ? self.images.trtllmVersion : "
+    f"(self.backend == 'tensorrt' ? '{RELEASES.tensorrt}' : '{RELEASES.pytorch}'))"
+)
+"""CEL: the TensorRT-LLM release a deployment runs (`SpeculativeDeploymentSpec.trtllm_release`)."""
+
+
+def _floor_rule(feature: str, floor: MethodFloor) -> Rule[SpeculativeDeploymentSpec]:
+    """Method `feature` (or `suffixAutomaton-with-a-model`: its settings with eagle3, mtp or pard) needs a
+    release at or after the floor."""
+    if feature == "suffixAutomaton-with-a-model":
+        uses_cel = (
+            f"has(self.speculative.suffixAutomaton) && self.speculative.method in {list(SA_ENHANCED_METHODS)}"
+        )
+        what = "spec.speculative.suffixAutomaton with eagle3, mtp or pard"
+
+        def uses(s: SpeculativeDeploymentSpec) -> bool:
+            return s.speculative.suffix_automaton is not None and s.speculative.method in SA_ENHANCED_METHODS
+
+        name = "suffix-automaton-enhancer-needs-release"
+    else:
+        uses_cel = f"self.speculative.method == '{feature}'"
+        what = f"spec.speculative.method {feature}"
+
+        def uses(s: SpeculativeDeploymentSpec) -> bool:
+            return s.speculative.method == feature
+
+        name = f"{feature.lower()}-needs-release"
+    return Rule["SpeculativeDeploymentSpec"](
+        name=name,
+        cel=f"!({uses_cel}) || {cel_version_key(_RELEASE_CEL)} >= {floor.floor.key}",
+        message=f"{what} needs TensorRT-LLM {floor.floor} or later; this deployment runs an earlier release "
+        "(spec.images.trtllmVersion, or the operator's default image for the backend: "
+        "docs/trtllm.md#methods)",
+        field_path=".speculative.method",
+        check=lambda s: not uses(s) or s.trtllm_release >= floor.floor,
+    )
+
+
 SPEC_RULES: Rules = (
     Rule["SpeculativeDeploymentSpec"](
         name="draft-required",
@@ -197,19 +237,21 @@ SPEC_RULES: Rules = (
         name="draft-forbidden",
         cel="self.speculative.method == 'draftTarget' || !has(self.draft)",
         message="spec.draft must not be set unless spec.speculative.method is draftTarget "
-        "(promptLookup, eagle3, mtp and none use no draft model)",
+        "(the other methods use no draft model of spec.draft's kind)",
         field_path=".draft",
         check=lambda s: s.speculative.method == "draftTarget" or s.draft is None,
         reason="FieldValueForbidden",
     ),
     Rule["SpeculativeDeploymentSpec"](
         name="method-needs-pytorch",
-        cel="!(self.speculative.method in ['eagle3', 'mtp']) || self.backend == 'pytorch'",
-        message="spec.speculative.method eagle3 and mtp need spec.backend pytorch "
+        cel=f"!(self.speculative.method in {list(MAINTAINED_PATH_METHODS)}) || self.backend == 'pytorch'",
+        message=f"spec.speculative.method {', '.join(MAINTAINED_PATH_METHODS)} need spec.backend pytorch "
         "(tensorrt and transformers run draftTarget, promptLookup and none)",
         field_path=".speculative.method",
-        check=lambda s: s.speculative.method not in ("eagle3", "mtp") or s.backend == "pytorch",
+        check=lambda s: s.speculative.method not in MAINTAINED_PATH_METHODS or s.backend == "pytorch",
     ),
+    *[_floor_rule(method, floor) for method, floor in METHOD_FLOORS.items()],
+    _floor_rule("suffixAutomaton-with-a-model", SA_COMBINED_FLOOR),
     Rule["SpeculativeDeploymentSpec"](
         name="logits-not-on-pytorch",
         cel="self.speculative.acceptance != 'logits' || self.backend != 'pytorch'",
@@ -369,6 +411,14 @@ class SpeculativeDeploymentSpec(ApiModel):
         if self.draft is not None and self.placement.draft == "dedicated":
             gpus += self.draft.gpus
         return gpus
+
+    @property
+    def trtllm_release(self) -> TrtllmVersion:
+        """The TensorRT-LLM release the serving pods run: `spec.images.trtllmVersion`, else the release of
+        the operator's default image for the backend (trtllm-releases.env)."""
+        if self.images is not None and self.images.trtllm_version is not None:
+            return TrtllmVersion.parse(self.images.trtllm_version)
+        return RELEASES.tensorrt if self.backend == "tensorrt" else RELEASES.pytorch
 
     @property
     def nodes_per_replica(self) -> int:

@@ -36,6 +36,7 @@ __all__ = [
     "engine_dir",
     "pvc_source",
     "served_source_mount",
+    "server_image",
     "verify_script",
 ]
 
@@ -124,6 +125,19 @@ def served_source_mount(role: str) -> str:
     return f"{MODELS_MOUNT}/source-{role}"
 
 
+def server_image(sdep: SpeculativeDeployment, settings: OperatorSettings) -> str:
+    """The serving image: `spec.images.server`, else the operator's image for the backend (the engine
+    workflow's release for `tensorrt`, the maintained one otherwise)."""
+    images = sdep.spec.images
+    if images is not None and images.server is not None:
+        return images.server
+    return settings.engine_server_image if sdep.spec.backend == "tensorrt" else settings.server_image
+
+
 def builder_image(sdep: SpeculativeDeployment, settings: OperatorSettings) -> str:
-    """The image that builds engines and downloads checkpoints: `spec.images.builder`, else the operator's."""
-    return (sdep.spec.images.builder if sdep.spec.images else None) or settings.builder_image
+    """The image that builds engines and downloads checkpoints: `spec.images.builder`, else the operator's
+    builder image, else the serving image (the release that will run what it builds)."""
+    images = sdep.spec.images
+    if images is not None and images.builder is not None:
+        return images.builder
+    return settings.builder_image or server_image(sdep, settings)

@@ -22,6 +22,7 @@ from .layout import (
     CacheLayout,
     builder_image,
     served_source_mount,
+    server_image,
     verify_script,
 )
 from .scheduling import GpuScheduling
@@ -63,7 +64,7 @@ class ModelPaths:
     target: str
     draft: str | None
     speculative_model: str | None
-    """The EAGLE-3 draft head (method `eagle3`)."""
+    """TensorRT-LLM's `speculative_model`: the EAGLE-3 head, or the PARD or DFlash draft."""
     tokenizer: str | None
     """The tokenizer copied next to a built target engine (backend `tensorrt`)."""
 
@@ -175,7 +176,7 @@ def _paths(
     sdep: SpeculativeDeployment, by_role: dict[str, EngineBuild], settings: OperatorSettings
 ) -> tuple[ModelPaths, list[tuple[str, CheckpointFetch]]]:
     """Where each model is, and the checkpoints the pod loads directly (models without an engine build, the
-    EAGLE-3 draft head) with how each gets there."""
+    EAGLE-3 head, the PARD or DFlash draft) with how each gets there."""
     spec = sdep.spec
     layout = CacheLayout.of(settings)
     direct: list[tuple[str, CheckpointFetch]] = []
@@ -192,10 +193,12 @@ def _paths(
             direct.append((role, fetch))
             found[role] = fetch.path
     speculative_model = None
-    eagle = spec.speculative.eagle
-    if spec.speculative.method == "eagle3" and eagle is not None:
-        fetch = _direct("eagle", eagle.model)
-        direct.append(("eagle", fetch))
+    head = spec.speculative.speculative_model
+    if head is not None:
+        # The EAGLE-3 head, or the PARD / DFlash draft: fetched by the pod under the method's name.
+        head_role = "eagle" if spec.speculative.method == "eagle3" else str(spec.speculative.method)
+        fetch = _direct(head_role, head)
+        direct.append((head_role, fetch))
         speculative_model = fetch.path
     tokenizer = None
     if "target" in by_role and spec.backend == "tensorrt":
@@ -289,7 +292,7 @@ def serving_pod(
     spec = sdep.spec
     by_role: dict[str, EngineBuild] = {engine.spec.role: engine for engine in engines}
     paths, direct = _paths(sdep, by_role, settings)
-    image = (spec.images.server if spec.images else None) or settings.server_image
+    image = server_image(sdep, settings)
     volumes: list[dict[str, Any]] = [
         {"name": "config", "configMap": {"name": configmap_name(sdep)}},
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": settings.shm_size}},

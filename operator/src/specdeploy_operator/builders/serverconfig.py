@@ -9,7 +9,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from specdeploy_operator.api import EngineBuild, SpeculativeDeployment
+from specdeploy_operator.api import EngineBuild, SpeculativeDeployment, SpeculativeSpec
 
 from .common import SERVER_COMPONENT, child_metadata, configmap_name
 from .engines import engine_builds_of
@@ -53,7 +53,22 @@ _BACKENDS: Final = {
     "pytorch": "trtllm-llmapi",
     "transformers": "pytorch-reference",
 }
-_SERVER_METHODS: Final = ("draftTarget", "promptLookup", "eagle3", "mtp", "none")
+
+
+def method_settings(speculative: SpeculativeSpec) -> dict[str, Any]:
+    """Each method's settings in the server's words (docs/server.md): the same names, camelCase, the models
+    left out (they are `model.speculativeModel`)."""
+    out: dict[str, Any] = {}
+    for key, settings in (
+        ("promptLookup", speculative.prompt_lookup),
+        ("ngram", speculative.ngram),
+        ("suffixAutomaton", speculative.suffix_automaton),
+        ("pard", speculative.pard),
+        ("dflash", speculative.dflash),
+    ):
+        if settings is not None:
+            out[key] = settings.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"model"})
+    return out
 
 
 def device_placement(sdep: SpeculativeDeployment) -> tuple[list[int], list[int] | None]:
@@ -91,16 +106,12 @@ def server_config(sdep: SpeculativeDeployment, pod: ServingPod, settings: Operat
         "draftLen": spec.speculative.effective_draft_len,
         "acceptance": spec.speculative.acceptance,
     }
-    if spec.speculative.method in _SERVER_METHODS:
-        speculative = {"method": spec.speculative.method, **speculative}
+    speculative = {"method": spec.speculative.method, **speculative}
     if spec.speculative.disable_above_concurrency is not None:
         speculative["disableAboveConcurrency"] = spec.speculative.disable_above_concurrency
     if (measured := measured_costs_file(sdep)) is not None:
         speculative["measuredCostsFile"] = measured
-    if spec.speculative.prompt_lookup is not None:
-        speculative["promptLookup"] = {
-            "maxMatchingNgramSize": spec.speculative.prompt_lookup.max_matching_ngram_size
-        }
+    speculative.update(method_settings(spec.speculative))
     runtime: dict[str, Any] = {}
     rt = spec.runtime
     for key, value in (

@@ -11,10 +11,17 @@ from typing import Annotated, Final
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from specdeploy_operator.api.trtllm import RELEASES
+
 __all__ = ["ENV_PREFIX", "OperatorSettings"]
 
 ENV_PREFIX: Final = "SPECDEPLOY_"
-_EMPTY_IS_UNSET: Final = ("cache_storage_class_name", "serving_service_account", "build_service_account")
+_EMPTY_IS_UNSET: Final = (
+    "cache_storage_class_name",
+    "serving_service_account",
+    "build_service_account",
+    "builder_image",
+)
 """Settings whose empty variable means unset (the chart renders every setting, unset ones as "")."""
 
 
@@ -24,11 +31,17 @@ class OperatorSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     server_image: str = "ghcr.io/specdeploy/server:0.1.0"
-    """Inference server image (`SPECDEPLOY_SERVER_IMAGE`, built from Dockerfile.server), unless
-    `spec.images.server` is set."""
-    builder_image: str = "ghcr.io/specdeploy/server:0.1.0"
-    """Download/quantize/build image (`SPECDEPLOY_BUILDER_IMAGE`), unless `spec.images.builder` is set: the
-    server image, which carries TensorRT-LLM's quantize.py, convert_checkpoint.py and trtllm-build."""
+    """Serving image of backends `pytorch` and `transformers` (`SPECDEPLOY_SERVER_IMAGE`), unless
+    `spec.images.server` is set: Dockerfile.server on TensorRT-LLM's maintained release (`PYTORCH` in
+    trtllm-releases.env)."""
+    engine_server_image: str = f"ghcr.io/specdeploy/server:0.1.0-trtllm{RELEASES.tensorrt}"
+    """Serving image of backend `tensorrt` (`SPECDEPLOY_ENGINE_SERVER_IMAGE`), unless `spec.images.server`
+    is set: Dockerfile.server on the last release line with the engine workflow (`TENSORRT`), which carries
+    quantize.py, convert_checkpoint.py and trtllm-build."""
+    builder_image: str | None = None
+    """Image of the build and staging Jobs (`SPECDEPLOY_BUILDER_IMAGE`), unless `spec.images.builder` is
+    set; unset: the deployment's serving image (`spec.images.server`, else the one of its backend), so
+    engines are built by the release that runs them."""
     image_pull_secrets: tuple[str, ...] = ()
     """`imagePullSecrets` of every pod the operator creates (serving, build, staging), comma-separated
     (`SPECDEPLOY_IMAGE_PULL_SECRETS`); a deployment's `spec.images.pullSecrets` come after these. Each

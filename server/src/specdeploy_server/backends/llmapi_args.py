@@ -18,12 +18,14 @@ from specdeploy_server.backends.llmapi_schedule import (
     schedule_semantics,
 )
 from specdeploy_server.backends.llmapi_step_costs import WidthRule
-from specdeploy_server.config import Method, ServerConfig
+from specdeploy_server.config import SA_ENHANCED_METHODS, Method, ServerConfig
 from specdeploy_server.grammar import JSON_DEFAULTS, Guide
 
 log = logging.getLogger(__name__)
 
 BACKEND = "trtllm-llmapi"
+#: Methods that draft from the text itself: no draft model's forward pass in a step's cost
+MODEL_FREE_METHODS = frozenset({Method.PROMPT_LOOKUP, Method.NGRAM, Method.SUFFIX_AUTOMATON})
 #: TensorRT-LLM's guided decoding backend: llguidance, as our own core (it also takes Lark grammars)
 GUIDED_DECODING_BACKEND = "llguidance"
 
@@ -87,7 +89,7 @@ def auto_schedule(config: ServerConfig, version: str) -> AutoSchedule | None:
     spec, method = config.speculative, config.method
     if spec.draft_len != "auto" or method == Method.NONE:
         return None
-    drafts_with_a_model = method != Method.PROMPT_LOOKUP
+    drafts_with_a_model = method not in MODEL_FREE_METHODS
     costs = schedule_costs(
         read_measured(spec.measured_costs_file),
         COST_PRESET,
@@ -156,6 +158,88 @@ def user_provided_config(
     return cls(max_draft_len=k, drafter=drafter, **load_aware_fields(cls, config))
 
 
+def config_class(llmapi: Any, name: str, config: ServerConfig) -> Any:
+    """TensorRT-LLM's class `name`, or a start-up error naming what the installed release lacks."""
+    cls = getattr(llmapi, name, None)
+    if cls is None:
+        raise ValueError(
+            f"speculative.method {config.method.value}: this TensorRT-LLM has no {name}; the method needs a "
+            "newer release (docs/trtllm.md#methods)"
+        )
+    return cls
+
+
+def sa_enhancer(llmapi: Any, config: ServerConfig) -> dict[str, Any]:
+    """``sa_config`` for eagle3, mtp and pard with ``speculative.suffixAutomaton``: a suffix match at least
+    ``threshold`` long overrides the neural draft."""
+    sa = config.speculative.suffix_automaton
+    if sa is None or config.method not in SA_ENHANCED_METHODS:
+        return {}
+    fields: dict[str, Any] = {"enable_global_pool": sa.global_pool}
+    if sa.threshold is not None:
+        fields["threshold"] = sa.threshold
+    return {"sa_config": config_class(llmapi, "SAEnhancerConfig", config)(**fields)}
+
+
+def maintained_path_config(llmapi: Any, config: ServerConfig, auto: AutoSchedule | None) -> Any:
+    """The decoding config of ngram, suffixAutomaton, pard and dflash (classes of TensorRT-LLM 1.3 on)."""
+    method, k, spec = config.method, draft_len(config), config.speculative
+    if method == Method.NGRAM:
+        cls = config_class(llmapi, "NGramDecodingConfig", config)
+        return cls(
+            max_draft_len=k,
+            max_matching_ngram_size=spec.ngram.max_matching_ngram_size,
+            is_keep_all=spec.ngram.keep_all,
+            is_use_oldest=spec.ngram.use_oldest,
+            is_public_pool=spec.ngram.public_pool,
+            **load_aware_fields(cls, config),
+            **schedule_field(cls, config, auto),
+        )
+    if method == Method.SUFFIX_AUTOMATON:
+        cls = config_class(llmapi, "SADecodingConfig", config)
+        sa = spec.suffix_automaton
+        fields: dict[str, Any] = {
+            "max_matching_ngram_size": -1,  # the longest match
+            "enable_global_pool": False,
+        }
+        if sa is not None:
+            fields["enable_global_pool"] = sa.global_pool
+            if sa.max_matching_ngram_size is not None:
+                fields["max_matching_ngram_size"] = sa.max_matching_ngram_size
+            if sa.global_pool_size is not None:
+                fields["global_pool_size"] = sa.global_pool_size
+        return cls(
+            max_draft_len=k, **fields, **load_aware_fields(cls, config), **schedule_field(cls, config, auto)
+        )
+    model = {"speculative_model": str(config.model.speculative_model)}
+    if method == Method.PARD:
+        cls = config_class(llmapi, "PARDDecodingConfig", config)
+        extra = {} if spec.pard.mask_token_id is None else {"mask_token_id": spec.pard.mask_token_id}
+        return cls(
+            max_draft_len=k,
+            **model,
+            **extra,
+            **sa_enhancer(llmapi, config),
+            **load_aware_fields(cls, config),
+            **schedule_field(cls, config, auto),
+        )
+    if method == Method.DFLASH:
+        cls = config_class(llmapi, "DFlashDecodingConfig", config)
+        extra = {}
+        if spec.dflash.mask_token_id is not None:
+            extra["mask_token_id"] = spec.dflash.mask_token_id
+        if spec.dflash.target_layer_ids is not None:
+            extra["target_layer_ids"] = list(spec.dflash.target_layer_ids)
+        return cls(
+            max_draft_len=k,
+            **model,
+            **extra,
+            **load_aware_fields(cls, config),
+            **schedule_field(cls, config, auto),
+        )
+    raise ValueError(f"speculative.method {method.value} is not supported by {BACKEND}")
+
+
 def speculative_config(
     llmapi: Any, config: ServerConfig, auto: AutoSchedule | None, hints: RequestHints | None = None
 ) -> Any:
@@ -199,14 +283,17 @@ def speculative_config(
         return cls(
             max_draft_len=k,
             speculative_model_dir=str(config.model.speculative_model),
+            **sa_enhancer(llmapi, config),
             **load_aware_fields(cls, config),
             **schedule_field(cls, config, auto),
         )
     if method == Method.MTP:
         cls = llmapi.MTPDecodingConfig
         fields = {**load_aware_fields(cls, config), **schedule_field(cls, config, auto)}
-        return cls(num_nextn_predict_layers=k, **fields)
-    raise ValueError(f"speculative.method {method.value} is not supported by {BACKEND}")
+        # Both: 1.2 takes the layers and overwrites max_draft_len with them; 1.3 derives the layers from the
+        # checkpoint and maps the old name onto max_draft_len.
+        return cls(num_nextn_predict_layers=k, max_draft_len=k, **sa_enhancer(llmapi, config), **fields)
+    return maintained_path_config(llmapi, config, auto)
 
 
 def llm_arguments(
