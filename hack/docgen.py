@@ -35,12 +35,14 @@ from typing import Any
 import yaml
 from specdeploy_operator.api import CONDITION_REASONS, ConditionType, SpeculativeDeployment, parse_object
 from specdeploy_operator.builders import OperatorSettings, render_children
+from specdeploy_operator.api.trtllm import METHOD_FLOORS, RELEASES, SA_COMBINED_FLOOR
 from specdeploy_operator.builders.settings import ENV_PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "charts" / "specdeploy"
 OPERATOR_DOC = REPO / "docs" / "operator.md"
 INSTALL_DOC = REPO / "docs" / "install.md"
+TRTLLM_DOC = REPO / "docs" / "trtllm.md"
 KUBE_VERSION = "1.35.4"
 RELEASE, NAMESPACE = "specdeploy", "specdeploy-system"
 
@@ -394,6 +396,53 @@ def operator_doc(text: str) -> str:
     return replace_block(text, "rendered-objects", rendered_objects_table())
 
 
+# ------------------------------------------------------------------------------------ TensorRT-LLM releases
+
+
+def releases_table() -> str:
+    """The two pins of trtllm-releases.env and the default image of each."""
+    settings = OperatorSettings()
+    rows = [
+        (
+            "`pytorch`, `transformers`",
+            f"`{RELEASES.pytorch}`",
+            f"`{settings.server_image}` (`settings.serverImage`)",
+        ),
+        ("`tensorrt`", f"`{RELEASES.tensorrt}`", f"`{settings.engine_server_image}` (`settings.engineServerImage`)"),
+    ]
+    return table(("backend", "TensorRT-LLM release (`PYTORCH`, `TENSORRT`)", "default image"), rows)
+
+
+_CONFIG_CLASS = {
+    "ngram": "`NGramDecodingConfig`",
+    "suffixAutomaton": "`SADecodingConfig`",
+    "pard": "`PARDDecodingConfig`",
+    "dflash": "`DFlashDecodingConfig`",
+}
+
+
+def method_floors_table() -> str:
+    """Each maintained-path method, its config class, the first release admission accepts, and why."""
+    rows = [
+        (f"`{method}`", _CONFIG_CLASS[method], f"`{floor.floor}`", floor.evidence)
+        for method, floor in METHOD_FLOORS.items()
+    ]
+    rows.append(
+        (
+            "`suffixAutomaton` with `eagle3`, `mtp`, `pard`",
+            "`sa_config=SAEnhancerConfig(…)`",
+            f"`{SA_COMBINED_FLOOR.floor}`",
+            SA_COMBINED_FLOOR.evidence,
+        )
+    )
+    return table(("method", "config", "first release", "evidence"), rows)
+
+
+def trtllm_doc(text: str) -> str:
+    text = replace_block(text, "trtllm-releases", releases_table())
+    return replace_block(text, "method-floors", method_floors_table())
+
+
 def install_doc(text: str, helm: str) -> str:
     text = replace_block(text, "chart-objects", chart_objects_table(helm))
     return replace_block(text, "rbac", rbac_table(helm))
@@ -408,7 +457,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     helm = args.helm or default_helm()
     stale = []
-    for path, render in ((OPERATOR_DOC, operator_doc), (INSTALL_DOC, lambda t: install_doc(t, helm))):
+    renders: tuple[tuple[Path, Callable[[str], str]], ...] = (
+        (OPERATOR_DOC, operator_doc),
+        (INSTALL_DOC, lambda t: install_doc(t, helm)),
+        (TRTLLM_DOC, trtllm_doc),
+    )
+    for path, render in renders:
         old = path.read_text()
         new = render(old)
         if new != old:

@@ -7,18 +7,21 @@ lacks it."""
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from specdeploy_server.backends.factory import build_engine
-from specdeploy_server.config import ServerConfig
+from specdeploy_server.config import Method, ServerConfig
 from specdeploy_server.core.types import SamplingParams
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.server.conftest import TinyModels
 from tests.server.trtllm_double import DoubleState, trtllm_double
+from tests.server.trtllm_double_configs import MODEL_ALIAS
 
 __all__ = ["trtllm_double"]
 
@@ -216,3 +219,53 @@ def test_the_double_refuses_what_the_real_sa_validator_refuses(trtllm_double: Do
         llmapi.DFlashDecodingConfig(max_draft_len=3, speculative_model="x", attention_backend="FA4")
     with pytest.raises(ValueError, match="Extra inputs"):
         llmapi.SAEnhancerConfig(threshold=4, max_matching_ngram_size=3)
+
+
+def _mapping_rows() -> dict[str, str]:
+    """docs/trtllm.md's method -> `speculative_config` table: the first cell's method names -> the row."""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "trtllm.md").read_text()
+    block = text[text.index("| method | `speculative_config` |") :].split("\n\n", 1)[0]
+    rows: dict[str, str] = {}
+    for line in block.splitlines()[2:]:
+        first, _, rest = line.strip("|").partition("|")
+        for method in re.findall(r"`(\w+)`", first):
+            rows.setdefault(method, rest)
+    return rows
+
+
+MINIMAL: dict[str, tuple[dict[str, Any], str | None]] = {
+    "draftTarget": ({"method": "draftTarget", "draftLen": 3}, "draft"),
+    "promptLookup": ({"method": "promptLookup", "draftLen": 3}, None),
+    "eagle3": ({"method": "eagle3", "draftLen": 3}, DRAFT),
+    "mtp": ({"method": "mtp", "draftLen": 2}, None),
+    "ngram": ({"method": "ngram", "draftLen": 3}, None),
+    "suffixAutomaton": ({"method": "suffixAutomaton", "draftLen": 3}, None),
+    "pard": ({"method": "pard", "draftLen": 3}, DRAFT),
+    "dflash": ({"method": "dflash", "draftLen": 3}, DRAFT),
+}
+
+
+@pytest.mark.parametrize("method", [m.value for m in Method if m != Method.NONE])
+def test_the_docs_mapping_table_row_names_the_class_and_fields_the_method_renders(
+    tiny_models: TinyModels, trtllm_double: DoubleState, method: str
+) -> None:
+    row = _mapping_rows()[method]
+    speculative, extra_model = MINIMAL[method]
+    build_engine(_config(tiny_models, speculative, extra_model))
+    spec = trtllm_double.llms[-1].kwargs["speculative_config"]
+    kind = type(spec).__name__
+    assert kind in re.findall(r"\w+DecodingConfig", row), (method, row)
+    for field in _row_fields(row, kind):
+        assert field in type(spec).model_fields or field in MODEL_ALIAS, (method, field)
+    assert _mapping_rows()["none"].strip() == "none"
+
+
+def _row_fields(row: str, kind: str) -> set[str]:
+    """The keywords the row gives `kind`: in its parentheses, or in the next class's where the row names
+    alternatives (`Eagle3DecodingConfig` / `EagleDecodingConfig(...)`)."""
+    found = re.findall(r"(\w+DecodingConfig)(?:\(([^)]*)\))?", row)
+    for index, (name, _) in enumerate(found):
+        if name == kind:
+            args = next((a for _, a in found[index:] if a), "")
+            return {part.split("=")[0].strip() for part in args.split(",") if part.strip()}
+    return set()

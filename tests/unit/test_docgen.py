@@ -15,6 +15,11 @@ def test_committed_operator_doc_is_current() -> None:
     assert docgen.operator_doc(text) == text, "docs/operator.md is stale: run `make docs`"
 
 
+def test_committed_trtllm_doc_names_the_pins_and_each_methods_first_release() -> None:
+    text = docgen.TRTLLM_DOC.read_text()
+    assert docgen.trtllm_doc(text) == text, "docs/trtllm.md is stale: run `make docs`"
+
+
 def test_every_setting_has_a_row_and_the_chart_sets_it() -> None:
     table = docgen.settings_table()
     chart = docgen.chart_values_by_env((docgen.CHART / "templates" / "deployment.yaml").read_text())
