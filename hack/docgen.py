@@ -34,8 +34,8 @@ from typing import Any
 
 import yaml
 from specdeploy_operator.api import CONDITION_REASONS, ConditionType, SpeculativeDeployment, parse_object
-from specdeploy_operator.builders import OperatorSettings, render_children
 from specdeploy_operator.api.trtllm import METHOD_FLOORS, RELEASES, SA_COMBINED_FLOOR
+from specdeploy_operator.builders import OperatorSettings, render_children
 from specdeploy_operator.builders.settings import ENV_PREFIX
 
 REPO = Path(__file__).resolve().parents[1]
@@ -408,7 +408,11 @@ def releases_table() -> str:
             f"`{RELEASES.pytorch}`",
             f"`{settings.server_image}` (`settings.serverImage`)",
         ),
-        ("`tensorrt`", f"`{RELEASES.tensorrt}`", f"`{settings.engine_server_image}` (`settings.engineServerImage`)"),
+        (
+            "`tensorrt`",
+            f"`{RELEASES.tensorrt}`",
+            f"`{settings.engine_server_image}` (`settings.engineServerImage`)",
+        ),
     ]
     return table(("backend", "TensorRT-LLM release (`PYTORCH`, `TENSORRT`)", "default image"), rows)
 

@@ -9,6 +9,7 @@ src=$1
 tools=${SPECDEPLOY_DOWNLOAD_TOOLS-awscli gsutil}
 # shellcheck disable=SC2086 # the tools are separate words
 python -m pip install "$src[trtllm]" $tools
-command -v specdeploy-server aws gsutil >/dev/null
+command -v specdeploy-server specdeploy-quantize aws gsutil >/dev/null
 command -v hf >/dev/null || command -v huggingface-cli >/dev/null
 specdeploy-server --help >/dev/null
+specdeploy-quantize --help >/dev/null

@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 from specdeploy_operator.api import SpeculativeDeployment, parse_object
-from specdeploy_operator.builders import OperatorSettings, render_children
+from specdeploy_operator.builders import OperatorSettings, build_engine_builds, render_children
+from specdeploy_operator.builders.job import HF_QUANTIZE_COMMAND, build_commands
 
 # The test environment installs both packages (make venv): this contract must never be skipped.
-from specdeploy_server import config
+from specdeploy_server import config, quantize
 
 from tests.example_files import example_files, example_id
 
 EXAMPLES = example_files()
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[example_id(path) for path in EXAMPLES])
@@ -43,3 +46,32 @@ def test_rendered_server_config_loads(example: Path) -> None:
         assert len(target_ids) == sdep.spec.target.gpus
         if sdep.spec.draft is not None:
             assert len(draft_ids) == sdep.spec.draft.tensor_parallel
+
+
+def test_checkpoint_jobs_on_the_maintained_path_call_the_servers_quantize_command_as_it_parses() -> None:
+    """The operator renders `specdeploy-quantize` (builders/job.py); the server package declares that console
+    script, and the rendered arguments parse as the script reads them."""
+    scripts = tomllib.loads((REPO / "server" / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts[HF_QUANTIZE_COMMAND] == "specdeploy_server.quantize:main"
+    rendered = 0
+    for example in EXAMPLES:
+        sdep = parse_object(yaml.safe_load(example.read_text()))
+        assert isinstance(sdep, SpeculativeDeployment)
+        for engine in build_engine_builds(sdep, OperatorSettings()):
+            commands = build_commands(engine, OperatorSettings())
+            if commands.checkpoint is None or commands.checkpoint[0] != HF_QUANTIZE_COMMAND:
+                continue
+            assert sdep.spec.backend == "pytorch"
+            args = quantize.parse_args(commands.checkpoint[1:])
+            model = sdep.spec.target if engine["spec"]["role"] == "target" else sdep.spec.draft
+            assert model is not None
+            wanted = model.quantization
+            assert (args.qformat, args.kv_cache_dtype, args.calib_size, args.dtype) == (
+                wanted.format,
+                wanted.kv_cache_dtype,
+                wanted.calib_size,
+                wanted.dtype,
+            )
+            assert str(args.output_dir) == commands.engine_dir
+            rendered += 1
+    assert rendered >= 6

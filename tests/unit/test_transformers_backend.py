@@ -251,7 +251,7 @@ def test_a_staged_checkpoint_is_shared_by_gpu_and_cpu_deployments_and_differs_fr
     body = copy.deepcopy(doc(GPU_EXAMPLE))
     body["spec"]["backend"] = "pytorch"
     for role in ("target", "draft"):
-        body["spec"][role]["quantization"] = {"format": "none", "kvCacheDtype": "fp8"}
+        body["spec"][role]["quantization"] = {"format": "fp8", "kvCacheDtype": "fp8"}
     del body["spec"]["runtime"]["maxSeqLen"]
     built = {e["spec"]["hash"] for e in build_engine_builds(sdep(body), SETTINGS)}
     assert len(built) == 2

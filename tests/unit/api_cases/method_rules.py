@@ -10,6 +10,35 @@ _OLD_IMAGE = {"server": "registry.example/trtllm:1.3.0rc14", "trtllmVersion": "1
 
 METHOD_CASES = [
     Case(
+        "int8-kv-cache-on-pytorch",
+        "pard",
+        {"spec": {"target": {"quantization": {"format": "fp8", "kvCacheDtype": "int8"}}}},
+        "spec.target.quantization.kvCacheDtype",
+        "target-kv-cache-quantization-on-pytorch",
+    ),
+    Case(
+        "fp8-kv-cache-without-weights-on-pytorch",
+        "pard",
+        {"spec": {"target": {"quantization": {"kvCacheDtype": "fp8"}}}},
+        "spec.target.quantization.kvCacheDtype",
+        "target-kv-cache-quantization-on-pytorch",
+    ),
+    Case(
+        "int8-kv-cache-of-a-pytorch-draft",
+        "mtp",
+        {
+            "spec": {
+                "speculative": {"method": "draftTarget", "draftLen": 3, "maxDraftLen": 3},
+                "draft": {
+                    "model": {"uri": "hf://meta-llama/Llama-3.2-1B-Instruct"},
+                    "quantization": {"kvCacheDtype": "int8"},
+                },
+            }
+        },
+        "spec.draft.quantization.kvCacheDtype",
+        "draft-kv-cache-quantization-on-pytorch",
+    ),
+    Case(
         "pard-without-settings",
         "pard",
         patch_speculative(pard=None, suffixAutomaton=None),

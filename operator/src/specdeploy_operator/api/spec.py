@@ -112,6 +112,20 @@ def _model_rules(role: Literal["target", "draft"]) -> list[Rule[SpeculativeDeplo
             lambda s, model: s.backend != "transformers" or model.quantization == QuantizationSpec(),
         ),
         rule(
+            "kv-cache-quantization-on-pytorch",
+            f"self.backend != 'pytorch' || {m}.quantization.kvCacheDtype == 'auto' || "
+            f"({m}.quantization.kvCacheDtype == 'fp8' && {m}.quantization.format != 'none')",
+            f"{path}.quantization.kvCacheDtype with spec.backend pytorch must be auto, or fp8 with a "
+            "weight format: ModelOpt exports FP8 KV-cache scales with quantized weights only, and "
+            "TensorRT-LLM's PyTorch path has no int8 KV cache",
+            ".quantization.kvCacheDtype",
+            lambda s, model: (
+                s.backend != "pytorch"
+                or model.quantization.kv_cache_dtype == "auto"
+                or (model.quantization.kv_cache_dtype == "fp8" and model.quantization.format != "none")
+            ),
+        ),
+        rule(
             "single-device-for-transformers",
             f"self.backend != 'transformers' || ({m}.tensorParallel == 1 && {m}.pipelineParallel == 1)",
             f"{path}.tensorParallel and {path}.pipelineParallel must be 1 when spec.backend is transformers "

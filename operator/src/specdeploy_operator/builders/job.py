@@ -1,8 +1,9 @@
-"""The build Job of an EngineBuild: download -> quantize.py (or convert_checkpoint.py) -> trtllm-build ->
-completion marker, or for a staged checkpoint (`spec.stageOnly`, backend `transformers`) download straight
-into the cache -> completion marker, without a GPU. Each step is one container running one argv, so the
-rendered command lines are exactly the seed's (`build_commands`). The builders read the EngineBuild as the
-model; a wire or live object is read into it once (`engines.engine_build`)."""
+"""The build Job of an EngineBuild. Backend tensorrt: download -> quantize.py (or convert_checkpoint.py) ->
+trtllm-build -> completion marker. Backend pytorch: download -> specdeploy-quantize -> completion marker. A
+staged checkpoint (`spec.stageOnly`, backend `transformers`): download straight into the cache -> completion
+marker, without a GPU. Each step is one container running one argv, so the rendered command lines are exactly
+the seed's (`build_commands`). The builders read the EngineBuild as the model; a wire or live object is read
+into it once (`engines.engine_build`)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,23 @@ def job_name(engine: EngineBuild | Mapping[str, Any]) -> str:
     return dns_label(stem, f"{role}-{hash_}-build{suffix}")
 
 
+HF_QUANTIZE_COMMAND: Final = "specdeploy-quantize"
+"""The server image's console script that quantizes a checkpoint for the maintained path with NVIDIA
+ModelOpt and exports a Hugging Face checkpoint (TensorRT-LLM's quantize.py wrote engine-build checkpoints
+only, and left the release images with the engine workflow)."""
+
+
+def _hf_quantize_argv(spec: EngineBuildSpec, model_dir: str, output_dir: str) -> list[str]:
+    """`specdeploy-quantize` with quantize.py's argument names: a quantized Hugging Face checkpoint, one for
+    every tensor-parallel size (the LLM API shards it when it loads)."""
+    quantization = spec.quantization
+    argv = [HF_QUANTIZE_COMMAND, "--model_dir", model_dir, "--output_dir", output_dir]
+    argv += ["--qformat", quantization.format, "--dtype", quantization.dtype]
+    if quantization.kv_cache_dtype != "auto":
+        argv += ["--kv_cache_dtype", quantization.kv_cache_dtype]
+    return [*argv, "--calib_size", str(quantization.calib_size)]
+
+
 def _checkpoint_argv(
     spec: EngineBuildSpec, model_dir: str, output_dir: str, settings: OperatorSettings
 ) -> list[str]:
@@ -143,7 +161,10 @@ def build_commands(engine: EngineBuild | Mapping[str, Any], settings: OperatorSe
     model_dir = fetch.path
     is_engine = bool(spec.build_flags)  # pytorch: a quantized checkpoint, no engine
     checkpoint_dir = f"{work}/checkpoint" if is_engine else out_dir
-    checkpoint = _checkpoint_argv(spec, model_dir, checkpoint_dir, settings)
+    if is_engine:
+        checkpoint = _checkpoint_argv(spec, model_dir, checkpoint_dir, settings)
+    else:
+        checkpoint = _hf_quantize_argv(spec, model_dir, checkpoint_dir)
     build: list[str] | None = None
     if is_engine:
         workers = str(spec.parallelism.tensor_parallel)
@@ -231,7 +252,7 @@ def build_job(
             "nodeSelector": scheduling.node_selector(),
             "tolerations": scheduling.pod_tolerations(),
         }
-        step_name = "quantize" if "quantize" in commands.checkpoint[1] else "convert"
+        step_name = "quantize" if any("quantize" in word for word in commands.checkpoint[:2]) else "convert"
         gpu_step = {"resources": scheduling.resources(), "volumeMounts": mounts}
         steps.append({"name": step_name, "image": image, "command": commands.checkpoint, **gpu_step})
         if commands.build is not None:

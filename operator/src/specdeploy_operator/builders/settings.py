@@ -74,7 +74,8 @@ class OperatorSettings(BaseModel):
     build_ttl_seconds: Annotated[int, Field(ge=0)] = 86400
     """`ttlSecondsAfterFinished` of build Jobs (`SPECDEPLOY_BUILD_TTL_SECONDS`)."""
     quantize_script: str = "/opt/TensorRT-LLM-examples/quantization/quantize.py"
-    """TensorRT-LLM `quantize.py` inside the builder image (`SPECDEPLOY_QUANTIZE_SCRIPT`)."""
+    """TensorRT-LLM `quantize.py` inside the builder image, backend `tensorrt` (`SPECDEPLOY_QUANTIZE_SCRIPT`);
+    `pytorch` runs the image's `specdeploy-quantize`."""
     convert_script: str = "/opt/TensorRT-LLM-examples/llama/convert_checkpoint.py"
     """`convert_checkpoint.py` used for `format: none` (`SPECDEPLOY_CONVERT_SCRIPT`)."""
     python: str = "python"

@@ -214,7 +214,9 @@ def maintained_path_config(llmapi: Any, config: ServerConfig, auto: AutoSchedule
     model = {"speculative_model": str(config.model.speculative_model)}
     if method == Method.PARD:
         cls = config_class(llmapi, "PARDDecodingConfig", config)
-        extra = {} if spec.pard.mask_token_id is None else {"mask_token_id": spec.pard.mask_token_id}
+        extra: dict[str, Any] = {}
+        if spec.pard.mask_token_id is not None:
+            extra["mask_token_id"] = spec.pard.mask_token_id
         return cls(
             max_draft_len=k,
             **model,
