@@ -4,6 +4,11 @@ here, with the reason), its manifests validate, and the commands that can run on
 
 from __future__ import annotations
 
+import contextlib
+import re
+import subprocess
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,9 +18,10 @@ from kubernetes import client
 from specdeploy_operator.api import SpeculativeDeployment, parse_object
 from specdeploy_operator.builders import OperatorSettings, build_job, engine_builds
 
-from tests.conftest import Kubectl
+from tests.conftest import OPERATOR_NAMESPACE_PREFIX, Kubectl
 from tests.docs.mdshell import commands, fenced_blocks
 from tests.docs.readme_rows import readme_commands
+from tests.docs.readme_shell import Shell, wait_for_text
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "gpu-cluster.md"
@@ -26,9 +32,20 @@ NEEDS_NETWORK = "downloads from outside this machine, which the tests never reac
 NEEDS_DOCKER = (
     "no Docker engine and no registry here (tests/chart/test_dockerfiles.py checks the Dockerfiles)"
 )
-NAMESPACE_LLM = (
-    "a cluster-scoped or namespace-creating step of the walk; the steps it enables run in the tests"
+NEEDS_GPU_SERVER = (
+    "calls the model, which only a GPU serves: the local cluster's GPU pods are kwok's and run no server "
+    "(the README's served-for-real steps run the same calls on CPU pods)"
 )
+HELM_INSTALL = (
+    "helm install specdeploy charts/specdeploy -n specdeploy-system --create-namespace"
+    " --set image.repository=registry.example.com/specdeploy/operator"
+    " --set settings.serverImage.repository=registry.example.com/specdeploy/server"
+    " --set settings.engineServerImage.repository=registry.example.com/specdeploy/server"
+    " --set engineCache.storageClassName=efs-rwx"
+    " --set 'imagePullSecrets={regcred}'"
+    " --set 'managedPods.imagePullSecrets={regcred}'"
+)
+WALK = "test_the_walkthrough_runs_in_order_up_to_the_gpu_steps"
 ROWS: dict[str, str] = {
     "helm repo add nvidia https://helm.ngc.nvidia.com/nvidia": NEEDS_NETWORK,
     "helm install gpu-operator nvidia/gpu-operator -n gpu-operator --create-namespace --wait": NEEDS_GPUS,
@@ -39,41 +56,38 @@ ROWS: dict[str, str] = {
     ): NEEDS_GPUS,
     "kubectl get nodes -L nvidia.com/gpu.product,nvidia.com/gpu.count": "test_the_node_labels_command",
     "kubectl apply -f efs-rwx.yaml": "needs the EFS CSI driver and a file system (its manifest is checked)",
-    "kubectl create namespace llm": NAMESPACE_LLM,
+    "kubectl create namespace llm": WALK,
+    "kubectl create namespace specdeploy-system": WALK,
     (
         "kubectl create secret docker-registry regcred -n llm --docker-server=registry.example.com"
         ' --docker-username=robot --docker-password="$REGISTRY_TOKEN"'
-    ): "needs a registry and its token",
+    ): WALK,
+    (
+        "kubectl create secret docker-registry regcred -n specdeploy-system"
+        ' --docker-server=registry.example.com --docker-username=robot --docker-password="$REGISTRY_TOKEN"'
+    ): WALK,
     "docker build -f Dockerfile.operator -t registry.example.com/specdeploy/operator:0.1.0 .": README,
     "hack/build-server-images.sh registry.example.com/specdeploy/server": README,
     "docker push registry.example.com/specdeploy/operator:0.1.0": README,
     "docker push registry.example.com/specdeploy/server:0.1.0": README,
     "docker push registry.example.com/specdeploy/server:0.1.0-trtllm1.2.1": README,
-    (
-        "helm install specdeploy charts/specdeploy -n specdeploy-system --create-namespace"
-        " --set image.repository=registry.example.com/specdeploy/operator"
-        " --set settings.serverImage.repository=registry.example.com/specdeploy/server"
-        " --set settings.engineServerImage.repository=registry.example.com/specdeploy/server"
-        " --set engineCache.storageClassName=efs-rwx"
-        " --set 'managedPods.imagePullSecrets={regcred}'"
-    ): "the README's helm install plus one value; tests/chart checks that value reaching the operator",
-    "kubectl -n specdeploy-system rollout status deployment/specdeploy": README,
-    "kubectl create secret generic hf-token -n llm --from-literal=HF_TOKEN=hf_your_token_here": (
-        "the README's command, in namespace llm (test_readme_cluster.py::test_hf_token_secret_command)"
-    ),
-    "kubectl apply -n llm -f llama-8b-1b.yaml": "test_the_manifest_of_step_7_validates_and_mounts_the_token",
-    "kubectl get sdep,enginebuilds -n llm -w": NEEDS_GPUS,
-    "kubectl describe enginebuild -n llm": NEEDS_GPUS,
-    "kubectl port-forward -n llm svc/llama-8b-1b-h100 8000:8000 &": NEEDS_GPUS,
+    HELM_INSTALL: WALK,
+    "kubectl -n specdeploy-system rollout status deployment/specdeploy": WALK,
+    "kubectl create secret generic hf-token -n llm --from-literal=HF_TOKEN=hf_your_token_here": WALK,
+    "kubectl apply -n llm -f llama-8b-1b.yaml": WALK,
+    "kubectl get sdep -n llm -w": WALK,
+    "kubectl get enginebuilds -n llm": WALK,
+    "kubectl describe enginebuild -n llm": WALK,
+    "kubectl port-forward -n llm svc/llama-8b-1b-h100 8000:8000 &": NEEDS_GPU_SERVER,
     (
         "curl -s localhost:8000/v1/completions -H 'Content-Type: application/json'"
         """ -d '{"model": "meta-llama/Llama-3.1-8B-Instruct", "prompt": "Speculative decoding","""
         """ "max_tokens": 24}'"""
-    ): NEEDS_GPUS,
-    "kubectl delete sdep --all -n llm": NAMESPACE_LLM,
-    "kubectl delete enginebuilds --all -n llm": NAMESPACE_LLM,
-    "helm uninstall specdeploy -n specdeploy-system": "the chart's cluster test uninstalls it",
-    "kubectl delete namespace llm": NAMESPACE_LLM,
+    ): NEEDS_GPU_SERVER,
+    "kubectl delete sdep --all -n llm": WALK,
+    "kubectl delete enginebuilds --all -n llm": WALK,
+    "helm uninstall specdeploy -n specdeploy-system": WALK,
+    "kubectl delete namespace llm": WALK,
     "helm uninstall gpu-operator -n gpu-operator": NEEDS_GPUS,
 }
 
@@ -151,3 +165,115 @@ def test_the_node_labels_command(kubectl: Kubectl, api_client: client.ApiClient)
     assert "NVIDIA-H100-80GB-HBM3" in products
     for product in products:
         assert any(product in row.split() and "8" in row.split() for row in rows), (product, out)
+
+
+def _run(command: str, env: dict[str, str], subs: dict[str, str]) -> str:
+    """A command of the page as written, in namespaces of this test (`subs`), in the repository root."""
+    assert command in _commands(), command
+    for old, new in subs.items():
+        command = re.sub(old, new, command)
+    proc = subprocess.run(
+        ["bash", "-c", f"set -euo pipefail\n{command}"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, f"`{command}` failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("operator", "install_crds")
+def test_the_walkthrough_runs_in_order_up_to_the_gpu_steps(
+    cluster_shell: Shell, api_client: client.ApiClient, tmp_path: Path
+) -> None:
+    """Every command of the page that the local cluster can play, in the page's order: the namespaces and
+    pull Secrets, the chart (its operator pod pulling with `regcred`), the token, step 7's deployment built
+    and Ready under `kubectl get -w` (each build Job: download, quantize, complete, as step 8 says), the
+    EngineBuilds described, then the teardown. `llm` is a namespace the session's operator watches; the
+    chart's own operator pod is kwok's."""
+    core, apps, batch = (
+        client.CoreV1Api(api_client),
+        client.AppsV1Api(api_client),
+        client.BatchV1Api(api_client),
+    )
+    suffix = uuid.uuid4().hex[:8]
+    llm, system = f"{OPERATOR_NAMESPACE_PREFIX}-llm-{suffix}", f"walk-system-{suffix}"
+    manifest = tmp_path / "llama-8b-1b.yaml"
+    [body] = [d for d in _manifests() if d["kind"] == "SpeculativeDeployment"]
+    manifest.write_text(yaml.safe_dump(body))
+    subs = {r"\bllm\b": llm, "specdeploy-system": system, r"llama-8b-1b\.yaml": str(manifest)}
+    env = {**cluster_shell.env, "REGISTRY_TOKEN": "not-a-real-token"}
+
+    def operator_pulls_with_regcred(_: str) -> None:
+        pod = apps.read_namespaced_deployment("specdeploy", system).spec.template.spec
+        assert [s.name for s in pod.image_pull_secrets or []] == ["regcred"]
+        env_vars = {e.name: e.value for e in pod.containers[0].env}
+        assert env_vars["SPECDEPLOY_IMAGE_PULL_SECRETS"] == "regcred"
+
+    def jobs_are_download_quantize_complete(watched: str) -> None:
+        assert watched.splitlines()[0].split()[:2] == ["NAME", "PHASE"], watched
+        jobs = batch.list_namespaced_job(llm).items
+        assert len(jobs) == 2, [j.metadata.name for j in jobs]
+        for job in jobs:
+            pod = job.spec.template.spec
+            steps = [c.name for c in [*(pod.init_containers or []), *pod.containers]]
+            assert steps == ["download", "quantize", "complete"], steps
+
+    def listed(text: str) -> None:
+        header, *rows = text.splitlines()
+        assert {"ROLE", "PHASE"} <= set(header.split()), text
+        assert len(rows) == 2, text
+        assert all("Succeeded" in row.split() for row in rows), text
+
+    def described(text: str) -> None:
+        assert text.count("Succeeded") >= 2, text
+        assert "Role:" in text, text
+
+    expected: dict[str, Callable[[str], None]] = {
+        "kubectl create namespace llm": lambda out: _equals(out, f"namespace/{llm} created"),
+        HELM_INSTALL: lambda out: _contains(out, "STATUS: deployed"),
+        "kubectl -n specdeploy-system rollout status deployment/specdeploy": operator_pulls_with_regcred,
+        "kubectl create secret generic hf-token -n llm --from-literal=HF_TOKEN=hf_your_token_here": (
+            lambda out: _equals(out, "secret/hf-token created")
+        ),
+        "kubectl apply -n llm -f llama-8b-1b.yaml": lambda out: _equals(
+            out, "speculativedeployment.specdeploy.dev/llama-8b-1b-h100 created"
+        ),
+        "kubectl get sdep -n llm -w": jobs_are_download_quantize_complete,
+        "kubectl get enginebuilds -n llm": listed,
+        "kubectl describe enginebuild -n llm": described,
+        "helm uninstall specdeploy -n specdeploy-system": lambda out: _contains(out, "uninstalled"),
+        "kubectl delete namespace llm": lambda out: _equals(out, f'namespace "{llm}" deleted'),
+    }
+    watch: subprocess.Popen[bytes] | None = None
+    try:
+        for command in [c for c in _commands() if ROWS[c] == WALK]:
+            if command.endswith(" -w"):
+                log = tmp_path / "watch.log"
+                with log.open("wb") as out:
+                    watch = subprocess.Popen(
+                        ["bash", "-c", re.sub(r"\bllm\b", llm, command)],
+                        cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                    )  # fmt: skip
+                output = wait_for_text(log, r"^llama-8b-1b-h100\s+Ready\b", watch, timeout=240)
+                cluster_shell.stop(watch)
+            else:
+                output = _run(command, env, subs)
+            if command in expected:
+                expected[command](output)
+    finally:
+        if watch is not None:
+            cluster_shell.stop(watch)
+        subprocess.run(
+            ["helm", "uninstall", "specdeploy", "-n", system], env=env, capture_output=True, check=False
+        )
+        for namespace in (llm, system):
+            with contextlib.suppress(client.ApiException):
+                core.delete_namespace(namespace)
+
+
+def _equals(output: str, wanted: str) -> None:
+    assert output.strip() == wanted, output
+
+
+def _contains(output: str, wanted: str) -> None:
+    assert wanted in output, output
