@@ -141,6 +141,7 @@ RENDER_VARIATIONS: tuple[tuple[str, str, dict[str, Any]], ...] = (
         {"autoscaling": {"engine": "keda"}},
     ),
 )
+RENDER_LABELS = frozenset(label for label, _, _ in RENDER_VARIATIONS)
 
 
 @dataclass(frozen=True)
@@ -277,13 +278,19 @@ def rendered_objects_table() -> str:
             row["owner"].append(owner(obj))
             row["for"].append(item.label)
             row["details"].append(DETAILS[kind](obj, item.sdep))
-    every = [i.label for i in inputs if not i.label.startswith(tuple(v[0] for v in RENDER_VARIATIONS))]
+    every = [i.label for i in inputs if i.label not in RENDER_LABELS]
 
     def labels(found: list[str]) -> str:
         distinct = _distinct(found)
         if all(label in distinct for label in every):
             extra = [x for x in distinct if x not in every]
             return "every example" + (", " + ", ".join(extra) if extra else "")
+        engine_path = [label for label in every if label.startswith("tensorrt/")]
+        if engine_path and all(label in distinct for label in engine_path):
+            distinct = [x for x in distinct if x not in engine_path]
+            distinct.insert(
+                next((i for i, x in enumerate(distinct) if x in RENDER_LABELS), len(distinct)), "tensorrt/*"
+            )
         return ", ".join(distinct)
 
     out = []

@@ -210,7 +210,10 @@ class Campaign(Bench):
 
 
 def example(prefix: str) -> dict[str, Any]:
-    path = next(p for p in sorted((REPO / "examples").glob("*.yaml")) if p.name.startswith(prefix))
+    """An engine-path example (examples/tensorrt/): there the max draft length is part of the engine."""
+    path = next(
+        p for p in sorted((REPO / "examples" / "tensorrt").glob("*.yaml")) if p.name.startswith(prefix)
+    )
     doc: dict[str, Any] = yaml.safe_load(path.read_text())
     return doc
 

@@ -54,7 +54,7 @@ _SETTING = re.compile(r"(?<![\w])SPECDEPLOY_[A-Z0-9_]*[A-Z0-9]")
 OTHER_PROGRAMS_FLAGS = {
     "helm install/upgrade": frozenset({"--install", "--reuse-values", "--create-namespace"}),
     "kubectl": frozenset({"--overwrite", "--current"}),
-    "docker build/run": frozenset({"--build-arg", "--rm", "--gpus", "--ipc", "--shm-size"}),
+    "docker build/run": frozenset({"--build-arg", "--rm", "--gpus", "--ipc", "--shm-size", "--entrypoint"}),
     "TensorRT-LLM's quantize.py": frozenset({"--device_map"}),
 }
 #: What the repository's code may define flags and settings in (not its Markdown).

@@ -167,7 +167,7 @@ def test_helm_install_commands(cluster_shell: Shell, kubectl: Kubectl, install_c
         env = {e["name"]: e.get("value") for e in container["env"]}
         assert env["SPECDEPLOY_SERVER_IMAGE"] == images["server"]
         assert env["SPECDEPLOY_ENGINE_SERVER_IMAGE"] == images["engine server"]
-        assert env["SPECDEPLOY_BUILDER_IMAGE"] == ""  # builds use each deployment's serving image
+        assert not env["SPECDEPLOY_BUILDER_IMAGE"]  # empty: builds use each deployment's serving image
         # The engine cache's class reaches the operator (here a name only: the operator pod is kwok's).
         assert env["SPECDEPLOY_CACHE_STORAGE_CLASS_NAME"] == "efs-rwx"
         subject = {"kind": "ServiceAccount", "name": "specdeploy", "namespace": namespace}

@@ -154,7 +154,8 @@ def test_docker_commands() -> None:
     assert (REPO / args.context).resolve() == REPO, "the README builds from the repository root"
     assert (REPO / args.context / args.file).is_file(), f"{args.file} does not exist"
     assert args.tag == [f"{chart_repositories['image.repository']}:{app_version}"]
-    tags = docker_tags()
+    assert readme_command("hack/build-server-images.sh registry.example.com/specdeploy/server")
+    tags = docker_tags()  # what that script builds (printed, not run)
     server = chart_repositories["settings.serverImage.repository"]
     assert chart_repositories["settings.engineServerImage.repository"] == server
     assert tags["server"] == f"{server}:{app_version}"

@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine interface", ("engine",)),
     ("backends", ("backends",)),
     ("http", ("api", "metrics")),
-    ("entry points", ("cli", "__main__", "demo_models", "demo_training")),
+    ("entry points", ("cli", "__main__", "demo_models", "demo_training", "quantize")),
 ]
 #: (importer's layer, imported layer) pairs that the ranks would allow but the design does not
 FORBIDDEN = {("http", "backends")}

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 from specdeploy_operator.api import SpeculativeDeployment, parse_object
+from specdeploy_operator.api.spec import SERVER_DEFAULT_MAX_BATCH_SIZE
 from specdeploy_operator.builders import OperatorSettings, build_engine_builds, render_children
 from specdeploy_operator.builders.job import HF_QUANTIZE_COMMAND, build_commands
 
@@ -75,3 +76,7 @@ def test_checkpoint_jobs_on_the_maintained_path_call_the_servers_quantize_comman
             assert str(args.output_dir) == commands.engine_dir
             rendered += 1
     assert rendered >= 6
+
+
+def test_the_batch_size_the_operator_assumes_unset_is_the_servers_default() -> None:
+    assert config.RuntimeConfig().max_batch_size == SERVER_DEFAULT_MAX_BATCH_SIZE

@@ -102,6 +102,20 @@ METHOD_CASES = [
         "suffix-automaton-pool-size-needs-global-pool",
     ),
     Case(
+        "suffix-automaton-pool-smaller-than-the-batch",
+        "suffixAutomaton",
+        patch_speculative(suffixAutomaton={"globalPoolSize": 100}),
+        "spec.speculative.suffixAutomaton.globalPoolSize",
+        "suffix-automaton-pool-holds-the-batch",
+    ),
+    Case(
+        "suffix-automaton-pool-smaller-than-the-default-batch",
+        "suffixAutomaton",
+        {"spec": {"runtime": None, "speculative": {"suffixAutomaton": {"globalPoolSize": 32}}}},
+        "spec.speculative.suffixAutomaton.globalPoolSize",
+        "suffix-automaton-pool-holds-the-batch",
+    ),
+    Case(
         "ngram-on-tensorrt-release",
         "suffixAutomaton",
         {

@@ -206,6 +206,17 @@ _RELEASE_CEL = (
 """CEL: the TensorRT-LLM release a deployment runs (`SpeculativeDeploymentSpec.trtllm_release`)."""
 
 
+SERVER_DEFAULT_MAX_BATCH_SIZE = 64
+"""The server's `runtime.maxBatchSize` when the spec leaves it unset (a contract test holds it)."""
+
+
+def _pool_holds_the_batch(s: SpeculativeDeploymentSpec) -> bool:
+    sa = s.speculative.suffix_automaton
+    if sa is None or sa.global_pool_size is None:
+        return True
+    return sa.global_pool_size >= (s.runtime.max_batch_size or SERVER_DEFAULT_MAX_BATCH_SIZE)
+
+
 def _floor_rule(feature: str, floor: MethodFloor) -> Rule[SpeculativeDeploymentSpec]:
     """Method `feature` (or `suffixAutomaton-with-a-model`: its settings with eagle3, mtp or pard) needs a
     release at or after the floor."""
@@ -263,6 +274,17 @@ SPEC_RULES: Rules = (
         "(tensorrt and transformers run draftTarget, promptLookup and none)",
         field_path=".speculative.method",
         check=lambda s: s.speculative.method not in MAINTAINED_PATH_METHODS or s.backend == "pytorch",
+    ),
+    Rule["SpeculativeDeploymentSpec"](
+        name="suffix-automaton-pool-holds-the-batch",
+        cel="!has(self.speculative.suffixAutomaton) || "
+        "!has(self.speculative.suffixAutomaton.globalPoolSize) || "
+        "self.speculative.suffixAutomaton.globalPoolSize >= "
+        f"(has(self.runtime.maxBatchSize) ? self.runtime.maxBatchSize : {SERVER_DEFAULT_MAX_BATCH_SIZE})",
+        message="spec.speculative.suffixAutomaton.globalPoolSize must be at least spec.runtime.maxBatchSize "
+        f"({SERVER_DEFAULT_MAX_BATCH_SIZE} when unset): TensorRT-LLM refuses a smaller pool at start-up",
+        field_path=".speculative.suffixAutomaton.globalPoolSize",
+        check=_pool_holds_the_batch,
     ),
     *[_floor_rule(method, floor) for method, floor in METHOD_FLOORS.items()],
     _floor_rule("suffixAutomaton-with-a-model", SA_COMBINED_FLOOR),

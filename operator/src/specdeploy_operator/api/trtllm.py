@@ -107,27 +107,25 @@ class MethodFloor:
 METHOD_FLOORS: Final[dict[str, MethodFloor]] = {
     "ngram": MethodFloor(
         TrtllmVersion.parse("1.0.0"),
-        "NGramDecodingConfig runs on the PyTorch path in every release read (1.0.0rc4 on)",
+        "on the PyTorch path in every release read (1.0.0rc4 on)",
     ),
     "pard": MethodFloor(
         TrtllmVersion.parse("1.3.0rc7"),
-        "release notes of v1.3.0rc7: PARD in one-model speculative decoding (NVIDIA/TensorRT-LLM#11438)",
+        "v1.3.0rc7 release notes (NVIDIA/TensorRT-LLM#11438)",
     ),
     "suffixAutomaton": MethodFloor(
         TrtllmVersion.parse("1.3.0rc10"),
-        "estimated: SADecodingConfig (NVIDIA/TensorRT-LLM#11434) was in review in February 2026 and is "
-        "absent from the source that first has PARD; no release note names it",
+        "estimated: #11434 was in review in February 2026, after PARD; no release note names it",
     ),
     "dflash": MethodFloor(
         TrtllmVersion.parse("1.3.0rc20"),
-        "NVIDIA/TensorRT-LLM#15666 ran DFlash (#12794) on 1.3.0rc20; the release that added it is not known",
+        "#15666 ran DFlash (#12794) on 1.3.0rc20; the first release with it is not known",
     ),
 }
 """The methods only the maintained path has, each with the first release that has it."""
 
 SA_COMBINED_FLOOR: Final = MethodFloor(
     TrtllmVersion.parse("1.3.0rc27"),
-    "sa_config (SAEnhancerConfig) on Eagle3/MTP/PARD configs: in the 1.3.0rc27 API reference; earlier "
-    "1.3 candidates took use_sa_spec/sa_spec_threshold instead",
+    "in the 1.3.0rc27 API reference; earlier candidates took use_sa_spec/sa_spec_threshold",
 )
 """`spec.speculative.suffixAutomaton` with eagle3, mtp or pard (TensorRT-LLM's `sa_config`)."""

@@ -31,17 +31,14 @@ class OperatorSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", use_attribute_docstrings=True)
 
     server_image: str = "ghcr.io/specdeploy/server:0.1.0"
-    """Serving image of backends `pytorch` and `transformers` (`SPECDEPLOY_SERVER_IMAGE`), unless
-    `spec.images.server` is set: Dockerfile.server on TensorRT-LLM's maintained release (`PYTORCH` in
-    trtllm-releases.env)."""
+    """Serving image of backends `pytorch` and `transformers` (`SPECDEPLOY_SERVER_IMAGE`) unless
+    `spec.images.server` is set: on the `PYTORCH` release of trtllm-releases.env."""
     engine_server_image: str = f"ghcr.io/specdeploy/server:0.1.0-trtllm{RELEASES.tensorrt}"
-    """Serving image of backend `tensorrt` (`SPECDEPLOY_ENGINE_SERVER_IMAGE`), unless `spec.images.server`
-    is set: Dockerfile.server on the last release line with the engine workflow (`TENSORRT`), which carries
-    quantize.py, convert_checkpoint.py and trtllm-build."""
+    """Serving image of backend `tensorrt` (`SPECDEPLOY_ENGINE_SERVER_IMAGE`) unless `spec.images.server` is
+    set: on the `TENSORRT` release, with quantize.py and trtllm-build."""
     builder_image: str | None = None
-    """Image of the build and staging Jobs (`SPECDEPLOY_BUILDER_IMAGE`), unless `spec.images.builder` is
-    set; unset: the deployment's serving image (`spec.images.server`, else the one of its backend), so
-    engines are built by the release that runs them."""
+    """Image of build and staging Jobs (`SPECDEPLOY_BUILDER_IMAGE`) unless `spec.images.builder` is set;
+    unset: the deployment's serving image, so the release that runs an engine builds it."""
     image_pull_secrets: tuple[str, ...] = ()
     """`imagePullSecrets` of every pod the operator creates (serving, build, staging), comma-separated
     (`SPECDEPLOY_IMAGE_PULL_SECRETS`); a deployment's `spec.images.pullSecrets` come after these. Each
