@@ -177,7 +177,8 @@ def test_the_schedule_is_what_the_cost_model_chooses_from_the_measured_costs() -
             for b in range(1, 33)
         ]
         rule = WidthRule(4, schedule, meaning)
-        expected = [4 if meaning == "lower" and b == 1 else k for b, k in enumerate(choices, start=1)]
+        # batch 1 drafts max_draft_len in both meanings: TensorRT-LLM requires its smallest key to
+        expected = [4 if b == 1 else k for b, k in enumerate(choices, start=1)]
         assert [rule.drafted(b) for b in range(1, 33)] == expected
     measured = draft_len_schedule(4, 32, "upper", drafts_with_a_model=True, costs=costs)
     preset = draft_len_schedule(4, 32, "upper", drafts_with_a_model=True)
@@ -187,7 +188,9 @@ def test_the_schedule_is_what_the_cost_model_chooses_from_the_measured_costs() -
 def test_low_measured_acceptance_turns_speculation_off_at_every_batch_size_it_may() -> None:
     costs = _costs({**COMPUTE_BOUND_EARLY, "acceptanceRate": 0.02})
     assert draft_len_schedule(4, 16, "lower", drafts_with_a_model=True, costs=costs) == {1: 4, 2: 0}
-    assert draft_len_schedule(4, 16, "upper", drafts_with_a_model=True, costs=costs) == {16: 0}  # 1-16: off
+    # upper bounds: off from 2 on; batch 1 keeps max_draft_len, as TensorRT-LLM requires of the smallest key
+    # (its acceptance-rate gate then turns speculation off for good)
+    assert draft_len_schedule(4, 16, "upper", drafts_with_a_model=True, costs=costs) == {1: 4}
 
 
 def test_a_measured_target_without_a_measured_draft_already_holds_the_drafting() -> None:

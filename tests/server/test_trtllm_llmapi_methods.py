@@ -269,3 +269,27 @@ def _row_fields(row: str, kind: str) -> set[str]:
             args = next((a for _, a in found[index:] if a), "")
             return {part.split("=")[0].strip() for part in args.split(",") if part.strip()}
     return set()
+
+
+def test_a_concurrency_ceiling_beside_an_upper_bounds_schedule_goes_into_the_schedule(
+    tiny_models: TinyModels, trtllm_double: DoubleState, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From 1.3 TensorRT-LLM refuses `max_concurrency` beside `draft_len_schedule` and wants the smallest key
+    to map to `max_draft_len`: the ceiling is cut into the schedule instead."""
+    monkeypatch.setattr(sys.modules["tensorrt_llm"], "__version__", "1.3.0rc27")
+    speculative = {
+        "method": "suffixAutomaton",
+        "draftLen": "auto",
+        "maxDraftLen": 6,
+        "disableAboveConcurrency": 3,
+    }
+    build_engine(_config(tiny_models, speculative, None))
+    spec = trtllm_double.llms[-1].kwargs["speculative_config"]
+    assert spec.max_concurrency is None
+    assert spec.draft_len_schedule[min(spec.draft_len_schedule)] == 6
+    assert max(spec.draft_len_schedule) <= 3  # off above 3 requests
+    llmapi = sys.modules["tensorrt_llm.llmapi"]
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        llmapi.SADecodingConfig(max_draft_len=4, max_concurrency=3, draft_len_schedule={1: 4})
+    with pytest.raises(ValueError, match=r"draft_len_schedule\[2\] must equal max_draft_len"):
+        llmapi.SADecodingConfig(max_draft_len=4, draft_len_schedule={2: 3, 8: 1})

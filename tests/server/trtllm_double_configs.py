@@ -8,8 +8,11 @@ state: no TensorRT backend, ``LlmArgs = TorchLlmArgs``); each field keeps its na
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
+
+from specdeploy_server.backends.llmapi_schedule import schedule_semantics
 
 from tests.server.trtllm_double_executor import CapacitySchedulerPolicy
 
@@ -73,10 +76,32 @@ def base_fields(config: Any) -> str | None:
     if threshold is not None and not 0.0 <= threshold <= 1.0:
         return f"acceptance_rate_threshold: Input should be between 0 and 1, got {threshold}"
     schedule = config.draft_len_schedule
-    if schedule is not None and not all(
-        isinstance(b, int) and isinstance(k, int) and b >= 1 and k >= 0 for b, k in schedule.items()
-    ):
+    if schedule is None:
+        return None
+    if not all(isinstance(b, int) and isinstance(k, int) and b >= 1 and k >= 0 for b, k in schedule.items()):
         return f"draft_len_schedule: batch sizes >= 1 and draft lengths >= 0, got {schedule}"
+    return schedule_rules(config, schedule)
+
+
+def schedule_rules(config: Any, schedule: dict[int, int]) -> str | None:
+    """`validate_draft_len_schedule_and_sort` and the max_concurrency check of the installed version's
+    `DecodingBaseConfig` (llm_args.py): up to 1.2, key 1 must map to max_draft_len; later, the smallest key
+    must, no length may exceed it, and max_concurrency may not come beside a schedule."""
+    longest = getattr(config, "max_draft_len", None)
+    version = str(getattr(sys.modules.get("tensorrt_llm"), "__version__", "1.2.1"))
+    if schedule_semantics(version) == "lower":
+        if 1 not in schedule:
+            return "draft_len_schedule must include batch_size=1"
+        if longest is not None and schedule[1] != longest:
+            return f"draft_len_schedule[1] must equal max_draft_len {longest}, got {schedule[1]}"
+        return None
+    smallest = min(schedule)
+    if longest is not None and schedule[smallest] != longest:
+        return f"draft_len_schedule[{smallest}] must equal max_draft_len {longest}, got {schedule[smallest]}"
+    if longest is not None and any(k > longest for k in schedule.values()):
+        return f"draft_len_schedule: all draft lengths must be <= max_draft_len {longest}"
+    if config.max_concurrency is not None:
+        return "max_concurrency and draft_len_schedule are mutually exclusive"
     return None
 
 

@@ -14,6 +14,7 @@ from specdeploy_server.backends.llmapi_measured import read_measured, schedule_c
 from specdeploy_server.backends.llmapi_schedule import (
     COST_PRESET,
     Semantics,
+    cap_schedule,
     draft_len_schedule,
     schedule_semantics,
 )
@@ -117,6 +118,17 @@ def schedule_field(cls: Any, config: ServerConfig, auto: AutoSchedule | None) ->
     return {"draft_len_schedule": auto.schedule}
 
 
+def load_aware(cls: Any, config: ServerConfig, auto: AutoSchedule | None) -> dict[str, Any]:
+    """:func:`load_aware_fields` and :func:`schedule_field` together. Where the schedule's keys are upper
+    bounds, TensorRT-LLM refuses ``max_concurrency`` beside a schedule: the schedule then carries the ceiling."""
+    fields = {**load_aware_fields(cls, config), **schedule_field(cls, config, auto)}
+    schedule, ceiling = fields.get("draft_len_schedule"), fields.get("max_concurrency")
+    if auto is not None and auto.semantics == "upper" and schedule is not None and ceiling is not None:
+        del fields["max_concurrency"]
+        fields["draft_len_schedule"] = cap_schedule(schedule, ceiling)
+    return fields
+
+
 def width_rule(config: ServerConfig, speculative_config: Any, auto: AutoSchedule | None) -> WidthRule | None:
     """How the executor will choose each iteration's draft width with these arguments (llmapi_step_costs);
     None without speculation, or where the widths are TensorRT-LLM's own (``AutoDecodingConfig``)."""
@@ -192,8 +204,7 @@ def maintained_path_config(llmapi: Any, config: ServerConfig, auto: AutoSchedule
             is_keep_all=spec.ngram.keep_all,
             is_use_oldest=spec.ngram.use_oldest,
             is_public_pool=spec.ngram.public_pool,
-            **load_aware_fields(cls, config),
-            **schedule_field(cls, config, auto),
+            **load_aware(cls, config, auto),
         )
     if method == Method.SUFFIX_AUTOMATON:
         cls = config_class(llmapi, "SADecodingConfig", config)
@@ -208,9 +219,7 @@ def maintained_path_config(llmapi: Any, config: ServerConfig, auto: AutoSchedule
                 fields["max_matching_ngram_size"] = sa.max_matching_ngram_size
             if sa.global_pool_size is not None:
                 fields["global_pool_size"] = sa.global_pool_size
-        return cls(
-            max_draft_len=k, **fields, **load_aware_fields(cls, config), **schedule_field(cls, config, auto)
-        )
+        return cls(max_draft_len=k, **fields, **load_aware(cls, config, auto))
     model = {"speculative_model": str(config.model.speculative_model)}
     if method == Method.PARD:
         cls = config_class(llmapi, "PARDDecodingConfig", config)
@@ -222,8 +231,7 @@ def maintained_path_config(llmapi: Any, config: ServerConfig, auto: AutoSchedule
             **model,
             **extra,
             **sa_enhancer(llmapi, config),
-            **load_aware_fields(cls, config),
-            **schedule_field(cls, config, auto),
+            **load_aware(cls, config, auto),
         )
     if method == Method.DFLASH:
         cls = config_class(llmapi, "DFlashDecodingConfig", config)
@@ -236,8 +244,7 @@ def maintained_path_config(llmapi: Any, config: ServerConfig, auto: AutoSchedule
             max_draft_len=k,
             **model,
             **extra,
-            **load_aware_fields(cls, config),
-            **schedule_field(cls, config, auto),
+            **load_aware(cls, config, auto),
         )
     raise ValueError(f"speculative.method {method.value} is not supported by {BACKEND}")
 
@@ -257,8 +264,7 @@ def speculative_config(
         return cls(
             max_draft_len=k,
             speculative_model_dir=draft,
-            **load_aware_fields(cls, config),
-            **schedule_field(cls, config, auto),
+            **load_aware(cls, config, auto),
         )
     if method == Method.PROMPT_LOOKUP:
         ours = user_provided_config(llmapi, config, auto, hints)
@@ -286,12 +292,11 @@ def speculative_config(
             max_draft_len=k,
             speculative_model_dir=str(config.model.speculative_model),
             **sa_enhancer(llmapi, config),
-            **load_aware_fields(cls, config),
-            **schedule_field(cls, config, auto),
+            **load_aware(cls, config, auto),
         )
     if method == Method.MTP:
         cls = llmapi.MTPDecodingConfig
-        fields = {**load_aware_fields(cls, config), **schedule_field(cls, config, auto)}
+        fields = load_aware(cls, config, auto)
         # Both: 1.2 takes the layers and overwrites max_draft_len with them; 1.3 derives the layers from the
         # checkpoint and maps the old name onto max_draft_len.
         return cls(num_nextn_predict_layers=k, max_draft_len=k, **sa_enhancer(llmapi, config), **fields)

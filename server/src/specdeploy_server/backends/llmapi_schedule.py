@@ -12,7 +12,8 @@ what the target verifies. The pass costs and alpha are what the deployment's ear
   off; TensorRT-LLM 1.2 and earlier): only the drafter shortens, the target still verifies ``max_draft_len``
   positions, so ``w = max_draft_len`` for any k > 0; the schedule must map 1 to ``max_draft_len``.
 * ``upper`` meaning (thresholds are upper bounds, ``{4: 4, 8: 2}``: 1-4 -> 4, 5-8 -> 2, above 8 off; the
-  newer releases): verification shrinks with the draft, ``w = k``.
+  newer releases): verification shrinks with the draft, ``w = k``; the smallest key must map to
+  ``max_draft_len`` too, and ``max_concurrency`` may not come beside a schedule (:func:`cap_schedule`).
 
 The schedule is fixed when the LLM is constructed (at start-up): new measurements reach it at the next
 pod start (docs/trtllm.md).
@@ -97,9 +98,25 @@ def draft_len_schedule(
                 schedule[batch] = k
             previous = k
         return schedule
-    for batch, k in enumerate(lengths, start=1):  # upper bounds: the last batch size of each run
+    # Upper bounds: the last batch size of each run. TensorRT-LLM requires the smallest key to map to
+    # max_draft_len (llm_args.py, `validate_draft_len_schedule_and_sort`), as the lower meaning requires of 1.
+    lengths[0] = max_draft_len
+    for batch, k in enumerate(lengths, start=1):
         if batch == max_batch_size or lengths[batch] != k:
             schedule[batch] = k
     while len(schedule) > 1 and schedule[max(schedule)] == 0:  # above the last key is off anyway
         del schedule[max(schedule)]
     return schedule
+
+
+def cap_schedule(schedule: dict[int, int], ceiling: int) -> dict[int, int]:
+    """An upper-bounds schedule that also turns speculation off above `ceiling` requests: what
+    ``max_concurrency`` would do, which the newer releases refuse beside a schedule (they turn a lone
+    ``max_concurrency`` into ``{max_concurrency: max_draft_len}`` themselves)."""
+    capped: dict[int, int] = {}
+    for batch, k in sorted(schedule.items()):
+        if batch >= ceiling:
+            capped[ceiling] = k
+            break
+        capped[batch] = k
+    return capped
