@@ -120,7 +120,7 @@ def schedule_field(cls: Any, config: ServerConfig, auto: AutoSchedule | None) ->
 
 def load_aware(cls: Any, config: ServerConfig, auto: AutoSchedule | None) -> dict[str, Any]:
     """:func:`load_aware_fields` and :func:`schedule_field` together. Where the schedule's keys are upper
-    bounds, TensorRT-LLM refuses ``max_concurrency`` beside a schedule: the schedule then carries the ceiling."""
+    bounds, TensorRT-LLM refuses ``max_concurrency`` beside a schedule: the schedule carries the ceiling."""
     fields = {**load_aware_fields(cls, config), **schedule_field(cls, config, auto)}
     schedule, ceiling = fields.get("draft_len_schedule"), fields.get("max_concurrency")
     if auto is not None and auto.semantics == "upper" and schedule is not None and ceiling is not None:
