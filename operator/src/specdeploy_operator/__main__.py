@@ -26,7 +26,9 @@ import kopf
 from prometheus_client import start_http_server
 from pydantic import ValidationError
 
+from specdeploy_operator.api import ENGINE_BUILD, GROUP, SPECULATIVE_DEPLOYMENT, VERSION
 from specdeploy_operator.builders import OperatorSettings
+from specdeploy_operator.controller.discovery import wait_until_served
 from specdeploy_operator.controller.handlers import NoEssence, register
 from specdeploy_operator.controller.kube import Kube
 from specdeploy_operator.controller.reconciler import Reconciler
@@ -132,6 +134,8 @@ async def run(args: argparse.Namespace, settings: OperatorSettings) -> None:
                 return info
         return kopf.login_with_kubeconfig(**kwargs)
 
+    # kopf reads discovery once: start it only once the CRDs' kinds are served (controller/discovery.py).
+    await wait_until_served(kube, GROUP, VERSION, (SPECULATIVE_DEPLOYMENT.plural, ENGINE_BUILD.plural))
     liveness = f"http://0.0.0.0:{args.health_port}/healthz" if args.health_port else None
     namespaces = list(settings.watch_namespaces)
     log.info(

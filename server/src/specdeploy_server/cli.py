@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from specdeploy_server import __version__
-from specdeploy_server.config import ServerConfig, merge, read_config_file
+from specdeploy_server.config import Method, ServerConfig, merge, read_config_file
 
 log = logging.getLogger("specdeploy_server")
 
@@ -68,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="model backend",
     )
     g = p.add_argument_group("speculative decoding")
-    g.add_argument("--speculative-method", choices=["draftTarget", "promptLookup", "none"])
+    # the methods beside draftTarget, promptLookup and none run on backend trtllm-llmapi only
+    g.add_argument("--speculative-method", choices=[method.value for method in Method])
     g.add_argument("--draft-len", help="draft tokens per step, or 'auto'")
     g.add_argument("--max-draft-len", type=int)
     g.add_argument("--acceptance", choices=["tokenMatch", "logits"])
