@@ -136,7 +136,7 @@ def takeover(c: Campaign, lifetime: int = 10) -> Outcome:
             doc = deployment("build", ns, name, 0)
             c.apply(doc)
             c.wait(lambda: c.ready(ns, name), 240, f"{name} Ready")
-            writes = [api_requests(op) for op in replicas]
+            writes = [api_requests(op, writes_only=True) for op in replicas]
             active = max(range(2), key=lambda i: writes[i])
             standby = 1 - active
             outcome.figures["standby_writes"] = writes[standby]

@@ -10,7 +10,8 @@ from prometheus_client import Counter, Gauge, Histogram
 API_REQUESTS: Final = Counter(
     "specdeploy_operator_api_requests",
     "Requests the operator's own client made to the API server, by HTTP method, resource and status code "
-    "(applies, status patches, deletes, events and event lists; kopf's watches and lists are not counted).",
+    "(applies, status patches, deletes, events and event lists, discovery at start-up; kopf's watches and "
+    "lists are not counted).",
     ["verb", "resource", "code"],
 )
 RECONCILES: Final = Counter(
