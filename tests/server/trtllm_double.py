@@ -9,7 +9,8 @@ transformers, and ``LLM`` runs its checkpoint (and, when speculating, a drafter)
 tiny models' own.
 
 The double is in parts, by binding: ``trtllm_double_executor`` (the executor bindings),
-``trtllm_double_llmapi`` (the LLM API; its config models in ``trtllm_double_configs``),
+``trtllm_double_llmapi`` (the LLM API; its config models in ``trtllm_double_configs``, its drafting
+from the request's tokens in ``trtllm_double_matching``),
 ``trtllm_double_drafter`` (a drafter in the PyTorch executor), ``trtllm_double_sampling`` (the LLM API's
 sampling and guided decoding); they share one ``DoubleState`` (``trtllm_double_state``), which the fixture
 below installs fresh for each test. This module installs the parts as ``tensorrt_llm`` and writes engine

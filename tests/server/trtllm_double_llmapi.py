@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.server.trtllm_double_configs import AUTO_NGRAM_SCHEDULE, ValidationError
 from tests.server.trtllm_double_executor import Request
+from tests.server.trtllm_double_matching import longest_match_draft, ngram_draft
 from tests.server.trtllm_double_sampling import (
     GuideCompiler,
     GuidedDecodingParams,
@@ -401,7 +402,7 @@ class LLM:
         enhancer = getattr(spec, "sa_config", None)
         if enhancer is not None:
             # SA overrides the neural draft where its match is at least `threshold` tokens long.
-            matched = self._longest_match(ids, spec.max_draft_len, enhancer.threshold)
+            matched = longest_match_draft(ids, spec.max_draft_len, enhancer.threshold)
             if matched:
                 return matched
         if self.draft_model is not None:
@@ -410,36 +411,16 @@ class LLM:
                 out.append(int(self.draft_model(torch.tensor([ids + out])).logits[0, -1].argmax()))
             return out
         if kind == "NGramDecodingConfig":
-            return self._ngram(ids, spec.max_draft_len, spec.max_matching_ngram_size)
+            return ngram_draft(ids, spec.max_draft_len, spec.max_matching_ngram_size)
         if kind == "SADecodingConfig":
             size = spec.max_matching_ngram_size
             if size == -1:
-                return self._longest_match(ids, spec.max_draft_len, 1)
-            return self._ngram(ids, spec.max_draft_len, size) if len(ids) > size else []
+                return longest_match_draft(ids, spec.max_draft_len, 1)
+            return ngram_draft(ids, spec.max_draft_len, size) if len(ids) > size else []
         if kind == "AutoDecodingConfig":
             for bound, k, n in AUTO_NGRAM_SCHEDULE:
                 if active <= bound:
-                    return self._ngram(ids, k, n)
-        return []
-
-    @staticmethod
-    def _longest_match(ids: list[int], k: int, shortest: int) -> list[int]:
-        """What follows the longest earlier occurrence of a suffix of `ids` (at least `shortest` tokens),
-        its latest occurrence: a suffix automaton's draft."""
-        for n in range(len(ids) - 1, shortest - 1, -1):
-            tail = ids[-n:]
-            for start in range(len(ids) - n - 1, -1, -1):
-                if ids[start : start + n] == tail:
-                    return ids[start + n : start + n + k]
-        return []
-
-    @staticmethod
-    def _ngram(ids: list[int], k: int, max_n: int) -> list[int]:
-        for n in range(min(max_n, len(ids) - 1), 0, -1):
-            tail = ids[-n:]
-            for start in range(len(ids) - n):  # the oldest match
-                if ids[start : start + n] == tail:
-                    return ids[start + n : start + n + k]
+                    return ngram_draft(ids, k, n)
         return []
 
     @torch.inference_mode()
