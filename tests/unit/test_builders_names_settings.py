@@ -317,3 +317,32 @@ def test_the_serving_pod_checks_each_engines_completion_marker_before_the_server
     assert check().returncode == 1, "a marker of another build"
     (tmp_path / "engines/bbbb" / COMPLETION_MARKER).write_text("bbbb\n")
     assert check().returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("stem", "serving"),
+    [
+        ("02-draft-target-llama8b-1b-h100", "ghcr.io/specdeploy/server:0.1.0"),
+        ("10-transformers-gpu-llama8b-1b", "ghcr.io/specdeploy/server:0.1.0"),
+        ("tensorrt/02-draft-target-llama8b-1b-h100", "ghcr.io/specdeploy/server:0.1.0-trtllm1.2.1"),
+    ],
+)
+def test_serving_and_build_pods_take_the_image_of_their_backend(stem: str, serving: str) -> None:
+    """pytorch and transformers run the maintained release's image, tensorrt the engine workflow's; builds use
+    the serving image unless a builder image is set, and the spec's images win over the operator's."""
+
+    def images(sdep: SpeculativeDeployment, settings: OperatorSettings = SETTINGS) -> tuple[str, set[str]]:
+        engines = build_engine_builds(sdep, settings)
+        deployment = build_deployment(sdep, engines, settings)
+        builds = {
+            build_job(e, settings)["spec"]["template"]["spec"]["containers"][0]["image"] for e in engines
+        }
+        assert engines, "the example builds or stages its checkpoints"
+        return deployment["spec"]["template"]["spec"]["containers"][0]["image"], builds
+
+    body = example_body(stem)
+    assert images(parsed_example(body)) == (serving, {serving})
+    builder = SETTINGS.model_copy(update={"builder_image": "registry.example/builder:1"})
+    assert images(parsed_example(body), builder)[1] == {"registry.example/builder:1"}
+    body["spec"]["images"] = {"server": "registry.example/server:2", "builder": "registry.example/builder:2"}
+    assert images(parsed_example(body)) == ("registry.example/server:2", {"registry.example/builder:2"})

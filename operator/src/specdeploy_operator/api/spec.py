@@ -217,27 +217,10 @@ def _pool_holds_the_batch(s: SpeculativeDeploymentSpec) -> bool:
     return sa.global_pool_size >= (s.runtime.max_batch_size or SERVER_DEFAULT_MAX_BATCH_SIZE)
 
 
-def _floor_rule(feature: str, floor: MethodFloor) -> Rule[SpeculativeDeploymentSpec]:
-    """Method `feature` (or `suffixAutomaton-with-a-model`: its settings with eagle3, mtp or pard) needs a
-    release at or after the floor."""
-    if feature == "suffixAutomaton-with-a-model":
-        uses_cel = (
-            f"has(self.speculative.suffixAutomaton) && self.speculative.method in {list(SA_ENHANCED_METHODS)}"
-        )
-        what = "spec.speculative.suffixAutomaton with eagle3, mtp or pard"
-
-        def uses(s: SpeculativeDeploymentSpec) -> bool:
-            return s.speculative.suffix_automaton is not None and s.speculative.method in SA_ENHANCED_METHODS
-
-        name = "suffix-automaton-enhancer-needs-release"
-    else:
-        uses_cel = f"self.speculative.method == '{feature}'"
-        what = f"spec.speculative.method {feature}"
-
-        def uses(s: SpeculativeDeploymentSpec) -> bool:
-            return s.speculative.method == feature
-
-        name = f"{feature.lower()}-needs-release"
+def _floor_rule(
+    name: str, what: str, uses_cel: str, uses: Callable[[SpeculativeDeploymentSpec], bool], floor: MethodFloor
+) -> Rule[SpeculativeDeploymentSpec]:
+    """`what` (where `uses_cel` / `uses` hold) needs a TensorRT-LLM release at or after `floor`."""
     return Rule["SpeculativeDeploymentSpec"](
         name=name,
         cel=f"!({uses_cel}) || {cel_version_key(_RELEASE_CEL)} >= {floor.floor.key}",
@@ -247,6 +230,25 @@ def _floor_rule(feature: str, floor: MethodFloor) -> Rule[SpeculativeDeploymentS
         field_path=".speculative.method",
         check=lambda s: not uses(s) or s.trtllm_release >= floor.floor,
     )
+
+
+def _method_floor_rule(method: str, floor: MethodFloor) -> Rule[SpeculativeDeploymentSpec]:
+    return _floor_rule(
+        f"{method.lower()}-needs-release",
+        f"spec.speculative.method {method}",
+        f"self.speculative.method == '{method}'",
+        lambda s: s.speculative.method == method,
+        floor,
+    )
+
+
+_SA_ENHANCER_FLOOR_RULE = _floor_rule(
+    "suffix-automaton-enhancer-needs-release",
+    "spec.speculative.suffixAutomaton with eagle3, mtp or pard",
+    f"has(self.speculative.suffixAutomaton) && self.speculative.method in {list(SA_ENHANCED_METHODS)}",
+    lambda s: s.speculative.suffix_automaton is not None and s.speculative.method in SA_ENHANCED_METHODS,
+    SA_COMBINED_FLOOR,
+)
 
 
 SPEC_RULES: Rules = (
@@ -286,8 +288,8 @@ SPEC_RULES: Rules = (
         field_path=".speculative.suffixAutomaton.globalPoolSize",
         check=_pool_holds_the_batch,
     ),
-    *[_floor_rule(method, floor) for method, floor in METHOD_FLOORS.items()],
-    _floor_rule("suffixAutomaton-with-a-model", SA_COMBINED_FLOOR),
+    *[_method_floor_rule(method, floor) for method, floor in METHOD_FLOORS.items()],
+    _SA_ENHANCER_FLOOR_RULE,
     Rule["SpeculativeDeploymentSpec"](
         name="logits-not-on-pytorch",
         cel="self.speculative.acceptance != 'logits' || self.backend != 'pytorch'",

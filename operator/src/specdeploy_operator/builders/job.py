@@ -61,6 +61,8 @@ class BuildCommands:
     engine_dir: str
     fetch: CheckpointFetch
     """How the checkpoint reaches the build pod (its download step, credentials, claim)."""
+    checkpoint_step: str = "quantize"
+    """The checkpoint step's container name: `quantize`, or `convert` for convert_checkpoint.py."""
 
 
 def job_name(engine: EngineBuild | Mapping[str, Any]) -> str:
@@ -97,13 +99,18 @@ def _hf_quantize_argv(spec: EngineBuildSpec, model_dir: str, output_dir: str) ->
     return [*argv, "--calib_size", str(quantization.calib_size)]
 
 
+def _converts(spec: EngineBuildSpec) -> bool:
+    """Whether an engine build's checkpoint step is convert_checkpoint.py (nothing to quantize)."""
+    return spec.quantization.format == "none" and spec.quantization.kv_cache_dtype == "auto"
+
+
 def _checkpoint_argv(
     spec: EngineBuildSpec, model_dir: str, output_dir: str, settings: OperatorSettings
 ) -> list[str]:
     quantization = spec.quantization
     parallelism = spec.parallelism
     tp_pp = ["--tp_size", str(parallelism.tensor_parallel), "--pp_size", str(parallelism.pipeline_parallel)]
-    if quantization.format == "none" and quantization.kv_cache_dtype == "auto":
+    if _converts(spec):
         return [
             settings.python,
             settings.convert_script,
@@ -165,6 +172,7 @@ def build_commands(engine: EngineBuild | Mapping[str, Any], settings: OperatorSe
         checkpoint = _checkpoint_argv(spec, model_dir, checkpoint_dir, settings)
     else:
         checkpoint = _hf_quantize_argv(spec, model_dir, checkpoint_dir)
+    step = "convert" if is_engine and _converts(spec) else "quantize"
     build: list[str] | None = None
     if is_engine:
         workers = str(spec.parallelism.tensor_parallel)
@@ -186,6 +194,7 @@ def build_commands(engine: EngineBuild | Mapping[str, Any], settings: OperatorSe
         model_dir=model_dir,
         engine_dir=out_dir,
         fetch=fetch,
+        checkpoint_step=step,
     )
 
 
@@ -252,9 +261,10 @@ def build_job(
             "nodeSelector": scheduling.node_selector(),
             "tolerations": scheduling.pod_tolerations(),
         }
-        step_name = "quantize" if any("quantize" in word for word in commands.checkpoint[:2]) else "convert"
         gpu_step = {"resources": scheduling.resources(), "volumeMounts": mounts}
-        steps.append({"name": step_name, "image": image, "command": commands.checkpoint, **gpu_step})
+        steps.append(
+            {"name": commands.checkpoint_step, "image": image, "command": commands.checkpoint, **gpu_step}
+        )
         if commands.build is not None:
             steps.append({"name": "build", "image": image, "command": commands.build, **gpu_step})
     complete = {"name": "complete", "image": image, "command": commands.complete, "volumeMounts": mounts}

@@ -89,19 +89,18 @@ def draft_len_schedule(
         best_draft_len(b, max_draft_len, semantics, alpha=mean, target=costs.target, draft=costs.draft)
         for b in range(1, max_batch_size + 1)
     ]
+    # In both meanings TensorRT-LLM requires the smallest key (batch size 1) to map to max_draft_len
+    # (llm_args.py, `validate_draft_len_schedule_and_sort`).
+    lengths[0] = max_draft_len
     schedule: dict[int, int] = {}
-    if semantics == "lower":
+    if semantics == "lower":  # the first batch size of each run
         previous = None
-        for batch, best in enumerate(lengths, start=1):
-            k = max_draft_len if batch == 1 else best
+        for batch, k in enumerate(lengths, start=1):
             if k != previous:
                 schedule[batch] = k
             previous = k
         return schedule
-    # Upper bounds: the last batch size of each run. TensorRT-LLM requires the smallest key to map to
-    # max_draft_len (llm_args.py, `validate_draft_len_schedule_and_sort`), as the lower meaning requires of 1.
-    lengths[0] = max_draft_len
-    for batch, k in enumerate(lengths, start=1):
+    for batch, k in enumerate(lengths, start=1):  # upper bounds: the last batch size of each run
         if batch == max_batch_size or lengths[batch] != k:
             schedule[batch] = k
     while len(schedule) > 1 and schedule[max(schedule)] == 0:  # above the last key is off anyway
