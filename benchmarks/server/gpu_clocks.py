@@ -21,7 +21,7 @@ class ClockSampler:
         self._nvml: Any = None
         self._handle: Any = None
         try:
-            import pynvml  # type: ignore[import-not-found, unused-ignore]  # noqa: PLC0415
+            import pynvml  # noqa: PLC0415
 
             pynvml.nvmlInit()
             self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
