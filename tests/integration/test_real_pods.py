@@ -44,13 +44,15 @@ pytestmark = pytest.mark.usefixtures("operator")
 class Served:
     """The CPU example, served for real in its own namespace."""
 
-    def __init__(self, kubectl: Kubectl, api: client.ApiClient, namespace: str) -> None:
+    def __init__(
+        self, kubectl: Kubectl, api: client.ApiClient, namespace: str, doc: dict[str, Any] | None = None
+    ) -> None:
         self.kubectl = kubectl
         self.api = api
         self.namespace = namespace
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
-        self.doc: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+        self.doc: dict[str, Any] = doc or yaml.safe_load(EXAMPLE.read_text())
         self.name: str = self.doc["metadata"]["name"]
         self.endpoints = ServiceEndpoints(api, namespace, self.name)
 
@@ -101,6 +103,7 @@ class Served:
 
 @pytest.fixture(scope="module")
 def served(kubectl: Kubectl, api_client: client.ApiClient) -> Iterator[tuple[Served, Path]]:
+    """The CPU example Ready in a fresh namespace, and the claim's directory (the demo's models)."""
     with fresh_namespace(client.CoreV1Api(api_client), OPERATOR_NAMESPACE_PREFIX) as namespace:
         served = Served(kubectl, api_client, namespace)
         models = make_demo_models(kubectl, namespace, TRAINING_STEPS)

@@ -49,6 +49,7 @@ TARGET_TP = (1, 2)
 SUPPORTED = {
     *((b, m) for b in ("tensorrt", "transformers") for m in ("draftTarget", "promptLookup", "none")),
     *(("pytorch", m) for m in METHODS),
+    ("transformers", "eagle3"),
 }
 
 

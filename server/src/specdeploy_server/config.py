@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import hashlib
+import importlib.util
 import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -34,10 +35,10 @@ class Backend(enum.StrEnum):
 class Method(enum.StrEnum):
     DRAFT_TARGET = "draftTarget"
     PROMPT_LOOKUP = "promptLookup"
+    EAGLE3 = "eagle3"  # backends trtllm-llmapi and pytorch-reference
     # backend trtllm-llmapi only:
     NGRAM = "ngram"
     SUFFIX_AUTOMATON = "suffixAutomaton"
-    EAGLE3 = "eagle3"
     MTP = "mtp"
     PARD = "pard"
     DFLASH = "dflash"
@@ -46,7 +47,7 @@ class Method(enum.StrEnum):
 
 #: Methods only TensorRT-LLM's LLM API runs (our speculative loop cannot drive them).
 LLMAPI_ONLY_METHODS = frozenset(
-    {Method.NGRAM, Method.SUFFIX_AUTOMATON, Method.EAGLE3, Method.MTP, Method.PARD, Method.DFLASH}
+    {Method.NGRAM, Method.SUFFIX_AUTOMATON, Method.MTP, Method.PARD, Method.DFLASH}
 )
 #: Methods whose draft is a checkpoint of its own (``model.speculativeModel``).
 SPECULATIVE_MODEL_METHODS = frozenset({Method.EAGLE3, Method.PARD, Method.DFLASH})
@@ -301,11 +302,9 @@ class ServerConfig(_Model):
             raise ValueError(
                 "speculative.suffixAutomaton is only for methods suffixAutomaton, eagle3, mtp, pard"
             )
-        if method in LLMAPI_ONLY_METHODS and self.backend not in (Backend.AUTO, Backend.TRTLLM_LLMAPI):
-            raise ValueError(
-                f"speculative.method {method.value} runs only on backend trtllm-llmapi, "
-                f"not {self.backend.value}"
-            )
+        problem = method_backend_problem(self, self.backend)
+        if problem is not None:
+            raise ValueError(problem)
         return self
 
     def dump(self) -> dict[str, Any]:
@@ -341,16 +340,41 @@ def merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def method_backend_problem(config: ServerConfig, backend: Backend) -> str | None:
+    """Why ``backend`` cannot run the configured method (None: it can, or ``auto`` decides later)."""
+    method = config.method
+    if backend == Backend.AUTO:
+        return None
+    if method in LLMAPI_ONLY_METHODS and backend != Backend.TRTLLM_LLMAPI:
+        return f"speculative.method {method.value} runs only on backend trtllm-llmapi, not {backend.value}"
+    if method == Method.EAGLE3 and backend == Backend.TRTLLM_ENGINE:
+        return (
+            "speculative.method eagle3 runs on backend trtllm-llmapi or pytorch-reference, not trtllm-engine"
+        )
+    if config.speculative.suffix_automaton is not None and backend != Backend.TRTLLM_LLMAPI:
+        return f"speculative.suffixAutomaton runs only on backend trtllm-llmapi, not {backend.value}"
+    return None
+
+
 def is_engine_dir(path: Path) -> bool:
     """A TensorRT-LLM engine directory holds config.json and rank*.engine."""
     return (path / "config.json").is_file() and any(path.glob("rank*.engine"))
 
 
+def _tensorrt_llm_installed() -> bool:
+    try:
+        return importlib.util.find_spec("tensorrt_llm") is not None
+    except ValueError:  # imported already, as a module without a spec
+        return True
+
+
 def detect_backend(path: Path, method: Method | None = None) -> Backend:
-    """An engine directory means trtllm-engine; eagle3/mtp on a checkpoint mean trtllm-llmapi (the only
-    backend that runs them); any other checkpoint is served by pytorch-reference."""
+    """An engine directory means trtllm-engine; a method only the LLM API runs, or eagle3 where TensorRT-LLM
+    is installed, means trtllm-llmapi; any other checkpoint is served by pytorch-reference."""
     if is_engine_dir(path):
         return Backend.TRTLLM_ENGINE
     if method in LLMAPI_ONLY_METHODS:
+        return Backend.TRTLLM_LLMAPI
+    if method == Method.EAGLE3 and _tensorrt_llm_installed():
         return Backend.TRTLLM_LLMAPI
     return Backend.PYTORCH_REFERENCE

@@ -93,7 +93,7 @@ PLACEMENT_AND_BACKEND_CASES = [
         "eagle3",
         {"spec": {"backend": "tensorrt", "runtime": {"maxSeqLen": None}}},
         "spec.speculative.method",
-        "method-needs-pytorch",
+        "eagle3-backends",
     ),
     Case(
         "mtp-on-tensorrt",
@@ -103,16 +103,20 @@ PLACEMENT_AND_BACKEND_CASES = [
         "method-needs-pytorch",
     ),
     Case(
-        "eagle3-on-transformers",
+        "suffix-automaton-over-eagle3-on-transformers",
         "transformers",
         {
             "spec": {
                 "draft": None,
-                "speculative": {"method": "eagle3", "eagle": {"model": {"uri": "pvc://demo-models/eagle"}}},
+                "speculative": {
+                    "method": "eagle3",
+                    "eagle": {"model": {"uri": "pvc://demo-models/eagle"}},
+                    "suffixAutomaton": {"threshold": 4},
+                },
             }
         },
-        "spec.speculative.method",
-        "method-needs-pytorch",
+        "spec.speculative.suffixAutomaton",
+        "suffix-automaton-on-pytorch",
     ),
     Case(
         "mtp-on-transformers",

@@ -20,7 +20,7 @@ from .modelspec import ModelSpec
 from .placement import PlacementSpec
 from .podsecurity import PodSecuritySpec
 from .serving import EngineCacheSpec, ImagesSpec, RolloutSpec, RuntimeSpec, ServingSpec
-from .speculation import MAINTAINED_PATH_METHODS, SA_ENHANCED_METHODS, SpeculativeSpec
+from .speculation import EAGLE3_BACKENDS, MAINTAINED_PATH_METHODS, SA_ENHANCED_METHODS, SpeculativeSpec
 from .trtllm import METHOD_FLOORS, RELEASES, SA_COMBINED_FLOOR, MethodFloor, TrtllmVersion, cel_version_key
 
 __all__ = ["SPEC_RULES", "TENSORRT_BACKEND_WARNING", "Backend", "SpeculativeDeploymentSpec"]
@@ -273,9 +273,25 @@ SPEC_RULES: Rules = (
         name="method-needs-pytorch",
         cel=f"!(self.speculative.method in {list(MAINTAINED_PATH_METHODS)}) || self.backend == 'pytorch'",
         message=f"spec.speculative.method {', '.join(MAINTAINED_PATH_METHODS)} need spec.backend pytorch "
-        "(tensorrt and transformers run draftTarget, promptLookup and none)",
+        "(tensorrt runs draftTarget, promptLookup and none; transformers these and eagle3)",
         field_path=".speculative.method",
         check=lambda s: s.speculative.method not in MAINTAINED_PATH_METHODS or s.backend == "pytorch",
+    ),
+    Rule["SpeculativeDeploymentSpec"](
+        name="eagle3-backends",
+        cel=f"self.speculative.method != 'eagle3' || self.backend in {list(EAGLE3_BACKENDS)}",
+        message="spec.speculative.method eagle3 needs spec.backend pytorch or transformers "
+        "(tensorrt engines have no EAGLE-3 build here)",
+        field_path=".speculative.method",
+        check=lambda s: s.speculative.method != "eagle3" or s.backend in EAGLE3_BACKENDS,
+    ),
+    Rule["SpeculativeDeploymentSpec"](
+        name="suffix-automaton-on-pytorch",
+        cel="!has(self.speculative.suffixAutomaton) || self.backend == 'pytorch'",
+        message="spec.speculative.suffixAutomaton needs spec.backend pytorch "
+        "(it is TensorRT-LLM's suffix automaton)",
+        field_path=".speculative.suffixAutomaton",
+        check=lambda s: s.speculative.suffix_automaton is None or s.backend == "pytorch",
     ),
     Rule["SpeculativeDeploymentSpec"](
         name="suffix-automaton-pool-holds-the-batch",
@@ -407,8 +423,8 @@ class SpeculativeDeploymentSpec(ApiModel):
     on the 1.2.x image only and `kubectl apply` warns about it.
     `transformers`: Hugging Face checkpoints run by the specdeploy server's own speculative loop on the
     transformers reference backend, on a GPU or (with `spec.placement.device: cpu`) on CPUs; methods
-    `draftTarget`, `promptLookup` and `none`, no quantization, no engine build (the checkpoint is staged
-    into the engine cache, or mounted for `pvc://`). For development, CPU clusters and GPUs without
+    `draftTarget`, `promptLookup`, `eagle3` and `none`, no quantization, no engine build (the checkpoint is
+    staged into the engine cache, or mounted for `pvc://`). For development, CPU clusters and GPUs without
     TensorRT-LLM; not the fast path: no TensorRT-LLM kernels, no in-flight batching of the TensorRT-LLM
     executor."""
     target: ModelSpec

@@ -12,6 +12,7 @@ from .base import ApiModel, Rule, Rules
 from .checkpoint import ModelSource
 
 __all__ = [
+    "EAGLE3_BACKENDS",
     "MAINTAINED_PATH_METHODS",
     "SA_ENHANCED_METHODS",
     "SPECULATIVE_RULES",
@@ -29,8 +30,10 @@ __all__ = [
 SpeculativeMethod = Literal[
     "draftTarget", "promptLookup", "ngram", "suffixAutomaton", "eagle3", "mtp", "pard", "dflash", "none"
 ]
-MAINTAINED_PATH_METHODS: Final = ("ngram", "suffixAutomaton", "eagle3", "mtp", "pard", "dflash")
+MAINTAINED_PATH_METHODS: Final = ("ngram", "suffixAutomaton", "mtp", "pard", "dflash")
 """Methods only TensorRT-LLM's PyTorch path runs (backend `pytorch`)."""
+EAGLE3_BACKENDS: Final = ("pytorch", "transformers")
+"""Where `eagle3` runs: TensorRT-LLM's PyTorch path, and our own loop on `transformers`."""
 SA_ENHANCED_METHODS: Final = ("eagle3", "mtp", "pard")
 """Methods whose drafts a suffix automaton can override (TensorRT-LLM's `sa_config`)."""
 _SA_METHODS: Final = ("suffixAutomaton", *SA_ENHANCED_METHODS)

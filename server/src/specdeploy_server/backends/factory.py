@@ -6,7 +6,7 @@ import concurrent.futures
 import logging
 
 from specdeploy_server.backends.errors import BackendUnavailableError
-from specdeploy_server.config import LLMAPI_ONLY_METHODS, Backend, Method, ServerConfig, detect_backend
+from specdeploy_server.config import Backend, Method, ServerConfig, detect_backend, method_backend_problem
 from specdeploy_server.core.drafters import Drafter, DraftModelDrafter, NoDrafter, PromptLookupDrafter
 from specdeploy_server.core.scheduler import SchedulerObserver, SchedulerSettings, SpeculativeScheduler
 from specdeploy_server.engine import ALL_FEATURES, Engine, EngineClient, model_info
@@ -39,19 +39,12 @@ def scheduler_settings(config: ServerConfig, max_model_len: int) -> SchedulerSet
     )
 
 
-def _backend_problem(config: ServerConfig, backend: Backend) -> str | None:
-    if config.method in LLMAPI_ONLY_METHODS and backend != Backend.TRTLLM_LLMAPI:
-        method = config.method.value
-        return f"speculative.method {method} runs only on backend trtllm-llmapi, not {backend.value}"
-    return None
-
-
 def startup_problems(config: ServerConfig) -> list[str]:
     """What `build_engine` refuses before it loads a model, reads an engine or imports TensorRT-LLM: the
     checks of a valid ServerConfig that depend on nothing but the configuration (the operator's tests hold
     every configuration it renders to these)."""
     backend = resolve_backend(config)
-    problem = _backend_problem(config, backend)
+    problem = method_backend_problem(config, backend)
     if problem is not None:
         return [problem]
     if backend == Backend.TRTLLM_ENGINE:
@@ -68,7 +61,7 @@ def startup_problems(config: ServerConfig) -> list[str]:
 def build_engine(config: ServerConfig, observer: SchedulerObserver | None = None) -> EngineClient:
     """The engine of the configured backend; TensorRT-LLM is imported only by its backends."""
     backend = resolve_backend(config)
-    problem = _backend_problem(config, backend)
+    problem = method_backend_problem(config, backend)
     if problem is not None:
         raise BackendUnavailableError(problem)
     if backend == Backend.TRTLLM_ENGINE:
@@ -112,6 +105,12 @@ def _build_reference(config: ServerConfig, observer: SchedulerObserver | None) -
                 f"draft vocabulary ({draft.vocab_size}) differs from the target's ({target.vocab_size})"
             )
         drafter = DraftModelDrafter(ReferenceDraftExecutor(draft, worker))
+    elif method == Method.EAGLE3:
+        from specdeploy_server.backends.eagle3_drafter import Eagle3DraftExecutor, load_head_for  # noqa: PLC0415
+
+        assert config.model.speculative_model is not None  # checked by the config model
+        head = load_head_for(config.model.speculative_model, target)
+        drafter = DraftModelDrafter(Eagle3DraftExecutor(head, target, worker), name="eagle3")
     elif method == Method.PROMPT_LOOKUP:
         drafter = PromptLookupDrafter(config.speculative.prompt_lookup.max_matching_ngram_size)
     else:

@@ -14,6 +14,10 @@ request runs on its own cache with no padding, no mask and no copy, exactly as o
 
 Rows of a failed forward keep their caches as they were before it (cut to the common prefix, which stays
 valid), so the caller may retry them one by one to find the request that failed.
+
+With :meth:`CachedModel.tap` the outputs of some decoder layers are kept too, position by position beside
+the tokens (what an EAGLE-3 head drafts from): every forward records them, and they are cut and committed
+with the tokens they belong to.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from specdeploy_server.backends.layer_tap import Features, LayerTap
+
 log = logging.getLogger(__name__)
 
 #: the token id fed at padding positions (never attended to, never kept)
@@ -43,6 +49,7 @@ class _KV:
     cache: Any  # DynamicCache
     tokens: list[int] = field(default_factory=list)  # what the cache holds, position by position
     confirmed: int = 0  # tokens[:confirmed] is known to be a prefix of the request's sequence
+    features: Features = field(default_factory=Features)  # with a tap: one row per token of ``tokens``
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int], start: int) -> int:
@@ -76,6 +83,31 @@ class CachedModel:
         #: several requests share a forward only when every cache layer is a plain growing one (a sliding
         #: window or recurrent layer cannot be stacked and sliced this way): otherwise one after another
         self.batches = all(type(layer) is DynamicLayer for layer in getattr(probe, "layers", [None]))
+        self._tap: LayerTap | None = None
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    def tap(self, layer_ids: Sequence[int]) -> None:
+        """Keep the outputs of decoder layers ``layer_ids`` (0-based, in this order, concatenated) for every
+        position each request's cache holds (:meth:`features`)."""
+        layers = self.model.model.layers
+        self._tap = LayerTap([layers[i] for i in layer_ids])
+
+    def features(self, request_id: str, tokens: Sequence[int], end: int) -> torch.Tensor | None:
+        """The tapped rows of positions ``0 .. end - 1`` of ``tokens``, or None unless the request's cache
+        holds them for exactly those tokens."""
+        kv = self._kv.get(request_id)
+        if kv is None or len(kv.features) < end or _common_prefix(kv.tokens, tokens, 0) < end:
+            return None
+        return kv.features.rows(0, end) if end else None
+
+    def forward(self, **inputs: Any) -> tuple[Any, torch.Tensor | None]:
+        """One forward pass of the model (with the tapped layers' outputs, ``[batch, positions, ...]``)."""
+        if self._tap is None:
+            return self.model(**inputs), None
+        return self._tap.run(self.model, **inputs)
 
     def release(self, request_id: str) -> None:
         self._kv.pop(request_id, None)
@@ -98,6 +130,7 @@ class CachedModel:
         if cached > common:
             kv.cache.crop(common - cached)  # negative: remove that many positions (works on 4.x and 5.x)
         del kv.tokens[common:]
+        kv.features.truncate(common)
         return kv, list(full[common:])
 
     @torch.inference_mode()
@@ -127,12 +160,14 @@ class CachedModel:
     def append(self, request_id: str, token: int) -> torch.Tensor:
         """Feed one more token after what the cache holds; logits (float32, CPU) of that position."""
         kv = self._kv[request_id]
-        out = self.model(
+        out, features = self.forward(
             input_ids=torch.tensor([[token]], dtype=torch.long, device=self.device),
             **{self.cache_kwarg: kv.cache},
             use_cache=True,
         )
         kv.tokens.append(token)
+        if features is not None:
+            kv.features.extend(features[0])
         logits: torch.Tensor = out.logits[0, -1].float().cpu()
         return logits
 
@@ -164,6 +199,8 @@ class PaddedBatch:
             self.new = [model.prepare(request_id, full, keep)[1] for request_id, full, keep in rows]
         self.lens = [int(kv.cache.get_seq_length()) for kv in self.kvs]
         self.fed: list[list[int]] = [[] for _ in rows]  # tokens fed one at a time after the first pass
+        #: with a tap: each row's feature rows of its new tokens, then of each token fed after them
+        self.features: list[list[torch.Tensor]] = [[] for _ in rows]
         self.cache: Any = None
         self.mask: torch.Tensor | None = None
         self.positions: torch.Tensor | None = None
@@ -215,7 +252,7 @@ class PaddedBatch:
         )  # where each row's next fed token goes
         # logits of the positions any row needs: from the earliest first-needed position to the end
         first = min(len(new) - keep for new, keep in zip(self.new, self.keep, strict=True))
-        out = self.model.model(
+        out, features = self.model.forward(
             input_ids=inputs.to(device),
             **{self.model.cache_kwarg: self.cache},
             attention_mask=self.mask,
@@ -223,6 +260,9 @@ class PaddedBatch:
             use_cache=True,
             logits_to_keep=width - first,
         )
+        if features is not None:
+            for i, new in enumerate(self.new):
+                self.features[i].append(features[i, : len(new)])
         logits = out.logits.float().cpu()
         return [
             logits[i, len(new) - first - keep : len(new) - first]
@@ -246,13 +286,17 @@ class PaddedBatch:
         positions, self.positions = self.positions, self.positions + 1
         if self.mask is not None:
             self.mask = torch.cat([self.mask, self.mask.new_ones((len(ids), 1))], dim=1)
-        out = self.model.model(
+        out, features = self.model.forward(
             input_ids=inputs,
             **{self.model.cache_kwarg: self.cache},
             attention_mask=self.mask,
             position_ids=positions if self.mask is not None else None,
             use_cache=True,
         )
+        if features is not None:
+            for i, token in enumerate(tokens):
+                if token is not None:
+                    self.features[i].append(features[i])
         last: torch.Tensor = out.logits[:, -1].float().cpu()
         return last
 
@@ -260,10 +304,14 @@ class PaddedBatch:
         """A forward pass of the single request on its own cache; a failed one may have extended some of the
         cache's layers and not others, so the cache is dropped (the next call rebuilds it)."""
         try:
-            return self.model.model(**{self.model.cache_kwarg: self.cache}, use_cache=True, **inputs)
+            cache = {self.model.cache_kwarg: self.cache}
+            out, features = self.model.forward(**cache, use_cache=True, **inputs)
         except Exception:
             self.model.release(self.request_ids[0])
             raise
+        if features is not None:
+            self.features[0].append(features[0])
+        return out
 
     def _stacked(self, depth: int) -> Any:
         """The rows' caches, left-padded to ``depth`` positions, as one batched cache."""
@@ -287,9 +335,11 @@ class PaddedBatch:
     @torch.inference_mode()
     def commit(self) -> None:
         """Each row's cache and token list now hold its sequence plus what was fed to it."""
-        for kv, new, fed in zip(self.kvs, self.new, self.fed, strict=True):
+        for kv, new, fed, features in zip(self.kvs, self.new, self.fed, self.features, strict=True):
             kv.tokens += new
             kv.tokens += fed
+            for rows in features:
+                kv.features.extend(rows)
         if self.single:
             return
         depth, width = max(self.lens), max(len(n) for n in self.new)

@@ -58,12 +58,15 @@ from specdeploy_server.core.types import (
 )
 
 __all__ = [
+    "GREEDY",
     "CachedModel",
     "ReferenceDraftExecutor",
     "ReferenceTargetExecutor",
     "max_position_embeddings",
+    "pick_draft_token",
     "resolve_device",
     "resolve_dtype",
+    "run_each",
 ]
 
 log = logging.getLogger(__name__)
@@ -98,7 +101,11 @@ def max_position_embeddings(path: Path) -> int | None:
     return int(value) if value is not None else None
 
 
-def _pick(
+#: the sampling of a greedy draft (argmax)
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def pick_draft_token(
     logits: torch.Tensor, params: SamplingParams, rng: np.random.Generator, banned: Sequence[int] = ()
 ) -> tuple[int, FloatArray | None]:
     """A draft token from the draft model's logits (``banned`` tokens masked out first: the stop tokens the
@@ -332,7 +339,7 @@ class ReferenceDraftExecutor:
         fed per request and position)."""
         passes = PaddedBatch(self.model, [(r.seq.request_id, r.seq.token_ids, 1) for r in batch])
         logits = torch.stack([row[-1] for row in passes.run()])
-        params = [r.seq.params if r.want_probs and not r.seq.params.greedy else _GREEDY for r in batch]
+        params = [r.seq.params if r.want_probs and not r.seq.params.greedy else GREEDY for r in batch]
         tokens: list[list[int]] = [[] for _ in batch]
         probs: list[list[FloatArray]] = [[] for _ in batch]
         while True:
@@ -342,7 +349,7 @@ class ReferenceDraftExecutor:
                     fed.append(None)
                     continue
                 banned = banned_stops(req.seq, len(tokens[i]))
-                token, row = _pick(logits[i], params[i], req.seq.rng, banned)
+                token, row = pick_draft_token(logits[i], params[i], req.seq.rng, banned)
                 tokens[i].append(token)
                 if row is not None:
                     probs[i].append(row)
@@ -356,13 +363,13 @@ class ReferenceDraftExecutor:
     def _draft(self, req: DraftRequest) -> Proposal:
         seq = req.seq
         sample = req.want_probs and not seq.params.greedy
-        params = seq.params if sample else _GREEDY
+        params = seq.params if sample else GREEDY
         logits = self.model.logits_for(seq.request_id, seq.token_ids, [])[-1]
 
         drafted = 0
 
         def pick() -> tuple[int, FloatArray | None]:
-            return _pick(logits, params, seq.rng, banned_stops(seq, drafted))
+            return pick_draft_token(logits, params, seq.rng, banned_stops(seq, drafted))
 
         def feed(tokens: Sequence[int]) -> None:
             nonlocal logits, drafted
@@ -371,6 +378,3 @@ class ReferenceDraftExecutor:
                 logits = self.model.append(seq.request_id, token)
 
         return draft_with_forced(seq, req.num_tokens, pick, feed)
-
-
-_GREEDY = SamplingParams(temperature=0.0)

@@ -42,13 +42,14 @@ class NoDrafter:
 
 
 class DraftModelDrafter:
-    """A separate, smaller model that shares the target's vocabulary."""
+    """A draft model run by a draft executor: a separate, smaller model that shares the target's vocabulary
+    (``draftTarget``), or a draft head on the target's hidden states (``eagle3``)."""
 
-    name = "draftTarget"
     has_cost = True
 
-    def __init__(self, executor: DraftExecutor) -> None:
+    def __init__(self, executor: DraftExecutor, name: str = "draftTarget") -> None:
         self.executor = executor
+        self.name = name
 
     async def propose(self, batch: Sequence[tuple[SequenceState, int]], want_probs: bool) -> list[Proposal]:
         requests = [DraftRequest(seq, k, want_probs) for seq, k in batch if k > 0]
