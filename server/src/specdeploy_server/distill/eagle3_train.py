@@ -1,0 +1,175 @@
+"""The train step for an EAGLE-3 head: NVIDIA ModelOpt (``modelopt.torch.speculative``) converts the target,
+trains the head on the target's own responses, and exports it in the format TensorRT-LLM's PyTorch backend
+and our reference backend load.
+
+Each sample is tokenised as the server tokenises a request (the target's chat template for a chat), followed
+by the target's response; the loss covers the response's positions only. The target stays frozen (ModelOpt's
+default); ModelOpt's training-time test unrolls the head three steps. Every batch is padded to the longest
+sample (ModelOpt keeps one attention mask per unrolled step, sized once). Training stops after ``steps``
+updates or at ``max_seconds``, whichever comes first. The export's rope is the trained one (ModelOpt would
+otherwise write a YaRN extension the head never saw into ``config.json``), and its files are readable by
+every user, as a serving pod under another uid needs them. ``train.json`` records what was trained:
+samples, tokens, steps, the loss and the head's accuracy at the end, seconds.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["TrainError", "TrainSettings", "TrainSummary", "train_eagle3"]
+
+
+class TrainError(ValueError):
+    """The training cannot run as asked; the message names the setting or the input."""
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    steps: int = 200
+    batch_size: int = 4
+    max_seconds: float = 3600.0
+    learning_rate: float = 1e-3
+    max_length: int = 1024
+    seed: int = 0
+    threads: int | None = None
+
+
+@dataclass(frozen=True)
+class TrainSummary:
+    samples: int
+    tokens: int
+    steps: int
+    loss: float
+    accuracy: float
+    seconds: float
+    aux_layer_ids: list[int]
+
+
+def _sequences(samples: Path, target: Path, max_length: int) -> list[tuple[list[int], int]]:
+    """(token ids, where the response starts) per sample, as the server would tokenise the request."""
+    from specdeploy_server.tokenizer import HFTokenizer  # noqa: PLC0415
+
+    tokenizer = HFTokenizer(target)
+    out = []
+    try:
+        lines = samples.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TrainError(f"samples {samples}: cannot be read ({exc})") from exc
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            sample = json.loads(line)
+            prompt = sample["prompt"] if "prompt" in sample else tokenizer.render_chat(sample["messages"])
+            completion = sample["completion"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise TrainError(f"samples {samples} line {number}: not a sample ({exc})") from exc
+        head = tokenizer.encode(prompt)
+        ids = (head + tokenizer.encode(completion, add_special_tokens=False))[:max_length]
+        if len(ids) - len(head) >= 2:  # the head learns from at least two response tokens
+            out.append((ids, len(head)))
+    if not out:
+        raise TrainError(f"samples {samples}: no sample with a response of two tokens or more")
+    return out
+
+
+def _convert(target: Path) -> Any:
+    import modelopt.torch.speculative as mtsp  # noqa: PLC0415
+    from transformers import AutoModelForCausalLM  # noqa: PLC0415
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: PLC0415
+
+    model: Any = AutoModelForCausalLM.from_pretrained(str(target), local_files_only=True, dtype=torch.float32)
+    config = model.config
+    if not hasattr(getattr(model, "model", None), "layers"):
+        raise TrainError(
+            f"target {target}: architecture {config.architectures} has no decoder layers where ModelOpt's "
+            "EAGLE-3 trainer looks for them (model.layers)"
+        )
+    arch = copy.deepcopy(mtsp.config.eagle3_default_config)
+    arch.update(
+        {
+            "intermediate_size": config.intermediate_size,
+            "num_attention_heads": config.num_attention_heads,
+            "num_key_value_heads": getattr(config, "num_key_value_heads", config.num_attention_heads),
+            "head_dim": getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+            "rms_norm_eps": getattr(config, "rms_norm_eps", 1e-5),
+            "torch_dtype": "float32",
+        }
+    )
+    settings = {
+        "eagle_architecture_config": arch,
+        "eagle_export_rope_scaling": {},
+        "eagle_use_torch_compile": False,
+    }
+    try:
+        mtsp.convert(model, [("eagle", settings)])
+    except (ValueError, AssertionError, AttributeError) as exc:
+        raise TrainError(f"target {target}: ModelOpt cannot add an EAGLE-3 head to it ({exc})") from exc
+    # ModelOpt initialises the head's rotary embedding lazily with a `device` argument that newer transformers
+    # no longer take: built here, as ModelOpt would
+    model.eagle_module.rotary_emb = LlamaRotaryEmbedding(config=model.eagle_config)
+    return model
+
+
+def train_eagle3(target: Path, samples: Path, out: Path, settings: TrainSettings) -> TrainSummary:
+    """Train a head for ``target`` on ``samples`` (the generate step's ``samples.jsonl``); export it to
+    ``out`` with ``train.json``."""
+    from modelopt.torch.export import export_speculative_decoding  # noqa: PLC0415
+
+    if settings.steps < 1:
+        raise TrainError(f"steps {settings.steps}: the budget trains nothing (at least 1 step)")
+    if settings.batch_size < 1:
+        raise TrainError(f"batch size {settings.batch_size}: at least 1")
+    if settings.threads is not None:
+        torch.set_num_threads(settings.threads)
+    torch.manual_seed(settings.seed)
+    sequences = _sequences(samples, target, settings.max_length)
+    model = _convert(target)
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate)
+    order = random.Random(settings.seed)
+    start = time.monotonic()
+    steps, loss, accuracy = 0, math.nan, math.nan
+    width = max(len(ids) for ids, _ in sequences)
+    while steps < settings.steps and time.monotonic() - start < settings.max_seconds:
+        batch = [sequences[order.randrange(len(sequences))] for _ in range(settings.batch_size)]
+        inputs = torch.zeros(len(batch), width, dtype=torch.long)
+        attention = torch.zeros(len(batch), width, dtype=torch.long)
+        loss_mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, (ids, response) in enumerate(batch):
+            inputs[row, : len(ids)] = torch.tensor(ids)
+            attention[row, : len(ids)] = 1
+            loss_mask[row, response - 1 : len(ids) - 1] = 1  # positions whose next token is the response's
+        output = model(input_ids=inputs, attention_mask=attention, loss_mask=loss_mask)
+        output.loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        steps += 1
+        loss = float(output.loss.detach())
+        accuracy = float(output.train_acc[0][0])
+    model.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    export_speculative_decoding(model, export_dir=out)
+    summary = TrainSummary(
+        samples=len(sequences),
+        tokens=sum(len(ids) for ids, _ in sequences),
+        steps=steps,
+        loss=round(loss, 4),
+        accuracy=round(accuracy, 4),
+        seconds=round(time.monotonic() - start, 3),
+        aux_layer_ids=list(model.eagle_config.eagle_aux_hidden_state_layer_ids),
+    )
+    (out / "train.json").write_text(json.dumps(asdict(summary), indent=2) + "\n", encoding="utf-8")
+    for item in out.iterdir():
+        item.chmod(0o644)
+    return summary
