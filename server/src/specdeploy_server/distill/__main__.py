@@ -2,9 +2,11 @@
 
     specdeploy-distill generate --prompts PATH --endpoint URL --model NAME --out DIR [--samples N]
         [--held-out N] [--max-tokens N] [--temperature T] [--seed N] [--concurrency N]
-    specdeploy-distill train-eagle3 --target DIR --samples FILE --out DIR [--steps N] [--batch-size N]
-        [--max-seconds S]
-        [--learning-rate LR] [--max-length N] [--seed N] [--threads N]
+    specdeploy-distill train-eagle3 --target DIR --samples FILE --out DIR [TRAINING]
+    specdeploy-distill train-draft --target DIR --draft DIR --samples FILE --out DIR [TRAINING]
+
+TRAINING: [--steps N] [--batch-size N] [--max-seconds S] [--learning-rate LR] [--max-length N] [--seed N]
+[--threads N].
 
 Each prints its summary as one JSON line. Bad input exits with status 2 and one line naming what is wrong.
 """
@@ -42,18 +44,45 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--concurrency", type=_positive, default=8)
-    train = steps.add_parser("train-eagle3", help="an EAGLE-3 head trained by ModelOpt on the samples")
-    train.add_argument("--target", type=Path, required=True, help="the target checkpoint directory")
-    train.add_argument("--samples", type=Path, required=True, help="the generate step's samples.jsonl")
-    train.add_argument("--out", type=Path, required=True)
-    train.add_argument("--steps", type=int, default=200)
-    train.add_argument("--batch-size", type=_positive, default=4)
-    train.add_argument("--max-seconds", type=float, default=3600.0)
-    train.add_argument("--learning-rate", type=float, default=1e-3)
-    train.add_argument("--max-length", type=_positive, default=1024)
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--threads", type=_positive, default=None)
+    eagle = steps.add_parser("train-eagle3", help="an EAGLE-3 head trained by ModelOpt on the samples")
+    draft = steps.add_parser("train-draft", help="the draft model distilled on the samples")
+    draft.add_argument("--draft", type=Path, required=True, help="the draft checkpoint to start from")
+    for train, batch, rate in ((eagle, 4, 1e-3), (draft, 8, 1e-4)):
+        train.add_argument("--target", type=Path, required=True, help="the target checkpoint directory")
+        train.add_argument("--samples", type=Path, required=True, help="the generate step's samples.jsonl")
+        train.add_argument("--out", type=Path, required=True)
+        train.add_argument("--steps", type=int, default=200)
+        train.add_argument("--batch-size", type=_positive, default=batch)
+        train.add_argument("--max-seconds", type=float, default=3600.0)
+        train.add_argument("--learning-rate", type=float, default=rate)
+        train.add_argument("--max-length", type=_positive, default=1024)
+        train.add_argument("--seed", type=int, default=0)
+        train.add_argument("--threads", type=_positive, default=None)
     return parser
+
+
+def _train(args: argparse.Namespace) -> object:
+    from specdeploy_server.distill.samples import TrainError  # noqa: PLC0415 (torch)
+
+    common = {
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "max_seconds": args.max_seconds,
+        "learning_rate": args.learning_rate,
+        "max_length": args.max_length,
+        "seed": args.seed,
+        "threads": args.threads,
+    }
+    try:
+        if args.step == "train-eagle3":
+            from specdeploy_server.distill.eagle3_train import TrainSettings, train_eagle3  # noqa: PLC0415
+
+            return train_eagle3(args.target, args.samples, args.out, TrainSettings(**common))
+        from specdeploy_server.distill.draft_train import DraftTrainSettings, train_draft  # noqa: PLC0415
+
+        return train_draft(args.target, args.draft, args.samples, args.out, DraftTrainSettings(**common))
+    except TrainError as exc:
+        raise PromptsError(str(exc)) from exc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,29 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             summary: object = generate(settings, training, held_out, args.out)
         else:
-            from specdeploy_server.distill.eagle3_train import (  # noqa: PLC0415 (torch, ModelOpt)
-                TrainError,
-                TrainSettings,
-                train_eagle3,
-            )
-
-            try:
-                summary = train_eagle3(
-                    args.target,
-                    args.samples,
-                    args.out,
-                    TrainSettings(
-                        steps=args.steps,
-                        batch_size=args.batch_size,
-                        max_seconds=args.max_seconds,
-                        learning_rate=args.learning_rate,
-                        max_length=args.max_length,
-                        seed=args.seed,
-                        threads=args.threads,
-                    ),
-                )
-            except TrainError as exc:
-                raise PromptsError(str(exc)) from exc
+            summary = _train(args)
     except PromptsError as exc:
         print(f"specdeploy-distill {args.step}: {exc}", file=sys.stderr)
         return 2

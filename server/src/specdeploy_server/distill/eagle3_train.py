@@ -25,11 +25,9 @@ from typing import Any
 
 import torch
 
+from specdeploy_server.distill.samples import TrainError, tokenized_samples, training_batch
+
 __all__ = ["TrainError", "TrainSettings", "TrainSummary", "train_eagle3"]
-
-
-class TrainError(ValueError):
-    """The training cannot run as asked; the message names the setting or the input."""
 
 
 @dataclass(frozen=True)
@@ -52,34 +50,6 @@ class TrainSummary:
     accuracy: float
     seconds: float
     aux_layer_ids: list[int]
-
-
-def _sequences(samples: Path, target: Path, max_length: int) -> list[tuple[list[int], int]]:
-    """(token ids, where the response starts) per sample, as the server would tokenise the request."""
-    from specdeploy_server.tokenizer import HFTokenizer  # noqa: PLC0415
-
-    tokenizer = HFTokenizer(target)
-    out = []
-    try:
-        lines = samples.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TrainError(f"samples {samples}: cannot be read ({exc})") from exc
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            sample = json.loads(line)
-            prompt = sample["prompt"] if "prompt" in sample else tokenizer.render_chat(sample["messages"])
-            completion = sample["completion"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise TrainError(f"samples {samples} line {number}: not a sample ({exc})") from exc
-        head = tokenizer.encode(prompt)
-        ids = (head + tokenizer.encode(completion, add_special_tokens=False))[:max_length]
-        if len(ids) - len(head) >= 2:  # the head learns from at least two response tokens
-            out.append((ids, len(head)))
-    if not out:
-        raise TrainError(f"samples {samples}: no sample with a response of two tokens or more")
-    return out
 
 
 def _convert(target: Path) -> Any:
@@ -132,7 +102,7 @@ def train_eagle3(target: Path, samples: Path, out: Path, settings: TrainSettings
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
-    sequences = _sequences(samples, target, settings.max_length)
+    sequences = tokenized_samples(samples, target, settings.max_length)
     model = _convert(target)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -143,13 +113,7 @@ def train_eagle3(target: Path, samples: Path, out: Path, settings: TrainSettings
     width = max(len(ids) for ids, _ in sequences)
     while steps < settings.steps and time.monotonic() - start < settings.max_seconds:
         batch = [sequences[order.randrange(len(sequences))] for _ in range(settings.batch_size)]
-        inputs = torch.zeros(len(batch), width, dtype=torch.long)
-        attention = torch.zeros(len(batch), width, dtype=torch.long)
-        loss_mask = torch.zeros(len(batch), width, dtype=torch.long)
-        for row, (ids, response) in enumerate(batch):
-            inputs[row, : len(ids)] = torch.tensor(ids)
-            attention[row, : len(ids)] = 1
-            loss_mask[row, response - 1 : len(ids) - 1] = 1  # positions whose next token is the response's
+        inputs, attention, loss_mask = training_batch(batch, width)
         output = model(input_ids=inputs, attention_mask=attention, loss_mask=loss_mask)
         output.loss.backward()
         optimizer.step()

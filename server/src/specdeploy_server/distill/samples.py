@@ -1,0 +1,58 @@
+"""The generate step's samples as training sequences: each request tokenised as the server tokenises it,
+followed by the target's response."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+__all__ = ["TrainError", "tokenized_samples", "training_batch"]
+
+
+class TrainError(ValueError):
+    """The training cannot run as asked; the message names the setting or the input."""
+
+
+def tokenized_samples(samples: Path, target: Path, max_length: int) -> list[tuple[list[int], int]]:
+    """(token ids, where the response starts) per sample, as the server would tokenise the request."""
+    from specdeploy_server.tokenizer import HFTokenizer  # noqa: PLC0415
+
+    tokenizer = HFTokenizer(target)
+    out = []
+    try:
+        lines = samples.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TrainError(f"samples {samples}: cannot be read ({exc})") from exc
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            sample = json.loads(line)
+            prompt = sample["prompt"] if "prompt" in sample else tokenizer.render_chat(sample["messages"])
+            completion = sample["completion"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise TrainError(f"samples {samples} line {number}: not a sample ({exc})") from exc
+        head = tokenizer.encode(prompt)
+        ids = (head + tokenizer.encode(completion, add_special_tokens=False))[:max_length]
+        if len(ids) - len(head) >= 2:  # the head learns from at least two response tokens
+            out.append((ids, len(head)))
+    if not out:
+        raise TrainError(f"samples {samples}: no sample with a response of two tokens or more")
+    return out
+
+
+def training_batch(
+    batch: list[tuple[list[int], int]], width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask, loss mask) of ``batch`` padded on the right to ``width``: the loss mask
+    holds the positions whose next token is part of the response."""
+    inputs = torch.zeros(len(batch), width, dtype=torch.long)
+    attention = torch.zeros(len(batch), width, dtype=torch.long)
+    loss_mask = torch.zeros(len(batch), width, dtype=torch.long)
+    for row, (ids, response) in enumerate(batch):
+        inputs[row, : len(ids)] = torch.tensor(ids)
+        attention[row, : len(ids)] = 1
+        loss_mask[row, response - 1 : len(ids) - 1] = 1
+    return inputs, attention, loss_mask
