@@ -99,11 +99,11 @@ class Eagle3DraftExecutor:
             state = self._caches[seq.request_id] = fresh
         # at least the last known position is computed again: its output starts the draft
         keep = _common(state.tokens, tokens[1:], min(state.confirmed, known - 1))
-        rows = self.target.features(seq.request_id, tokens, known) if known > 0 else None
+        rows = self.target.features(seq.request_id, tokens, keep, known)
         if rows is None or req.num_tokens <= 0:
             return EMPTY_PROPOSAL
         self._cut(state, keep)
-        logits, prenorm = self._run(state, self.head.fuse(rows[keep:known].unsqueeze(0)), tokens[keep + 1 :])
+        logits, prenorm = self._run(state, self.head.fuse(rows.unsqueeze(0)), tokens[keep + 1 :])
         state.confirmed = known
 
         sample = req.want_probs and not seq.params.greedy

@@ -85,23 +85,21 @@ class CachedModel:
         self.batches = all(type(layer) is DynamicLayer for layer in getattr(probe, "layers", [None]))
         self._tap: LayerTap | None = None
 
-    @property
-    def num_layers(self) -> int:
-        return int(self.model.config.num_hidden_layers)
-
     def tap(self, layer_ids: Sequence[int]) -> None:
         """Keep the outputs of decoder layers ``layer_ids`` (0-based, in this order, concatenated) for every
         position each request's cache holds (:meth:`features`)."""
         layers = self.model.model.layers
         self._tap = LayerTap([layers[i] for i in layer_ids])
 
-    def features(self, request_id: str, tokens: Sequence[int], end: int) -> torch.Tensor | None:
-        """The tapped rows of positions ``0 .. end - 1`` of ``tokens``, or None unless the request's cache
+    def features(self, request_id: str, tokens: Sequence[int], start: int, end: int) -> torch.Tensor | None:
+        """The tapped rows of positions ``start .. end - 1`` of ``tokens``, or None unless the request's cache
         holds them for exactly those tokens."""
         kv = self._kv.get(request_id)
-        if kv is None or len(kv.features) < end or _common_prefix(kv.tokens, tokens, 0) < end:
+        if kv is None or len(kv.features) < end or end <= start:
             return None
-        return kv.features.rows(0, end) if end else None
+        if _common_prefix(kv.tokens, tokens, min(kv.confirmed, end)) < end:
+            return None
+        return kv.features.rows(start, end)
 
     def forward(self, **inputs: Any) -> tuple[Any, torch.Tensor | None]:
         """One forward pass of the model (with the tapped layers' outputs, ``[batch, positions, ...]``)."""
@@ -261,8 +259,8 @@ class PaddedBatch:
             logits_to_keep=width - first,
         )
         if features is not None:
-            for i, new in enumerate(self.new):
-                self.features[i].append(features[i, : len(new)])
+            for i, new in enumerate(self.new):  # copies: a view would keep the whole padded batch alive
+                self.features[i].append(features[i, : len(new)].clone())
         logits = out.logits.float().cpu()
         return [
             logits[i, len(new) - first - keep : len(new) - first]
@@ -296,7 +294,7 @@ class PaddedBatch:
         if features is not None:
             for i, token in enumerate(tokens):
                 if token is not None:
-                    self.features[i].append(features[i])
+                    self.features[i].append(features[i].clone())
         last: torch.Tensor = out.logits[:, -1].float().cpu()
         return last
 
