@@ -21,9 +21,18 @@ from specdeploy_operator.api.trtllm import RELEASES
 from specdeploy_operator.builders import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[2]
-DOCKERFILES = ["Dockerfile.operator", "Dockerfile.server"]
-PACKAGE_OF = {"Dockerfile.operator": "operator", "Dockerfile.server": "server"}
+DOCKERFILES = ["Dockerfile.operator", "Dockerfile.server", "Dockerfile.trainer"]
+PACKAGE_OF = {
+    "Dockerfile.operator": "operator",
+    "Dockerfile.server": "server",
+    "Dockerfile.trainer": "server",
+}
 """The package directory each image installs."""
+INSTALL_SCRIPT_OF = {
+    "Dockerfile.operator": "operator/image/install.sh",
+    "Dockerfile.server": "server/image/install.sh",
+    "Dockerfile.trainer": "server/image/install-trainer.sh",
+}
 
 
 @dataclass(frozen=True)
@@ -289,11 +298,32 @@ def test_the_install_step_is_the_packages_install_script(name: str) -> None:
     """The RUN that installs the package runs the script the tests run outside Docker, copied from the
     package's own directory."""
     instructions = parse(REPO / name)
-    package = PACKAGE_OF[name]
-    script = f"{package}/image/install.sh"
+    script = INSTALL_SCRIPT_OF[name]
     assert (REPO / script).is_file()
     copied = [s for ins in instructions if ins.keyword == "COPY" for s in copy_sources(ins)]
     assert any(script.startswith(source.rstrip("/")) for source in copied), (name, copied)
     runs = [ins.args for ins in instructions if ins.keyword == "RUN"]
-    assert any("install.sh" in run and run.lstrip().startswith(("sh ", "--mount")) for run in runs), runs
+    name_of_script = script.rpartition("/")[2]
+    assert any(
+        name_of_script in run and run.lstrip().startswith(("sh ", "--mount", "MODELOPT_VERSION="))
+        for run in runs
+    ), runs
     assert not any("pip install" in run for run in runs), f"{name}: pip runs in {script}, not beside it"
+
+
+def test_the_trainer_image_pins_the_modelopt_the_tests_run() -> None:
+    """Dockerfile.trainer's MODELOPT_VERSION is the version hack/constraints.txt holds the test virtualenv to,
+    so the EAGLE-3 export the tests load is the one the image's trainer writes; the image runs as the pods'
+    numeric user with HOME on their writable /tmp."""
+    from importlib.metadata import version
+
+    from specdeploy_operator.builders.podsecurity import IMAGE_USER, TMP_MOUNT
+
+    instructions = parse(REPO / "Dockerfile.trainer")
+    pinned = arg_defaults(instructions)["MODELOPT_VERSION"]
+    constraints = (REPO / "hack" / "constraints.txt").read_text().splitlines()
+    assert f"nvidia-modelopt=={pinned}" in constraints
+    assert version("nvidia-modelopt") == pinned
+    users = [ins.args for ins in instructions if ins.keyword == "USER"]
+    assert users[-1] == f"{IMAGE_USER}:{IMAGE_USER}"
+    assert f"HOME={TMP_MOUNT}" in " ".join(ins.args for ins in instructions if ins.keyword == "ENV")

@@ -1,5 +1,6 @@
-"""The images' install steps (operator/image/install.sh, server/image/install.sh: the scripts the Dockerfiles
-RUN), run here in a fresh virtualenv as far as they can run without the base image and without a network:
+"""The images' install steps (operator/image/install.sh, server/image/install.sh and install-trainer.sh: the
+scripts the Dockerfiles RUN), run here in a fresh virtualenv as far as they can run without the base image
+and without a network:
 
 - the fresh virtualenv has no package of its own; the dependencies the image would get from PyPI (or, for the
   server, from TensorRT-LLM's release image) are this checkout's virtualenv, put on its path by a `.pth` file,
@@ -8,7 +9,8 @@ RUN), run here in a fresh virtualenv as far as they can run without the base ima
   and runs both console scripts;
 - the server's script installs `server/` with its `[trtllm]` extra and checks every command the operator's
   pods call. awscli and gsutil come from PyPI in the image: here the tool list is empty and two stand-ins
-  named `aws` and `gsutil` are on PATH, so only their presence check runs.
+  named `aws` and `gsutil` are on PATH, so only their presence check runs;
+- the trainer's script installs `server/` with `[train]` and ModelOpt at the pinned version (this checkout's).
 
 What stays unchecked without Docker: the base images themselves, `apt-get`, `useradd`, and TensorRT-LLM."""
 
@@ -133,3 +135,24 @@ def test_a_missing_command_fails_the_server_install_script(tmp_path: Path) -> No
     )
     assert proc.returncode != 0
     assert os.path.exists(venv / "bin" / "specdeploy-server"), "the install itself ran before the check"
+
+
+def test_the_trainer_images_install_script_installs_the_pinned_modelopt_and_the_distill_steps(
+    tmp_path: Path,
+) -> None:
+    venv, env = _fresh_venv(tmp_path)
+    src = tmp_path / "src" / "server"
+    ignored = shutil.ignore_patterns("__pycache__", "*.egg-info", "build", "testkit")  # as .dockerignore
+    shutil.copytree(REPO / "server", src, ignore=ignored)
+    script = ["sh", str(src / "image" / "install-trainer.sh"), str(src)]
+    refused = subprocess.run(
+        script, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert refused.returncode != 0
+    assert "set MODELOPT_VERSION" in refused.stderr
+    from importlib.metadata import version
+
+    _run(script, {**env, "MODELOPT_VERSION": version("nvidia-modelopt")}, cwd=tmp_path)
+    assert str(_installed_from(venv, "specdeploy_server")).startswith(str(venv))
+    help_text = _run([str(venv / "bin" / "specdeploy-distill"), "--help"], env).stdout
+    assert "train-eagle3" in help_text
