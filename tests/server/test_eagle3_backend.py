@@ -69,10 +69,14 @@ def test_eagle3_changes_nothing_under_greedy_with_requests_in_flight_together(
     assert stats.drafted > 0
 
 
-def test_eagle3_samples_at_temperature_one_and_frees_every_cache(tiny_models: TinyModels, head: Path) -> None:
-    outputs, stats, engine = _run(
-        _config(tiny_models, head, draftLen=3), SamplingParams(temperature=1.0, seed=5)
-    )
+@pytest.mark.parametrize("acceptance", ["tokenMatch", "logits"])
+def test_eagle3_samples_at_temperature_one_and_frees_every_cache(
+    tiny_models: TinyModels, head: Path, acceptance: str
+) -> None:
+    """With `logits` the head's distributions go to rejection sampling (each drafted token comes with the
+    distribution it was sampled from)."""
+    config = _config(tiny_models, head, draftLen=3, acceptance=acceptance)
+    outputs, stats, engine = _run(config, SamplingParams(temperature=1.0, seed=5))
     assert all(outputs)
     assert stats.drafted > 0
     target, drafter = engine.scheduler.target, engine.scheduler.drafter

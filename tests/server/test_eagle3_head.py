@@ -152,3 +152,24 @@ def test_a_malformed_head_is_refused_naming_what_is_wrong(
     save_file(state, str(tmp_path / "model.safetensors"))
     with pytest.raises(Eagle3HeadError, match=message):
         load_head_for(tmp_path, CachedModel(deep_target, CPU, torch.float32))
+
+
+def test_a_sampled_draft_comes_with_the_distribution_each_token_was_drawn_from(
+    deep_target: Path, trained: Any, worker: Any
+) -> None:
+    """What rejection sampling (`acceptance: logits`) needs: one distribution per drafted token, over the
+    target's vocabulary, that gives the token drawn a chance; with a smaller draft vocabulary nothing outside
+    it."""
+    _, head = trained
+    target = CachedModel(deep_target, CPU, torch.float32)
+    executor = Eagle3DraftExecutor(load_head_for(head, target), target, worker)
+    prompt = PROMPTS[0]
+    base = int(target.logits_for("r", prompt, [])[-1].argmax())
+    seq = SequenceState("r", [*prompt, base], 100, SamplingParams(temperature=1.0, seed=3))
+    proposal = executor._draft(DraftRequest(seq, 4, want_probs=True))
+    assert proposal.probs is not None
+    assert proposal.probs.shape == (4, target.vocab_size)
+    assert proposal.probs.sum(axis=1) == pytest.approx(1.0)
+    assert all(proposal.probs[i, t] > 0 for i, t in enumerate(proposal.tokens))
+    draft_vocab = json.loads((head / "config.json").read_text())["draft_vocab_size"]
+    assert int((proposal.probs > 0).sum(axis=1).max()) <= draft_vocab

@@ -132,6 +132,13 @@ BUILD_AND_SERVING_CASES = [
         "logits-need-draft-target",
     ),
     Case(
+        "logits-with-eagle3-on-pytorch",
+        "eagle3",
+        patch_speculative(acceptance="logits"),
+        "spec.speculative.acceptance",
+        "logits-not-on-pytorch",
+    ),
+    Case(
         "logits-with-method-none",
         "none",
         patch_speculative(acceptance="logits"),

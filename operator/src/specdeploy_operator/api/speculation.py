@@ -89,11 +89,11 @@ SPECULATIVE_RULES: Rules = (
     ),
     Rule["SpeculativeSpec"](
         name="logits-need-draft-target",
-        cel="self.acceptance != 'logits' || self.method == 'draftTarget'",
-        message="spec.speculative.acceptance logits needs spec.speculative.method draftTarget "
-        "(only a draft model produces logits)",
+        cel="self.acceptance != 'logits' || self.method in ['draftTarget', 'eagle3']",
+        message="spec.speculative.acceptance logits needs spec.speculative.method draftTarget or eagle3 "
+        "(only a draft model or head produces logits)",
         field_path=".acceptance",
-        check=lambda s: s.acceptance != "logits" or s.method == "draftTarget",
+        check=lambda s: s.acceptance != "logits" or s.method in ("draftTarget", "eagle3"),
     ),
     *_settings_rules("eagle", "eagle3", "eagle", required=True),
     *_settings_rules("pard", "pard", "pard", required=True),
@@ -264,7 +264,8 @@ class SpeculativeSpec(ApiModel):
     acceptance: Literal["tokenMatch", "logits"] = "tokenMatch"
     """How draft tokens are accepted: `tokenMatch` compares tokens with the target's; `logits` uses rejection
     sampling on draft and target logits (`use_logits`), `draftTarget` with backend `tensorrt` or
-    `transformers` only (with `pytorch`, TensorRT-LLM's LLM API decides acceptance itself)."""
+    `transformers` and `eagle3` with `transformers` only (with `pytorch`, TensorRT-LLM's LLM API decides
+    acceptance itself)."""
     prompt_lookup: PromptLookupSpec | None = None
     """Settings of `promptLookup`; only with that method."""
     eagle: EagleSpec | None = None
