@@ -9,7 +9,7 @@ own layer or of a lower one, never of a higher one; the layers, lowest first:
 3. ``engine``: the engine interface the HTTP layer talks to;
 4. ``backends``: the engines (reference, stand-in, TensorRT-LLM);
 5. the HTTP layer: ``api`` (routers -> serving -> response building) and the Prometheus metrics it serves;
-6. the entry points: the command line and the demo models' builder.
+6. the entry points: the command line, the demo models' builder, the distillation steps.
 
 The HTTP layer knows engines only through the engine interface (no ``api`` -> ``backends`` edge), and nothing
 below it imports an HTTP framework.
@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine interface", ("engine",)),
     ("backends", ("backends",)),
     ("http", ("api", "metrics")),
-    ("entry points", ("cli", "__main__", "demo_models", "demo_training", "quantize")),
+    ("entry points", ("cli", "__main__", "demo_models", "demo_training", "quantize", "distill")),
 ]
 #: (importer's layer, imported layer) pairs that the ranks would allow but the design does not
 FORBIDDEN = {("http", "backends")}
