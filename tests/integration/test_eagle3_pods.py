@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client
 
 from tests.conftest import Kubectl
-from tests.integration.test_real_pods import PROMPTS, Served, served, transformers_greedy
+from tests.integration.test_real_pods import Served, check_greedy_completions, served
 from tests.server.modelopt_eagle3 import convert, export
 
 pytest.importorskip("modelopt.torch.speculative", reason="ModelOpt is a test dependency (server[test])")
@@ -48,11 +48,7 @@ def eagle3(
 
 def test_an_eagle3_head_serves_for_real_and_changes_no_greedy_token(eagle3: tuple[Served, Path]) -> None:
     s, models = eagle3
-    api = s.openai()
-    model = api.models.list().data[0].id
-    for prompt in PROMPTS:
-        got = api.completions.create(model=model, prompt=prompt, max_tokens=24, temperature=0)
-        assert got.choices[0].text == transformers_greedy(models / "target", prompt, 24), prompt
+    check_greedy_completions(s, models / "target")
     with urllib.request.urlopen(f"{s.endpoints.base_url()}/metrics", timeout=10) as resp:
         metrics = resp.read().decode()
     drafted = [line for line in metrics.splitlines() if line.startswith("specdeploy_draft_tokens_total")]

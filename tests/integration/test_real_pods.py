@@ -135,15 +135,20 @@ def test_the_cpu_example_is_ready_only_with_real_servers_behind_its_endpoints(
         assert json.loads(resp.read())["status"] == "ready"
 
 
-def test_greedy_completions_through_the_service_equal_transformers_greedy_output(
-    served: tuple[Served, Path],
-) -> None:
-    s, models = served
+def check_greedy_completions(s: Served, target: Path) -> None:
+    """Greedy completions of `PROMPTS` through the Service equal transformers' own of `target`."""
     api = s.openai()
     model = api.models.list().data[0].id
     for prompt in PROMPTS:
         got = api.completions.create(model=model, prompt=prompt, max_tokens=24, temperature=0)
-        assert got.choices[0].text == transformers_greedy(models / "target", prompt, 24), prompt
+        assert got.choices[0].text == transformers_greedy(target, prompt, 24), prompt
+
+
+def test_greedy_completions_through_the_service_equal_transformers_greedy_output(
+    served: tuple[Served, Path],
+) -> None:
+    s, models = served
+    check_greedy_completions(s, models / "target")
 
 
 def test_kubectl_port_forward_reaches_the_server(

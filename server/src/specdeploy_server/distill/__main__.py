@@ -62,25 +62,25 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _train(args: argparse.Namespace) -> object:
-    from specdeploy_server.distill.samples import TrainError  # noqa: PLC0415 (torch)
+    from specdeploy_server.distill.samples import TrainError, TrainSettings  # noqa: PLC0415 (torch)
 
-    common = {
-        "steps": args.steps,
-        "batch_size": args.batch_size,
-        "max_seconds": args.max_seconds,
-        "learning_rate": args.learning_rate,
-        "max_length": args.max_length,
-        "seed": args.seed,
-        "threads": args.threads,
-    }
+    settings = TrainSettings(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        max_seconds=args.max_seconds,
+        learning_rate=args.learning_rate,
+        max_length=args.max_length,
+        seed=args.seed,
+        threads=args.threads,
+    )
     try:
         if args.step == "train-eagle3":
-            from specdeploy_server.distill.eagle3_train import TrainSettings, train_eagle3  # noqa: PLC0415
+            from specdeploy_server.distill.eagle3_train import train_eagle3  # noqa: PLC0415
 
-            return train_eagle3(args.target, args.samples, args.out, TrainSettings(**common))
-        from specdeploy_server.distill.draft_train import DraftTrainSettings, train_draft  # noqa: PLC0415
+            return train_eagle3(args.target, args.samples, args.out, settings)
+        from specdeploy_server.distill.draft_train import train_draft  # noqa: PLC0415
 
-        return train_draft(args.target, args.draft, args.samples, args.out, DraftTrainSettings(**common))
+        return train_draft(args.target, args.draft, args.samples, args.out, settings)
     except TrainError as exc:
         raise PromptsError(str(exc)) from exc
 

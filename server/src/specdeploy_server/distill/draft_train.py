@@ -26,24 +26,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from specdeploy_server.distill.samples import TrainError, tokenized_samples, training_batch
+from specdeploy_server.distill.samples import TrainError, TrainSettings, tokenized_samples, training_batch
 
-__all__ = ["DraftTrainSettings", "DraftTrainSummary", "train_draft"]
+__all__ = ["DraftTrainSummary", "train_draft"]
 
 #: files of a checkpoint directory that ``save_pretrained`` writes (everything else is copied as it is)
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt")
 _WRITTEN = ("config.json", "generation_config.json", "model.safetensors.index.json")
-
-
-@dataclass(frozen=True)
-class DraftTrainSettings:
-    steps: int = 200
-    batch_size: int = 8
-    learning_rate: float = 1e-4
-    max_seconds: float = 3600.0
-    max_length: int = 1024
-    seed: int = 0
-    threads: int | None = None
 
 
 @dataclass(frozen=True)
@@ -86,11 +75,10 @@ def _save(model: Any, source: Path, out: Path) -> None:
 
 
 def train_draft(
-    target: Path, draft: Path, samples: Path, out: Path, settings: DraftTrainSettings
+    target: Path, draft: Path, samples: Path, out: Path, settings: TrainSettings
 ) -> DraftTrainSummary:
     """Distil ``draft`` towards ``target`` on ``samples``; the new draft and ``train.json`` go to ``out``."""
-    if settings.steps < 1:
-        raise TrainError(f"steps {settings.steps}: the budget trains nothing (at least 1 step)")
+    settings.check()
     _same_tokenizer(target, draft)
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)

@@ -25,20 +25,9 @@ from typing import Any
 
 import torch
 
-from specdeploy_server.distill.samples import TrainError, tokenized_samples, training_batch
+from specdeploy_server.distill.samples import TrainError, TrainSettings, tokenized_samples, training_batch
 
-__all__ = ["TrainError", "TrainSettings", "TrainSummary", "train_eagle3"]
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    steps: int = 200
-    batch_size: int = 4
-    max_seconds: float = 3600.0
-    learning_rate: float = 1e-3
-    max_length: int = 1024
-    seed: int = 0
-    threads: int | None = None
+__all__ = ["TrainSummary", "train_eagle3"]
 
 
 @dataclass(frozen=True)
@@ -95,10 +84,7 @@ def train_eagle3(target: Path, samples: Path, out: Path, settings: TrainSettings
     ``out`` with ``train.json``."""
     from modelopt.torch.export import export_speculative_decoding  # noqa: PLC0415
 
-    if settings.steps < 1:
-        raise TrainError(f"steps {settings.steps}: the budget trains nothing (at least 1 step)")
-    if settings.batch_size < 1:
-        raise TrainError(f"batch size {settings.batch_size}: at least 1")
+    settings.check()
     if settings.threads is not None:
         torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)

@@ -4,15 +4,35 @@ followed by the target's response."""
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-__all__ = ["TrainError", "tokenized_samples", "training_batch"]
+__all__ = ["TrainError", "TrainSettings", "tokenized_samples", "training_batch"]
 
 
 class TrainError(ValueError):
     """The training cannot run as asked; the message names the setting or the input."""
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """How long and how a train step trains (each step's command line has its own defaults)."""
+
+    steps: int = 200
+    batch_size: int = 4
+    learning_rate: float = 1e-3
+    max_seconds: float = 3600.0
+    max_length: int = 1024
+    seed: int = 0
+    threads: int | None = None
+
+    def check(self) -> None:
+        if self.steps < 1:
+            raise TrainError(f"steps {self.steps}: the budget trains nothing (at least 1 step)")
+        if self.batch_size < 1:
+            raise TrainError(f"batch size {self.batch_size}: at least 1")
 
 
 def tokenized_samples(samples: Path, target: Path, max_length: int) -> list[tuple[list[int], int]]:
