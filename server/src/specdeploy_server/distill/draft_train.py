@@ -14,19 +14,24 @@ the end, seconds.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import shutil
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from specdeploy_server.distill.samples import TrainError, TrainSettings, tokenized_samples, training_batch
+from specdeploy_server.distill.samples import (
+    TrainError,
+    TrainSettings,
+    tokenized_samples,
+    training_batch,
+    write_output,
+)
 
 __all__ = ["DraftTrainSummary", "train_draft"]
 
@@ -122,7 +127,5 @@ def train_draft(
         agreement=round(agreement, 4),
         seconds=round(time.monotonic() - start, 3),
     )
-    (out / "train.json").write_text(json.dumps(asdict(summary), indent=2) + "\n", encoding="utf-8")
-    for item in out.iterdir():
-        item.chmod(0o644)
+    write_output(out, summary)
     return summary

@@ -15,17 +15,22 @@ samples, tokens, steps, the loss and the head's accuracy at the end, seconds.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from specdeploy_server.distill.samples import TrainError, TrainSettings, tokenized_samples, training_batch
+from specdeploy_server.distill.samples import (
+    TrainError,
+    TrainSettings,
+    tokenized_samples,
+    training_batch,
+    write_output,
+)
 
 __all__ = ["TrainSummary", "train_eagle3"]
 
@@ -119,7 +124,5 @@ def train_eagle3(target: Path, samples: Path, out: Path, settings: TrainSettings
         seconds=round(time.monotonic() - start, 3),
         aux_layer_ids=list(model.eagle_config.eagle_aux_hidden_state_layer_ids),
     )
-    (out / "train.json").write_text(json.dumps(asdict(summary), indent=2) + "\n", encoding="utf-8")
-    for item in out.iterdir():
-        item.chmod(0o644)
+    write_output(out, summary)
     return summary

@@ -4,12 +4,13 @@ followed by the target's response."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-__all__ = ["TrainError", "TrainSettings", "tokenized_samples", "training_batch"]
+__all__ = ["TrainError", "TrainSettings", "tokenized_samples", "training_batch", "write_output"]
 
 
 class TrainError(ValueError):
@@ -76,3 +77,11 @@ def training_batch(
         attention[row, : len(ids)] = 1
         loss_mask[row, response - 1 : len(ids) - 1] = 1
     return inputs, attention, loss_mask
+
+
+def write_output(out: Path, summary: Any) -> None:
+    """``train.json`` (the summary, a dataclass) beside what was trained, and every file of ``out`` readable
+    by all: a serving pod may run under another uid than the trainer (ModelOpt writes its weights 0600)."""
+    (out / "train.json").write_text(json.dumps(asdict(summary), indent=2) + "\n", encoding="utf-8")
+    for item in out.iterdir():
+        item.chmod(0o644)
