@@ -18,7 +18,6 @@ from tests.conftest import Kubectl
 from tests.integration.test_real_pods import Served, check_greedy_completions, served
 from tests.server.modelopt_eagle3 import convert, export
 
-pytest.importorskip("modelopt.torch.speculative", reason="ModelOpt is a test dependency (server[test])")
 pytestmark = pytest.mark.usefixtures("operator")
 __all__ = ["served"]  # the CPU example's fixture: its namespace and models
 

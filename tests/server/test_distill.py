@@ -25,8 +25,6 @@ from specdeploy_testkit import sample_text
 from tests.server.conftest import LiveServer, TinyModels, run_live
 from tests.server.modelopt_eagle3 import convert, export
 
-pytest.importorskip("modelopt.torch.speculative", reason="ModelOpt is a test dependency (server[test])")
-
 MAX_TOKENS = 24
 
 

@@ -21,8 +21,6 @@ from specdeploy_testkit import sample_text
 from tests.server.conftest import TinyModels, hf_greedy_outputs
 from tests.server.modelopt_eagle3 import convert, export
 
-pytest.importorskip("modelopt.torch.speculative", reason="ModelOpt is a test dependency (server[test])")
-
 MAX_TOKENS = 20
 PROMPTS = sample_text.prompts(24, seed=11)
 

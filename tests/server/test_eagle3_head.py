@@ -23,8 +23,6 @@ from specdeploy_testkit.checkpoints import TinyLlama
 from tests.server.conftest import TinyModels
 from tests.server.modelopt_eagle3 import convert, export, modelopt_drafts
 
-pytest.importorskip("modelopt.torch.speculative", reason="ModelOpt is a test dependency (server[test])")
-
 CPU = torch.device("cpu")
 PROMPTS = [[5, 17, 42, 8, 99, 3, 61], [120, 7, 7, 7, 30], list(range(40, 64))]
 #: eight layers: ModelOpt's default picks three, layers 1, 3 and 4 (by output)
