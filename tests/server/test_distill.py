@@ -18,7 +18,7 @@ from specdeploy_server.config import ServerConfig
 from specdeploy_server.core.types import SamplingParams
 from specdeploy_server.distill.__main__ import main
 from specdeploy_server.distill.generate import GenerateSettings, generate
-from specdeploy_server.distill.prompts import Prompt, PromptsError, read_prompts, split
+from specdeploy_server.distill.prompts import DistillError, Prompt, read_prompts, split
 from specdeploy_server.engine import Engine
 from specdeploy_testkit import sample_text
 
@@ -69,7 +69,7 @@ def _write(path: Path, lines: list[str]) -> Path:
 def test_a_dataset_that_is_empty_or_malformed_is_refused_naming_the_line(
     tmp_path: Path, lines: list[str], suffix: str, message: str
 ) -> None:
-    with pytest.raises(PromptsError, match=message):
+    with pytest.raises(DistillError, match=message):
         read_prompts(_write(tmp_path / f"prompts{suffix}", lines))
 
 
@@ -80,9 +80,9 @@ def test_a_directory_contributes_its_files_and_a_missing_path_is_named(tmp_path:
     prompts = read_prompts(tmp_path)
     assert [p.text for p in prompts[:2]] == ["one", "two"]
     assert prompts[2].messages == ({"role": "user", "content": "three"},)
-    with pytest.raises(PromptsError, match="no such file"):
+    with pytest.raises(DistillError, match="no such file"):
         read_prompts(tmp_path / "missing")
-    with pytest.raises(PromptsError, match="heldOut 3 leaves none"):
+    with pytest.raises(DistillError, match="heldOut 3 leaves none"):
         split(prompts, 10, 3, seed=0)
 
 
@@ -242,3 +242,12 @@ def test_a_draft_with_another_tokenizer_is_refused(
     argv = ["train-draft", "--target", str(target), "--draft", str(tiny_models.target)]
     assert main([*argv, "--samples", str(demo_samples / "samples.jsonl"), "--out", str(tmp_path / "d")]) == 2
     assert "its tokenizer differs from the target's" in capsys.readouterr().err
+
+
+def test_the_cli_says_when_the_endpoint_answered_nothing_with_status_1(
+    live: LiveServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    prompts = _write(tmp_path / "p.txt", ["a prompt"])
+    argv = ["generate", "--prompts", str(prompts), "--endpoint", f"{live.base_url}/v1", "--model", "nope"]
+    assert main([*argv, "--out", str(tmp_path / "out")]) == 1
+    assert "no prompt got a response" in capsys.readouterr().err

@@ -133,11 +133,12 @@ def test_a_head_for_another_target_is_refused_with_the_field_named(
     [
         (lambda c, s: c.update(architectures=["LlamaForCausalLM"]), "is not ModelOpt's EAGLE-3 export"),
         (lambda c, s: c.update(hidden_size=32), "hidden_size 32 differs from the target's 64"),
+        (lambda c, s: c.pop("vocab_size"), "config.json has no vocab_size"),
         (lambda c, s: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[]), "is empty"),
         (lambda c, s: s.pop("fc.weight"), "missing \\['fc.weight'\\]"),
         (lambda c, s: s.update({"fc.weight": torch.zeros(64, 64)}), "does not fit its config.json"),
     ],
-    ids=["architecture", "hidden-size", "no-layers", "missing-tensor", "wrong-shape"],
+    ids=["architecture", "hidden-size", "no-vocab-size", "no-layers", "missing-tensor", "wrong-shape"],
 )
 def test_a_malformed_head_is_refused_naming_what_is_wrong(
     deep_target: Path, trained: Any, tmp_path: Path, change: Any, message: str

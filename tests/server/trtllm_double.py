@@ -80,6 +80,7 @@ Differences from the real API that remain, and why:
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import sys
 import types
@@ -102,6 +103,8 @@ __all__ = ["DoubleState", "engines_config", "trtllm_double", "write_engine"]
 # ------------------------------------------------------------------------------------------ installing
 def _module(name: str, file: str | None = None, **members: Any) -> types.ModuleType:
     module = types.ModuleType(name)
+    # as an imported module has: importlib.util.find_spec (the server's backend detection) reads it
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None, origin=file)
     for key, value in members.items():
         setattr(module, key, value)
     if file is not None:

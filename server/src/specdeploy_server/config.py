@@ -361,13 +361,6 @@ def is_engine_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and any(path.glob("rank*.engine"))
 
 
-def _tensorrt_llm_installed() -> bool:
-    try:
-        return importlib.util.find_spec("tensorrt_llm") is not None
-    except ValueError:  # imported already, as a module without a spec
-        return True
-
-
 def detect_backend(path: Path, method: Method | None = None) -> Backend:
     """An engine directory means trtllm-engine; a method only the LLM API runs, or eagle3 where TensorRT-LLM
     is installed, means trtllm-llmapi; any other checkpoint is served by pytorch-reference."""
@@ -375,6 +368,6 @@ def detect_backend(path: Path, method: Method | None = None) -> Backend:
         return Backend.TRTLLM_ENGINE
     if method in LLMAPI_ONLY_METHODS:
         return Backend.TRTLLM_LLMAPI
-    if method == Method.EAGLE3 and _tensorrt_llm_installed():
+    if method == Method.EAGLE3 and importlib.util.find_spec("tensorrt_llm") is not None:
         return Backend.TRTLLM_LLMAPI
     return Backend.PYTORCH_REFERENCE

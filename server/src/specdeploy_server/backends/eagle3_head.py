@@ -57,11 +57,17 @@ class Eagle3Checkpoint:
     """What the head's ``config.json`` says about how it attaches to its target."""
 
     path: Path
-    config: LlamaConfig
+    config: LlamaConfig  # the draft layer's shape, and the target's hidden and vocabulary sizes
     aux_layer_ids: tuple[int, ...]
-    hidden_size: int
-    vocab_size: int
     draft_vocab_size: int
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config.hidden_size)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
 
 
 def read_checkpoint(path: Path) -> Eagle3Checkpoint:
@@ -88,17 +94,19 @@ def read_checkpoint(path: Path) -> Eagle3Checkpoint:
             f"EAGLE-3 head {path}: num_hidden_layers {raw['num_hidden_layers']}; "
             "this server runs heads of one draft layer"
         )
+    missing = [
+        k for k in ("hidden_size", "vocab_size", "num_attention_heads", "intermediate_size") if k not in raw
+    ]
+    if missing:
+        raise Eagle3HeadError(f"EAGLE-3 head {path}: config.json has no {', '.join(missing)}")
     fields = {k: v for k, v in raw.items() if k not in ("architectures", "eagle_config", "torch_dtype")}
     config = LlamaConfig(**fields)
     config._attn_implementation = "sdpa"
-    vocab = int(raw["vocab_size"])
     return Eagle3Checkpoint(
         path=path,
         config=config,
         aux_layer_ids=tuple(int(i) for i in ids),
-        hidden_size=int(raw["hidden_size"]),
-        vocab_size=vocab,
-        draft_vocab_size=int(raw.get("draft_vocab_size") or vocab),
+        draft_vocab_size=int(raw.get("draft_vocab_size") or raw["vocab_size"]),
     )
 
 

@@ -10,6 +10,9 @@ import torch
 
 __all__ = ["Features", "LayerTap"]
 
+#: rows are merged into one tensor when more chunks than this have come in
+MAX_CHUNKS = 64
+
 
 class Features:
     """Per-position rows (the tapped layers' outputs, concatenated), kept as the chunks they came in."""
@@ -25,6 +28,8 @@ class Features:
         if rows.shape[0]:
             self._chunks.append(rows)
             self._len += int(rows.shape[0])
+        if len(self._chunks) > MAX_CHUNKS:  # decoding adds one row a step: keep lookups short
+            self._chunks = [torch.cat(self._chunks)]
 
     def truncate(self, length: int) -> None:
         while self._len > length:

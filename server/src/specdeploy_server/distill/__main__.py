@@ -8,7 +8,8 @@
 TRAINING: [--steps N] [--batch-size N] [--max-seconds S] [--learning-rate LR] [--max-length N] [--seed N]
 [--threads N].
 
-Each prints its summary as one JSON line. Bad input exits with status 2 and one line naming what is wrong.
+Each prints its summary as one JSON line. Bad input exits with status 2 and one line naming what is wrong;
+an endpoint that answers no prompt, with status 1 and its first error.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from specdeploy_server.distill.generate import GenerateSettings, generate
-from specdeploy_server.distill.prompts import PromptsError, read_prompts, split
+from specdeploy_server.distill.prompts import DistillError, read_prompts, split
 
 
 def _positive(text: str) -> int:
@@ -62,7 +63,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _train(args: argparse.Namespace) -> object:
-    from specdeploy_server.distill.samples import TrainError, TrainSettings  # noqa: PLC0415 (torch)
+    from specdeploy_server.distill.samples import TrainSettings  # noqa: PLC0415 (torch)
 
     settings = TrainSettings(
         steps=args.steps,
@@ -73,16 +74,13 @@ def _train(args: argparse.Namespace) -> object:
         seed=args.seed,
         threads=args.threads,
     )
-    try:
-        if args.step == "train-eagle3":
-            from specdeploy_server.distill.eagle3_train import train_eagle3  # noqa: PLC0415
+    if args.step == "train-eagle3":
+        from specdeploy_server.distill.eagle3_train import train_eagle3  # noqa: PLC0415
 
-            return train_eagle3(args.target, args.samples, args.out, settings)
-        from specdeploy_server.distill.draft_train import train_draft  # noqa: PLC0415
+        return train_eagle3(args.target, args.samples, args.out, settings)
+    from specdeploy_server.distill.draft_train import train_draft  # noqa: PLC0415
 
-        return train_draft(args.target, args.draft, args.samples, args.out, settings)
-    except TrainError as exc:
-        raise PromptsError(str(exc)) from exc
+    return train_draft(args.target, args.draft, args.samples, args.out, settings)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.step == "generate":
             if args.held_out < 0:
-                raise PromptsError(f"--held-out {args.held_out} is negative")
+                raise DistillError(f"--held-out {args.held_out} is negative")
             training, held_out = split(read_prompts(args.prompts), args.samples, args.held_out, args.seed)
             settings = GenerateSettings(
                 endpoint=args.endpoint,
@@ -103,9 +101,12 @@ def main(argv: list[str] | None = None) -> int:
             summary: object = generate(settings, training, held_out, args.out)
         else:
             summary = _train(args)
-    except PromptsError as exc:
+    except DistillError as exc:
         print(f"specdeploy-distill {args.step}: {exc}", file=sys.stderr)
         return 2
+    except RuntimeError as exc:  # the endpoint answered no prompt (generate.json has the counts)
+        print(f"specdeploy-distill {args.step}: {exc}", file=sys.stderr)
+        return 1
     print(json.dumps(asdict(summary)))  # type: ignore[call-overload]
     return 0
 

@@ -25,8 +25,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from specdeploy_server.distill.prompts import DistillError
 from specdeploy_server.distill.samples import (
-    TrainError,
     TrainSettings,
     tokenized_samples,
     training_batch,
@@ -57,7 +57,7 @@ def _same_tokenizer(target: Path, draft: Path) -> None:
     a, b = ours.get_vocab(), theirs.get_vocab()
     if a != b:
         differ = len(set(a.items()) ^ set(b.items()))
-        raise TrainError(
+        raise DistillError(
             f"draft {draft}: its tokenizer differs from the target's ({len(b)} vs {len(a)} tokens, "
             f"{differ} entries differ); a draft must share the target's tokenizer"
         )
@@ -92,7 +92,7 @@ def train_draft(
     teacher = _load(target).eval().requires_grad_(False)
     student = _load(draft)
     if student.config.vocab_size != teacher.config.vocab_size:
-        raise TrainError(
+        raise DistillError(
             f"draft {draft}: vocab_size {student.config.vocab_size} differs from the target's "
             f"{teacher.config.vocab_size}"
         )

@@ -24,15 +24,15 @@ from typing import Any
 
 import torch
 
+from specdeploy_server.distill.prompts import DistillError
 from specdeploy_server.distill.samples import (
-    TrainError,
     TrainSettings,
     tokenized_samples,
     training_batch,
     write_output,
 )
 
-__all__ = ["TrainSummary", "train_eagle3"]
+__all__ = ["TrainSummary", "eagle3_model", "train_eagle3"]
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,9 @@ class TrainSummary:
     aux_layer_ids: list[int]
 
 
-def _convert(target: Path) -> Any:
+def eagle3_model(target: Path, draft_vocab_size: int | None = None) -> Any:
+    """``target`` converted by ModelOpt to its EAGLE-3 model: the frozen target with a new one-layer head
+    shaped like the target's layers (over ``draft_vocab_size`` tokens, with a ``d2t`` map, when given)."""
     import modelopt.torch.speculative as mtsp  # noqa: PLC0415
     from transformers import AutoModelForCausalLM  # noqa: PLC0415
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: PLC0415
@@ -54,7 +56,7 @@ def _convert(target: Path) -> Any:
     model: Any = AutoModelForCausalLM.from_pretrained(str(target), local_files_only=True, dtype=torch.float32)
     config = model.config
     if not hasattr(getattr(model, "model", None), "layers"):
-        raise TrainError(
+        raise DistillError(
             f"target {target}: architecture {config.architectures} has no decoder layers where ModelOpt's "
             "EAGLE-3 trainer looks for them (model.layers)"
         )
@@ -69,6 +71,8 @@ def _convert(target: Path) -> Any:
             "torch_dtype": "float32",
         }
     )
+    if draft_vocab_size is not None:
+        arch["draft_vocab_size"] = draft_vocab_size
     settings = {
         "eagle_architecture_config": arch,
         "eagle_export_rope_scaling": {},
@@ -77,7 +81,7 @@ def _convert(target: Path) -> Any:
     try:
         mtsp.convert(model, [("eagle", settings)])
     except (ValueError, AssertionError, AttributeError) as exc:
-        raise TrainError(f"target {target}: ModelOpt cannot add an EAGLE-3 head to it ({exc})") from exc
+        raise DistillError(f"target {target}: ModelOpt cannot add an EAGLE-3 head to it ({exc})") from exc
     # ModelOpt initialises the head's rotary embedding lazily with a `device` argument that newer transformers
     # no longer take: built here, as ModelOpt would
     model.eagle_module.rotary_emb = LlamaRotaryEmbedding(config=model.eagle_config)
@@ -94,7 +98,7 @@ def train_eagle3(target: Path, samples: Path, out: Path, settings: TrainSettings
         torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
     sequences = tokenized_samples(samples, target, settings.max_length)
-    model = _convert(target)
+    model = eagle3_model(target)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate)

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Prompt", "PromptsError", "read_prompts", "split"]
+__all__ = ["DistillError", "Prompt", "read_lines", "read_prompts", "split"]
 
 SUFFIXES = (".jsonl", ".txt")
 
 
-class PromptsError(ValueError):
-    """The prompts cannot be used (missing, unreadable, malformed or empty); the message names the place."""
+class DistillError(ValueError):
+    """A step cannot run as asked (prompts or samples missing, unreadable, malformed or empty; a setting or a
+    model that cannot work); the message names the file, line, setting or model."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ def _parse(line: str, where: str) -> Prompt:
     try:
         item = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise PromptsError(f"{where}: not JSON ({exc.msg})") from exc
+        raise DistillError(f"{where}: not JSON ({exc.msg})") from exc
     if isinstance(item, dict) and isinstance(item.get("prompt"), str) and item["prompt"]:
         return Prompt(text=item["prompt"])
     messages = item.get("messages") if isinstance(item, dict) else None
@@ -48,7 +49,7 @@ def _parse(line: str, where: str) -> Prompt:
         and all(isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in messages)
     ):
         return Prompt(messages=tuple(messages))
-    raise PromptsError(f'{where}: expected {{"prompt": "..."}} or {{"messages": [{{"role": ..., ...}}]}}')
+    raise DistillError(f'{where}: expected {{"prompt": "..."}} or {{"messages": [{{"role": ..., ...}}]}}')
 
 
 def _files(path: Path) -> list[Path]:
@@ -56,7 +57,15 @@ def _files(path: Path) -> list[Path]:
         return sorted(p for p in path.iterdir() if p.is_file() and p.suffix in SUFFIXES)
     if path.is_file():
         return [path]
-    raise PromptsError(f"prompts {path}: no such file or directory")
+    raise DistillError(f"prompts {path}: no such file or directory")
+
+
+def read_lines(file: Path, what: str) -> list[str]:
+    """The lines of a UTF-8 text file; refused, naming ``what`` and the file, when it cannot be read."""
+    try:
+        return file.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DistillError(f"{what} {file}: cannot be read ({exc})") from exc
 
 
 def read_prompts(path: Path) -> list[Prompt]:
@@ -64,18 +73,14 @@ def read_prompts(path: Path) -> list[Prompt]:
     prompts: list[Prompt] = []
     files = _files(path)
     for file in files:
-        try:
-            lines = file.read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise PromptsError(f"prompts {file}: cannot be read ({exc})") from exc
-        for number, line in enumerate(lines, 1):
+        for number, line in enumerate(read_lines(file, "prompts"), 1):
             if not line.strip():
                 continue
             where = f"prompts {file} line {number}"
             prompts.append(_parse(line, where) if file.suffix == ".jsonl" else Prompt(text=line))
     if not prompts:
         names = ", ".join(f.name for f in files) or f"no {' or '.join(SUFFIXES)} file"
-        raise PromptsError(f"prompts {path}: empty ({names})")
+        raise DistillError(f"prompts {path}: empty ({names})")
     return prompts
 
 
@@ -83,7 +88,7 @@ def split(prompts: list[Prompt], samples: int, held_out: int, seed: int) -> tupl
     """(training prompts, held-out prompts): shuffled with ``seed``, the held-out ones first, then up to
     ``samples`` for training. Refuses a split that leaves nothing to train on."""
     if held_out >= len(prompts):
-        raise PromptsError(f"heldOut {held_out} leaves none of the {len(prompts)} prompts for training")
+        raise DistillError(f"heldOut {held_out} leaves none of the {len(prompts)} prompts for training")
     order = list(prompts)
     random.Random(seed).shuffle(order)
     return order[held_out : held_out + samples], order[:held_out]

@@ -10,11 +10,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["TrainError", "TrainSettings", "tokenized_samples", "training_batch", "write_output"]
+from specdeploy_server.distill.prompts import DistillError, read_lines
 
-
-class TrainError(ValueError):
-    """The training cannot run as asked; the message names the setting or the input."""
+__all__ = ["TrainSettings", "tokenized_samples", "training_batch", "write_output"]
 
 
 @dataclass(frozen=True)
@@ -31,9 +29,9 @@ class TrainSettings:
 
     def check(self) -> None:
         if self.steps < 1:
-            raise TrainError(f"steps {self.steps}: the budget trains nothing (at least 1 step)")
+            raise DistillError(f"steps {self.steps}: the budget trains nothing (at least 1 step)")
         if self.batch_size < 1:
-            raise TrainError(f"batch size {self.batch_size}: at least 1")
+            raise DistillError(f"batch size {self.batch_size}: at least 1")
 
 
 def tokenized_samples(samples: Path, target: Path, max_length: int) -> list[tuple[list[int], int]]:
@@ -42,11 +40,7 @@ def tokenized_samples(samples: Path, target: Path, max_length: int) -> list[tupl
 
     tokenizer = HFTokenizer(target)
     out = []
-    try:
-        lines = samples.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TrainError(f"samples {samples}: cannot be read ({exc})") from exc
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(read_lines(samples, "samples"), 1):
         if not line.strip():
             continue
         try:
@@ -54,13 +48,13 @@ def tokenized_samples(samples: Path, target: Path, max_length: int) -> list[tupl
             prompt = sample["prompt"] if "prompt" in sample else tokenizer.render_chat(sample["messages"])
             completion = sample["completion"]
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise TrainError(f"samples {samples} line {number}: not a sample ({exc})") from exc
+            raise DistillError(f"samples {samples} line {number}: not a sample ({exc})") from exc
         head = tokenizer.encode(prompt)
         ids = (head + tokenizer.encode(completion, add_special_tokens=False))[:max_length]
         if len(ids) - len(head) >= 2:  # the head learns from at least two response tokens
             out.append((ids, len(head)))
     if not out:
-        raise TrainError(f"samples {samples}: no sample with a response of two tokens or more")
+        raise DistillError(f"samples {samples}: no sample with a response of two tokens or more")
     return out
 
 
