@@ -199,8 +199,7 @@ def test_deleting_a_worker_pod_recreates_the_whole_group(
         pods = group_ready(core, ns, "tp16", 0)
         return pods if pods and not {p.metadata.uid for p in pods} & old else None
 
-    # deletion and recreation go through the controller, the scheduler and kwok: slower under load
-    wait_for(renewed, timeout=120, what="group 0 ready again with both of its pods new")
+    wait_for(renewed, timeout=60, what="group 0 ready again with both of its pods new")
     # The controller's event recorder posts asynchronously.
     wait_for(
         lambda: "RecreateGroup" in [e.reason for e in core.list_namespaced_event(ns).items],
