@@ -118,7 +118,11 @@ def conditions_table() -> str:
     """Each condition type, the kind that carries it, and its reasons, in the vocabulary's order."""
     rows = []
     for type_, reasons in CONDITION_REASONS.items():
-        kind = "EngineBuild" if type_ == ConditionType.SUCCEEDED else "SpeculativeDeployment"
+        kind = {
+            ConditionType.SUCCEEDED: "EngineBuild",
+            ConditionType.GENERATED: "DraftTraining",
+            ConditionType.TRAINED: "DraftTraining",
+        }.get(type_, "SpeculativeDeployment")
         rows.append((f"`{type_}`", kind, ", ".join(f"`{reason}`" for reason in reasons)))
     return table(("condition", "on", "reasons"), rows)
 

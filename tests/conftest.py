@@ -336,7 +336,10 @@ OPERATOR_NAMESPACE_PREFIX = "op"
 
 @pytest.fixture(scope="session")
 def operator(
-    local_cluster: LocalCluster | None, kubeconfig: Path, install_crds: list[str]
+    local_cluster: LocalCluster | None,
+    kubeconfig: Path,
+    install_crds: list[str],
+    api_client: client.ApiClient,
 ) -> Iterator[OperatorProcess]:
     """The operator, running for the whole session with cluster-admin rights (its own identity on the local
     cluster, so the audit log holds exactly its requests)."""
@@ -348,5 +351,45 @@ def operator(
     env = {**OPERATOR_TEST_SETTINGS, "SPECDEPLOY_WATCH_NAMESPACES": f"{OPERATOR_NAMESPACE_PREFIX}-*"}
     proc = OperatorProcess(identity, log_dir, env=env)
     proc.start()
+    wait_until_watching_new_namespaces(client.CoreV1Api(api_client), proc)
     yield proc
     proc.stop()
+
+
+CANARY = {
+    "apiVersion": "specdeploy.dev/v1alpha1",
+    "kind": "SpeculativeDeployment",
+    "metadata": {"name": "canary"},
+    "spec": {
+        "backend": "transformers",
+        "target": {"model": {"uri": "pvc://absent/target"}},
+        "speculative": {"method": "none"},
+        "placement": {"device": "cpu"},
+        "replicas": 0,
+    },
+}
+
+
+def wait_until_watching_new_namespaces(core: client.CoreV1Api, proc: OperatorProcess) -> None:
+    """Wait until the operator reconciles in a namespace created after it started. kopf (1.45) lists the
+    namespaces, then starts a watch whose own initial listing it ignores: a namespace created between the
+    two is never watched. Its liveness endpoint answers before both, so a test's first namespace can fall
+    in that window; each try here uses a new namespace, so a later one lands after the watch began."""
+    custom = client.CustomObjectsApi(core.api_client)
+    deadline = time.monotonic() + 90
+    while True:
+        with fresh_namespace(core, OPERATOR_NAMESPACE_PREFIX) as namespace:
+            custom.create_namespaced_custom_object(
+                "specdeploy.dev", "v1alpha1", namespace, "speculativedeployments", CANARY
+            )
+            tried_until = min(time.monotonic() + 10, deadline)
+            while time.monotonic() < tried_until:
+                body = custom.get_namespaced_custom_object(
+                    "specdeploy.dev", "v1alpha1", namespace, "speculativedeployments", "canary"
+                )
+                if body.get("status"):
+                    return
+                proc.healthy()  # raises if the operator exited
+                time.sleep(0.25)
+        if time.monotonic() >= deadline:
+            pytest.fail(f"the operator reconciled nothing in a new namespace for 90 s\n{proc.log_tail()}")

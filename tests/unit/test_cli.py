@@ -111,7 +111,10 @@ def test_wrong_kind_and_api_version(capsys: pytest.CaptureFixture[str], tmp_path
     text = yaml.safe_dump(wrong_kind) + "---\n" + yaml.safe_dump(wrong_version)
     code, _, err = run(capsys, "-f", write(tmp_path, text))
     assert code == 1
-    assert "kind: expected one of SpeculativeDeployment, EngineBuild, got 'SpeculativeDeploymnet'" in err
+    assert (
+        "kind: expected one of SpeculativeDeployment, EngineBuild, DraftTraining, got 'SpeculativeDeploymnet'"
+        in err
+    )
     assert "apiVersion: expected specdeploy.dev/v1alpha1, got 'specdeploy.dev/v1'" in err
 
 

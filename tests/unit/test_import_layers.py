@@ -53,12 +53,17 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         (
             f"{PACKAGE}.controller.deploymentplan",
             f"{PACKAGE}.controller.engineplan",
+            f"{PACKAGE}.controller.trainingplan",
             f"{PACKAGE}.controller.port",
         ),
     ),
     (
         "controller, reconciles: observe, plan, apply through the port",
-        (f"{PACKAGE}.controller.deployments", f"{PACKAGE}.controller.enginebuilds"),
+        (
+            f"{PACKAGE}.controller.deployments",
+            f"{PACKAGE}.controller.enginebuilds",
+            f"{PACKAGE}.controller.trainings",
+        ),
     ),
     (
         "controller, the reconciler: work queue and the port's implementation",

@@ -100,12 +100,18 @@ one Role per watched namespace. Writes are server-side apply (PATCH; creating th
 - apiGroups: [specdeploy.dev]
   resources: [enginebuilds/status]
   verbs: [patch]
+- apiGroups: [specdeploy.dev]
+  resources: [drafttrainings]
+  verbs: [get, list, watch]
+- apiGroups: [specdeploy.dev]
+  resources: [drafttrainings/status]
+  verbs: [patch]
 # Children carry ownerReferences with blockOwnerDeletion: clusters that run the OwnerReferencesPermissionEnforcement
 # admission plugin (OpenShift) want update on the owner's finalizers from whoever sets it.
 - apiGroups: [specdeploy.dev]
-  resources: [speculativedeployments/finalizers, enginebuilds/finalizers]
+  resources: [speculativedeployments/finalizers, enginebuilds/finalizers, drafttrainings/finalizers]
   verbs: [update]
-# Engine-build Jobs, and their pods (read-only: the failed step's termination message).
+# Engine-build and draft-training Jobs, and their pods (read-only: a step's termination message).
 - apiGroups: [batch]
   resources: [jobs]
   verbs: [get, list, watch, create, patch, delete]

@@ -1,5 +1,6 @@
-"""The specdeploy API: pydantic models of SpeculativeDeployment and EngineBuild, the one source of truth from
-which the CRDs in `crds/` and `docs/api.md` are generated (`python -m specdeploy_operator.crdgen`)."""
+"""The specdeploy API: pydantic models of SpeculativeDeployment, EngineBuild and DraftTraining, the one
+source of truth from which the CRDs in `crds/` and `docs/api.md` are generated
+(`python -m specdeploy_operator.crdgen`)."""
 
 from .autoscaling import (
     DEFAULT_TARGETS,
@@ -25,7 +26,9 @@ from .conditions import (
     KubeReason,
     PodPhase,
     Reason,
+    RunPhase,
 )
+from .drafttraining import DRAFT_TRAINING, DraftTraining, DraftTrainingSpec, DraftTrainingStatus
 from .enginebuild import (
     ENGINE_BUILD,
     EngineBuild,
@@ -82,6 +85,7 @@ __all__ = [
     "CREATION_REASONS",
     "DEFAULT_TARGETS",
     "DRAFT_TOKEN_METHODS",
+    "DRAFT_TRAINING",
     "ENGINE_BUILD",
     "GROUP",
     "KINDS",
@@ -105,6 +109,9 @@ __all__ = [
     "ConditionType",
     "DeploymentPhase",
     "Device",
+    "DraftTraining",
+    "DraftTrainingSpec",
+    "DraftTrainingStatus",
     "EagleSpec",
     "EngineBuild",
     "EngineBuildPhase",
@@ -140,6 +147,7 @@ __all__ = [
     "ResourceInfo",
     "RolloutSpec",
     "Rule",
+    "RunPhase",
     "RuntimeSpec",
     "ScaleDownSpec",
     "ScaleUpSpec",

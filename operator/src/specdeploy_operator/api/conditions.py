@@ -29,6 +29,8 @@ __all__ = [
     "Phase",
     "PodPhase",
     "Reason",
+    "RunPhase",
+    "TrainingPhase",
 ]
 
 
@@ -46,6 +48,20 @@ class DeploymentPhase(StrEnum):
     DEPLOYING = "Deploying"
     READY = "Ready"
     DEGRADED = "Degraded"
+    FAILED = "Failed"
+
+
+TrainingPhase = Literal["Pending", "Generating", "Training", "Succeeded", "Failed"]
+"""`DraftTraining.status.phase` in the schema; `RunPhase` names each value."""
+
+
+class RunPhase(StrEnum):
+    """`DraftTraining.status.phase` (`TrainingPhase`)."""
+
+    PENDING = "Pending"
+    GENERATING = "Generating"
+    TRAINING = "Training"
+    SUCCEEDED = "Succeeded"
     FAILED = "Failed"
 
 
@@ -71,6 +87,10 @@ class ConditionType(StrEnum):
     """Whether the engine-cache claim is bound and can be mounted by pods on several nodes."""
     SUCCEEDED = "Succeeded"
     """The EngineBuild's one condition: `True` once built, `False` once failed, `Unknown` before."""
+    GENERATED = "Generated"
+    """A DraftTraining's generate step: `True` once the deployment answered its prompts."""
+    TRAINED = "Trained"
+    """A DraftTraining's train step: `True` once the draft is in the claim."""
 
 
 class ConditionStatus(StrEnum):
@@ -118,6 +138,18 @@ class Reason(StrEnum):
     CLAIM_PROVISIONING_FAILED = "ClaimProvisioningFailed"
     CLAIM_NOT_READ_WRITE_MANY = "ClaimNotReadWriteMany"
     CLAIM_LOST = "ClaimLost"
+    # Generated and Trained (a DraftTraining)
+    DEPLOYMENT_NOT_FOUND = "DeploymentNotFound"
+    DEPLOYMENT_NOT_READY = "DeploymentNotReady"
+    TRAINING_REFUSED = "TrainingRefused"
+    GENERATING = "Generating"
+    SAMPLES_GENERATED = "SamplesGenerated"
+    GENERATE_FAILED = "GenerateFailed"
+    WAITING_FOR_SAMPLES = "WaitingForSamples"
+    TRAINING = "Training"
+    DRAFT_TRAINED = "DraftTrained"
+    TRAIN_FAILED = "TrainFailed"
+    BUDGET_EXHAUSTED = "BudgetExhausted"
     # events only
     BUILD_STARTED = "BuildStarted"
     ROLLOUT_STARTED = "RolloutStarted"
@@ -187,6 +219,23 @@ CONDITION_REASONS: Final[Mapping[ConditionType, tuple[Reason, ...]]] = {
         Reason.QUOTA_EXCEEDED,
         Reason.POD_CREATION_FORBIDDEN,
         Reason.POD_CREATION_FAILED,
+    ),
+    ConditionType.GENERATED: (
+        Reason.DEPLOYMENT_NOT_FOUND,
+        Reason.DEPLOYMENT_NOT_READY,
+        Reason.TRAINING_REFUSED,
+        Reason.INVALID_SPEC,
+        Reason.GENERATING,
+        Reason.SAMPLES_GENERATED,
+        Reason.GENERATE_FAILED,
+        Reason.BUDGET_EXHAUSTED,
+    ),
+    ConditionType.TRAINED: (
+        Reason.WAITING_FOR_SAMPLES,
+        Reason.TRAINING,
+        Reason.DRAFT_TRAINED,
+        Reason.TRAIN_FAILED,
+        Reason.BUDGET_EXHAUSTED,
     ),
 }
 """The reasons each condition type may take."""

@@ -16,16 +16,18 @@ from typing import Any
 from pydantic import ValidationError
 
 from .base import API_VERSION, RULE_ERROR_TYPE
+from .drafttraining import DraftTraining
 from .enginebuild import EngineBuild
 from .speculative import SpeculativeDeployment
 
 __all__ = ["KINDS", "FieldError", "InvalidObjectError", "parse_object", "validate_object"]
 
-SpecdeployObject = SpeculativeDeployment | EngineBuild
+SpecdeployObject = SpeculativeDeployment | EngineBuild | DraftTraining
 
-KINDS: dict[str, type[SpeculativeDeployment] | type[EngineBuild]] = {
+KINDS: dict[str, type[SpeculativeDeployment] | type[EngineBuild] | type[DraftTraining]] = {
     "SpeculativeDeployment": SpeculativeDeployment,
     "EngineBuild": EngineBuild,
+    "DraftTraining": DraftTraining,
 }
 """The kinds of `specdeploy.dev/v1alpha1`, by name."""
 
@@ -80,7 +82,7 @@ def _field_errors(error: ValidationError) -> list[FieldError]:
 
 
 def _check_name(
-    doc: Mapping[str, Any], kind: type[SpeculativeDeployment] | type[EngineBuild]
+    doc: Mapping[str, Any], kind: type[SpeculativeDeployment] | type[EngineBuild] | type[DraftTraining]
 ) -> list[FieldError]:
     metadata = doc.get("metadata")
     if not isinstance(metadata, Mapping):

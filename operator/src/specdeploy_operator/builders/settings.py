@@ -39,6 +39,9 @@ class OperatorSettings(BaseModel):
     builder_image: str | None = None
     """Image of build and staging Jobs (`SPECDEPLOY_BUILDER_IMAGE`) unless `spec.images.builder` is set;
     unset: the deployment's serving image, so the release that runs an engine builds it."""
+    trainer_image: str = "ghcr.io/specdeploy/trainer:0.1.0"
+    """Image of a DraftTraining's EAGLE-3 train Job (`SPECDEPLOY_TRAINER_IMAGE`): NVIDIA ModelOpt, pinned
+    (Dockerfile.trainer). Its generate Job and a `draftModel` train Job run the server image."""
     image_pull_secrets: tuple[str, ...] = ()
     """`imagePullSecrets` of every pod the operator creates (serving, build, staging), comma-separated
     (`SPECDEPLOY_IMAGE_PULL_SECRETS`); a deployment's `spec.images.pullSecrets` come after these. Each

@@ -18,6 +18,7 @@ from specdeploy_operator.api import (
     DeploymentPhase,
     EventType,
     Reason,
+    RunPhase,
 )
 
 from .conditions import MAX_MESSAGE, find_condition
@@ -45,6 +46,20 @@ def _build_milestone(new: object, status: Obj) -> Event | None:
         return Event(EventType.NORMAL, Reason.BUILD_SUCCEEDED, message)
     if new == BuildPhase.FAILED:
         return Event(EventType.WARNING, Reason.BUILD_FAILED, message)
+    return None
+
+
+def _training_milestone(new: object, status: Obj) -> Event | None:
+    """A DraftTraining's step started, succeeded or failed: the condition that says so, as an event."""
+    if new == RunPhase.GENERATING:
+        return Event(EventType.NORMAL, Reason.GENERATING, f"generate Job {status.get('generateJob')} started")
+    if new == RunPhase.TRAINING:
+        generated = find_condition(status, ConditionType.GENERATED)
+        return Event(EventType.NORMAL, Reason.SAMPLES_GENERATED, str(generated.get("message", "")))
+    if new in (RunPhase.SUCCEEDED, RunPhase.FAILED):
+        trained = find_condition(status, ConditionType.TRAINED)
+        kind = EventType.NORMAL if new == RunPhase.SUCCEEDED else EventType.WARNING
+        return Event(kind, str(trained.get("reason")), str(trained.get("message", "")))
     return None
 
 
@@ -83,7 +98,12 @@ def status_events(kind: str, previous: Obj, status: Obj, *, quiet: Collection[st
     new_reason = find_condition(status, ConditionType.DEGRADED).get("reason")
     if old == new and (new != DeploymentPhase.DEGRADED or old_reason == new_reason):
         return events
-    milestone = _build_milestone(new, status) if kind == "EngineBuild" else _deployment_milestone(new, status)
+    if kind == "DraftTraining":
+        milestone = _training_milestone(new, status)
+    elif kind == "EngineBuild":
+        milestone = _build_milestone(new, status)
+    else:
+        milestone = _deployment_milestone(new, status)
     if milestone is not None:
         events.append(milestone)
     return events

@@ -90,6 +90,7 @@ def _key(kw: Mapping[str, Any]) -> tuple[str, str]:
 
 SDEP: Final = (GROUP, VERSION, "speculativedeployments")
 ENGINE: Final = (GROUP, VERSION, "enginebuilds")
+TRAINING: Final = (GROUP, VERSION, "drafttrainings")
 LWS: Final = ("leaderworkerset.x-k8s.io", "v1", "leaderworkersets")
 
 
@@ -108,6 +109,7 @@ def register_indexes(registry: kopf.OperatorRegistry) -> None:
     # what it renders, so another actor's change is seen and reverted on its watch event.
     by_name("sdeps", *sdep, "metadata", "spec", "status", managed=False)
     by_name("enginebuilds", *engine, "metadata", "spec", "status", managed=False)
+    by_name("drafttrainings", *TRAINING, "metadata", "spec", "status", managed=False)
     for id_, resource, parts in (
         ("jobs", ("batch", "v1", "jobs"), ("metadata", "status")),
         ("deployments", ("apps", "v1", "deployments"), ("metadata", "spec", "status")),
@@ -167,11 +169,19 @@ def register(registry: kopf.OperatorRegistry) -> None:
     async def on_engine(**kw: Any) -> None:
         _reconciler(kw["memo"], kw).engine_changed(*_key(kw))
 
+    @kopf.on.event(*TRAINING, registry=registry)
+    async def on_training(**kw: Any) -> None:
+        _reconciler(kw["memo"], kw).training_changed(*_key(kw))
+
+    def job_changed(reconciler: Reconciler, namespace: str, job: Mapping[str, Any]) -> None:
+        for owner in owner_names(job, "EngineBuild"):
+            reconciler.engine_changed(namespace, owner)
+        for owner in owner_names(job, "DraftTraining"):
+            reconciler.training_changed(namespace, owner)
+
     @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, registry=registry)
     async def on_job(**kw: Any) -> None:
-        reconciler = _reconciler(kw["memo"], kw)
-        for owner in owner_names(kw["body"], "EngineBuild"):
-            reconciler.engine_changed(str(kw["namespace"]), owner)
+        job_changed(_reconciler(kw["memo"], kw), str(kw["namespace"]), kw["body"])
 
     @kopf.on.event("", "v1", "pods", labels=MANAGED, registry=registry)
     async def on_pod(**kw: Any) -> None:
@@ -180,8 +190,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
         namespace = str(kw["namespace"])
         if JOB_NAME_LABEL in labels:
             for job in kw["jobs"].get((namespace, labels[JOB_NAME_LABEL]), ()):
-                for owner in owner_names(job, "EngineBuild"):
-                    reconciler.engine_changed(namespace, owner)
+                job_changed(reconciler, namespace, job)
         elif INSTANCE_LABEL in labels:
             reconciler.deployment_changed(namespace, labels[INSTANCE_LABEL])
 

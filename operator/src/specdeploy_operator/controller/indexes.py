@@ -13,6 +13,7 @@ INDEX_IDS: Final = (
     "sdeps",
     "engine_users",
     "enginebuilds",
+    "drafttrainings",
     "jobs",
     "pods",
     "deployments",
@@ -28,6 +29,7 @@ INDEX_IDS: Final = (
 INDEX_OF_KIND: Final = {
     "SpeculativeDeployment": "sdeps",
     "EngineBuild": "enginebuilds",
+    "DraftTraining": "drafttrainings",
     "Job": "jobs",
     "Deployment": "deployments",
     "LeaderWorkerSet": "leaderworkersets",

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 PLURALS: Final[Mapping[tuple[str, str], str]] = {
     ("specdeploy.dev/v1alpha1", "SpeculativeDeployment"): "speculativedeployments",
     ("specdeploy.dev/v1alpha1", "EngineBuild"): "enginebuilds",
+    ("specdeploy.dev/v1alpha1", "DraftTraining"): "drafttrainings",
     ("batch/v1", "Job"): "jobs",
     ("apps/v1", "Deployment"): "deployments",
     ("v1", "ConfigMap"): "configmaps",

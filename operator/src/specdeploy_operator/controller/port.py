@@ -22,8 +22,9 @@ from .kube import ObjectRef
 __all__ = ["Child", "ClusterPort", "Key", "Obj", "wire", "write_status"]
 
 Obj = Mapping[str, Any]
-Key = tuple[Literal["sdep", "engine"], str, str]
-"""A work-queue key: `("sdep", namespace, name)` or `("engine", namespace, name)`."""
+Key = tuple[Literal["sdep", "engine", "training"], str, str]
+"""A work-queue key: `("sdep", namespace, name)`, `("engine", namespace, name)` or `("training", namespace,
+name)`."""
 Child = ApiModel | Mapping[str, Any]
 """A desired object: a specdeploy model (an EngineBuild) or a Kubernetes object in wire form. Models are
 serialised once, when they are applied."""

@@ -35,6 +35,7 @@ from .livestate import difference, first_difference, merge_patch
 from .port import Child, Key, wire
 from .queue import WorkQueue
 from .speculation import SpeculationSampler, close_metrics_session, fetch_metrics, speculation_targets
+from .trainings import reconcile_training
 
 __all__ = [
     "INDEX_IDS",
@@ -142,6 +143,8 @@ class Reconciler:
             self.queue.add(("sdep", namespace, name))
         for namespace, name in list(self.indices["enginebuilds"]):
             self.queue.add(("engine", namespace, name))
+        for namespace, name in list(self.indices["drafttrainings"]):
+            self.queue.add(("training", namespace, name))
         self._schedule_resync()
 
     async def _sample_speculation(self) -> None:
@@ -162,12 +165,26 @@ class Reconciler:
         """Reconcile the deployment; given its new body (its own watch event), also the EngineBuilds it no
         longer uses: garbage now, collected after the grace period rather than at the next resync."""
         self.queue.add(("sdep", namespace, name))
+        self._trainings_of(namespace, name)
         if body is None:
             return
         used = self.engines_used(body)
         for engine in self._engines_of.get((namespace, name), set()) - used:
             self.queue.add(("engine", namespace, engine))
         self._engines_of[(namespace, name)] = used
+
+    def training_changed(self, namespace: str, name: str) -> None:
+        self.queue.add(("training", namespace, name))
+
+    def _trainings_of(self, namespace: str, deployment: str) -> None:
+        """Reconcile the DraftTrainings of `deployment` (one waits for it to be Ready)."""
+        trainings = self.indices.get("drafttrainings") or {}
+        for key in list(trainings):
+            if key[0] != namespace:
+                continue
+            body = one(trainings, key)
+            if body is not None and (body.get("spec") or {}).get("deployment") == deployment:
+                self.queue.add(("training", namespace, key[1]))
 
     def engine_changed(self, namespace: str, name: str) -> None:
         self.queue.add(("engine", namespace, name))
@@ -217,6 +234,8 @@ class Reconciler:
         try:
             if kind == "sdep":
                 result = await reconcile_deployment(self, namespace, name)
+            elif kind == "training":
+                result = await reconcile_training(self, namespace, name)
             else:
                 result = await reconcile_engine(self, namespace, name)
         except ApiError as error:

@@ -8,14 +8,17 @@
 TRAINING: [--steps N] [--batch-size N] [--max-seconds S] [--learning-rate LR] [--max-length N] [--seed N]
 [--threads N].
 
-Each prints its summary as one JSON line. Bad input exits with status 2 and one line naming what is wrong;
-an endpoint that answers no prompt, with status 1 and its first error.
+Each prints its summary as one JSON line, and writes it as the container's termination message
+(`/dev/termination-log` where the container runtime made one, or `$SPECDEPLOY_TERMINATION_LOG`): the operator
+reads a DraftTraining's figures there. Bad input exits with status 2 and one line naming what is wrong; an
+endpoint that answers no prompt, with status 1 and its first error.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -83,6 +86,18 @@ def _train(args: argparse.Namespace) -> object:
     return train_draft(args.target, args.draft, args.samples, args.out, settings)
 
 
+def _terminate_with(line: str) -> None:
+    """Write `line` as the termination message when there is a place for one (never creates /dev files)."""
+    path = os.environ.get("SPECDEPLOY_TERMINATION_LOG") or "/dev/termination-log"
+    if not os.path.exists(path):
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(line + "\n")
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -107,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as exc:  # the endpoint answered no prompt (generate.json has the counts)
         print(f"specdeploy-distill {args.step}: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(asdict(summary)))  # type: ignore[call-overload]
+    line = json.dumps(asdict(summary))  # type: ignore[call-overload]
+    print(line)
+    _terminate_with(line)
     return 0
 
 

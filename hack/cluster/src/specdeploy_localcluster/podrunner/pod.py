@@ -30,12 +30,14 @@ from .probes import run_handler
 from .process import ContainerRun, backoff_seconds, termination_message
 from .security import apply_fs_group, hidden_ancestors, identity, privilege_drop
 from .selection import ImageDefaults
-from .volumes import PodNotReady, UnsupportedPod, container_mounts, prepare_volumes
+from .volumes import Mount, PodNotReady, UnsupportedPod, container_mounts, prepare_volumes
 
 __all__ = ["PodWorker", "now_rfc3339"]
 
 log = logging.getLogger("podrunner")
 TICK: Final = 0.2
+DEFAULT_TERMINATION_PATH: Final = "/dev/termination-log"
+"""The kubelet's default `terminationMessagePath`."""
 
 
 def now_rfc3339() -> str:
@@ -177,12 +179,21 @@ class PodWorker:
         log_path = self.dir / "logs" / f"{run.name}-{run.restarts}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         mounts = container_mounts(run.spec, self.volumes)
+        # terminationMessagePath: a file of its own bound at the path, read back when the process exits. It is
+        # mounted first: a volume at /tmp (every hardened pod has one) would hide its source here.
+        termination = self.dir / "termination" / f"{run.name}-{run.restarts}"
+        termination.parent.mkdir(parents=True, exist_ok=True)
+        termination.write_bytes(b"")
+        termination.chmod(0o666)
+        target = run.spec.get("terminationMessagePath") or DEFAULT_TERMINATION_PATH
+        mounts.insert(0, Mount(termination, target, read_only=False))
+        run.termination_path = termination
         who = identity(self.pod, run.spec, image)
         proc = launch(
             argv=[*privilege_drop(who), *command_line(run.spec, env, image)],
             env=env,
             mounts=mounts,
-            workdir=run.spec.get("workingDir"),
+            workdir=run.spec.get("workingDir") or image.workdir,
             script=self.dir / f"run-{run.name}.sh",
             log_path=log_path,
             netns=self.netns,

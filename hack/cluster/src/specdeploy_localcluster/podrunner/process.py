@@ -18,6 +18,7 @@ __all__ = ["ContainerRun", "backoff_seconds", "termination_message"]
 BACKOFF_BASE_SECONDS: Final = 10.0
 BACKOFF_MAX_SECONDS: Final = 300.0
 _MESSAGE_BYTES: Final = 2048
+_FILE_BYTES: Final = 4096
 _MESSAGE_LINES: Final = 80
 
 
@@ -27,7 +28,16 @@ def backoff_seconds(restarts: int) -> float:
 
 
 def termination_message(run: ContainerRun) -> str | None:
-    """`FallbackToLogsOnError`: the end of the log of a container that failed (2 KiB or 80 lines)."""
+    """The kubelet's termination message: what the process wrote to its `terminationMessagePath` (4 KiB at
+    most), else, under `FallbackToLogsOnError` for a container that failed, the end of its log (2 KiB or 80
+    lines)."""
+    if run.termination_path is not None:
+        try:
+            written = run.termination_path.read_bytes()[:_FILE_BYTES].decode(errors="replace")
+        except OSError:
+            written = ""
+        if written.strip():
+            return written
     if run.spec.get("terminationMessagePolicy") != "FallbackToLogsOnError" or run.log_path is None:
         return None
     if run.proc is None or run.proc.returncode == 0:
@@ -55,6 +65,7 @@ class ContainerRun:
         self.proc: subprocess.Popen[bytes] | None = None
         self.container_id: str | None = None  # the last process's, kept after it exits (as the kubelet does)
         self.log_path: Path | None = None
+        self.termination_path: Path | None = None
         self.restarts = 0
         self.state: dict[str, Any] = {
             "waiting": {"reason": "PodInitializing" if not init else "ContainerCreating"}

@@ -32,7 +32,7 @@ KWOK_CRDS: Final = ("Logs", "Exec", "PortForward")
 
 class ImageDefaults:
     """What an image would bring: its ENTRYPOINT/CMD (used when a container sets no `command`/`args`), its
-    USER as (uid, gid) (used when the pod names none) and its ENV."""
+    USER as (uid, gid) (used when the pod names none), its ENV and its WORKDIR (used without `workingDir`)."""
 
     def __init__(
         self,
@@ -41,18 +41,25 @@ class ImageDefaults:
         *,
         user: tuple[int, int] = (0, 0),
         env: Mapping[str, str] | None = None,
+        workdir: str = "/",
     ) -> None:
         self.entrypoint = entrypoint
         self.cmd = cmd or []
         self.user = user
         self.env = dict(env or {})
+        self.workdir = workdir
 
 
 DEFAULT_IMAGES: Final[Mapping[str, ImageDefaults]] = {
-    # Dockerfile.server: ENTRYPOINT ["specdeploy-server"], USER 10001:10001, ENV HOME=/tmp. The operator's
-    # default server and builder image.
+    # Dockerfile.server: ENTRYPOINT ["specdeploy-server"], USER 10001:10001, ENV HOME=/tmp, WORKDIR /tmp. The
+    # operator's default server and builder image.
     "ghcr.io/specdeploy/server:0.1.0": ImageDefaults(
-        ["specdeploy-server"], user=(10001, 10001), env={"HOME": "/tmp"}
+        ["specdeploy-server"], user=(10001, 10001), env={"HOME": "/tmp"}, workdir="/tmp"
+    ),
+    # Dockerfile.trainer, the same but ENTRYPOINT ["specdeploy-distill"]; its ModelOpt is this checkout's (the
+    # test extras pin the same version). A DraftTraining's EAGLE-3 train Job.
+    "ghcr.io/specdeploy/trainer:0.1.0": ImageDefaults(
+        ["specdeploy-distill"], user=(10001, 10001), env={"HOME": "/tmp"}, workdir="/tmp"
     ),
 }
 

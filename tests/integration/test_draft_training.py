@@ -1,0 +1,173 @@
+"""A DraftTraining on the local cluster: the operator runs its generate Job against the CPU example's real
+server, then its train Job, both real processes (the server image; the trainer image for EAGLE-3), and
+writes what their termination messages say into status.
+
+The local cluster has no cluster DNS and no kube-proxy, so a pod cannot reach `<deployment>.<ns>.svc`; the
+training names its endpoint (`spec.endpoint`): a forwarder on this machine's side of the pods' links
+(podnet.GATEWAY), which passes each connection to a ready endpoint of the deployment's Service.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from specdeploy_localcluster.podnet import GATEWAY
+from specdeploy_server.demo_models import corpus_text, documents
+
+from tests.conftest import Kubectl, wait_for
+from tests.integration.test_real_pods import Served, served
+
+pytestmark = pytest.mark.usefixtures("operator")
+__all__ = ["served"]
+
+GROUP, VERSION, PLURAL = "specdeploy.dev", "v1alpha1", "drafttrainings"
+# The demo target learnt one small corpus (specdeploy_server.demo_models): the first words of each of its
+# paragraphs are prompts it continues at length.
+PROMPTS = [" ".join(doc.split()[:6]) for doc in documents(corpus_text())]
+
+
+def _pipe(src: socket.socket, dst: socket.socket) -> None:
+    try:
+        while chunk := src.recv(65536):
+            dst.sendall(chunk)
+    except OSError:
+        pass
+    finally:
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.fixture
+def forwarder(served: tuple[Served, Path]) -> Iterator[str]:
+    """`http://GATEWAY:<port>/v1`, forwarded to the deployment's ready endpoints (what a Service's ClusterIP
+    and kube-proxy would do for a pod)."""
+    s, _ = served
+    listener = socket.socket()
+    listener.bind((GATEWAY, 0))
+    listener.listen(16)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            host, port = s.endpoints.base_url().removeprefix("http://").rsplit(":", 1)
+            upstream = socket.create_connection((host, int(port)), timeout=30)
+            upstream.settimeout(None)
+            for a, b in ((conn, upstream), (upstream, conn)):
+                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://{GATEWAY}:{listener.getsockname()[1]}/v1"
+    stop.set()
+    listener.close()
+
+
+def _training(s: Served, name: str, endpoint: str, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "DraftTraining",
+        "metadata": {"name": name, "namespace": s.namespace},
+        "spec": {
+            "deployment": s.name,
+            "prompts": {"configMap": {"name": "prompts"}},
+            "samples": 24,
+            "heldOut": 4,
+            "sampling": {"maxTokens": 24, "concurrency": 4},
+            "outputPvcName": "demo-models",
+            "endpoint": endpoint,
+            **spec,
+        },
+    }
+
+
+def _run(s: Served, kubectl: Kubectl, doc: dict[str, Any]) -> dict[str, Any]:
+    custom = client.CustomObjectsApi(s.api)
+    name = doc["metadata"]["name"]
+
+    def status() -> dict[str, Any]:
+        obj = custom.get_namespaced_custom_object(GROUP, VERSION, s.namespace, PLURAL, name)
+        return dict(obj.get("status") or {})
+
+    def finished() -> dict[str, Any] | None:
+        current = status()
+        return current if current.get("phase") in ("Succeeded", "Failed") else None
+
+    def describe() -> str:
+        return f"training: {json.dumps(status())}\n{s.describe()}"
+
+    kubectl("apply", "--server-side", "-f", "-", input=json.dumps(doc))
+    result: dict[str, Any] = wait_for(
+        finished, timeout=420, interval=1, what=f"{name} finished", describe=describe
+    )
+    assert result["phase"] == "Succeeded", describe()
+    return result
+
+
+@pytest.fixture
+def prompts(served: tuple[Served, Path], kubectl: Kubectl) -> None:
+    s, _ = served
+    lines = "".join(json.dumps({"prompt": p}) + "\n" for p in PROMPTS)
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "prompts", "namespace": s.namespace},
+        "data": {"prompts.jsonl": lines},
+    }
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(configmap))
+
+
+@pytest.mark.usefixtures("prompts")
+def test_a_draft_model_is_distilled_from_the_deployments_own_answers(
+    served: tuple[Served, Path], kubectl: Kubectl, forwarder: str
+) -> None:
+    s, models = served
+    status = _run(s, kubectl, _training(s, "distil", forwarder, draft="draftModel", training={"steps": 6}))
+    assert status["generated"]["prompts"] == 28
+    assert status["generated"]["samples"] == 24
+    assert status["generated"]["heldOut"] == 4
+    assert status["generated"]["failed"] == 0
+    assert status["generated"]["completionTokens"] > 0
+    assert status["trained"]["steps"] == 6
+    assert 0 < status["trained"]["samples"] <= 24  # a response shorter than two tokens teaches nothing
+    assert status["trained"]["loss"] > 0
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions == {"Generated": ("True", "SamplesGenerated"), "Trained": ("True", "DraftTrained")}
+    assert status["uri"] == f"pvc://demo-models/drafts/{status['hash']}/model"
+    out = models / "drafts" / status["hash"]
+    assert {"samples.jsonl", "heldout.jsonl", "generate.json"} <= {p.name for p in (out / "data").iterdir()}
+    assert {"config.json", "model.safetensors", "train.json"} <= {p.name for p in (out / "model").iterdir()}
+    samples = [json.loads(line) for line in (out / "data" / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 24
+    events = kubectl(
+        "get", "events", "-n", s.namespace, "--field-selector", "involvedObject.name=distil", "-o", "json"
+    )
+    reasons = {e["reason"] for e in json.loads(events.stdout)["items"]}
+    assert {"Generating", "SamplesGenerated", "DraftTrained"} <= reasons
+
+
+@pytest.mark.usefixtures("prompts")
+def test_an_eagle3_head_is_trained_in_the_trainer_image(
+    served: tuple[Served, Path], kubectl: Kubectl, forwarder: str
+) -> None:
+    s, models = served
+    status = _run(s, kubectl, _training(s, "eagle", forwarder, draft="eagle3", training={"steps": 4}))
+    assert status["trained"]["steps"] == 4
+    assert 0 <= status["trained"]["accuracy"] <= 1
+    head = models / "drafts" / status["hash"] / "model"
+    config = json.loads((head / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"]
+    jobs = client.BatchV1Api(s.api).read_namespaced_job(status["trainJob"], s.namespace)
+    assert jobs.spec.template.spec.containers[0].image == "ghcr.io/specdeploy/trainer:0.1.0"
