@@ -27,6 +27,7 @@ BY_RECORD: dict[str, tuple[str, ...]] = {
     **{f"server-{section}": _SERVER for section in SERVER_SECTIONS},
     **{f"server-gpu-{section}": _SERVER for section in GPU_SECTIONS},
     "autoscaling": ("operator/src", "server/src", "hack/cluster", "benchmarks/autoscaling.py"),
+    "distill": ("operator/src", "server/src", "hack/cluster", "benchmarks/distill.py"),
     "operator": _OPERATOR,
     "operator-1000": _OPERATOR,
     "operator-multinode": _OPERATOR,

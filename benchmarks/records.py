@@ -150,6 +150,13 @@ def blocks() -> list[Block]:
             "python -m benchmarks.autoscaling",
         ),
         Block(
+            "distill",
+            OPERATOR_DOC,
+            ("distill",),
+            "benchmarks.distill_report:render",
+            "python -m benchmarks.distill",
+        ),
+        Block(
             "operator",
             OPERATOR_DOC,
             ("operator",),

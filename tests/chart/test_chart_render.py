@@ -161,6 +161,7 @@ def test_default_render(helm: Helm) -> None:
             "CustomResourceDefinition",
             "CustomResourceDefinition",
             "CustomResourceDefinition",
+            "CustomResourceDefinition",
             "Deployment",
             "Service",
             "ServiceAccount",
@@ -172,6 +173,7 @@ def test_default_render(helm: Helm) -> None:
     assert crds == {
         "speculativedeployments.specdeploy.dev",
         "enginebuilds.specdeploy.dev",
+        "drafttrainings.specdeploy.dev",
         "clusterkopfpeerings.kopf.dev",
         "kopfpeerings.kopf.dev",
     }
@@ -323,6 +325,7 @@ def test_peering_when_scaled(helm: Helm) -> None:
     assert {o["metadata"]["name"] for o in by_kind(no_crds, "CustomResourceDefinition")} == {
         "speculativedeployments.specdeploy.dev",
         "enginebuilds.specdeploy.dev",
+        "drafttrainings.specdeploy.dev",
     }
 
 

@@ -3,23 +3,19 @@ server, then its train Job, both real processes (the server image; the trainer i
 writes what their termination messages say into status.
 
 The local cluster has no cluster DNS and no kube-proxy, so a pod cannot reach `<deployment>.<ns>.svc`; the
-training names its endpoint (`spec.endpoint`): a forwarder on this machine's side of the pods' links
-(podnet.GATEWAY), which passes each connection to a ready endpoint of the deployment's Service.
+training names its endpoint (`spec.endpoint`): the Service through specdeploy_localcluster's ServiceGateway.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
-from specdeploy_localcluster.podnet import GATEWAY
+from specdeploy_localcluster.servicegateway import ServiceGateway
 from specdeploy_server.demo_models import corpus_text, documents
 
 from tests.conftest import Kubectl, wait_for
@@ -34,45 +30,12 @@ GROUP, VERSION, PLURAL = "specdeploy.dev", "v1alpha1", "drafttrainings"
 PROMPTS = [" ".join(doc.split()[:6]) for doc in documents(corpus_text())]
 
 
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while chunk := src.recv(65536):
-            dst.sendall(chunk)
-    except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-
 @pytest.fixture
 def forwarder(served: tuple[Served, Path]) -> Iterator[str]:
-    """`http://GATEWAY:<port>/v1`, forwarded to the deployment's ready endpoints (what a Service's ClusterIP
-    and kube-proxy would do for a pod)."""
+    """The deployment's Service as the training's pods reach it here (`ServiceGateway`)."""
     s, _ = served
-    listener = socket.socket()
-    listener.bind((GATEWAY, 0))
-    listener.listen(16)
-    stop = threading.Event()
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            host, port = s.endpoints.base_url().removeprefix("http://").rsplit(":", 1)
-            upstream = socket.create_connection((host, int(port)), timeout=30)
-            upstream.settimeout(None)
-            for a, b in ((conn, upstream), (upstream, conn)):
-                threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield f"http://{GATEWAY}:{listener.getsockname()[1]}/v1"
-    stop.set()
-    listener.close()
+    with ServiceGateway(s.api, s.namespace, s.name) as gateway:
+        yield f"{gateway.url}/v1"
 
 
 def _training(s: Served, name: str, endpoint: str, **spec: Any) -> dict[str, Any]:

@@ -170,6 +170,17 @@ def test_hf_is_used_where_the_image_has_it_and_the_older_cli_only_where_it_does_
     old = _bin(tmp_path / "old", {"huggingface-cli": stub})
     assert _run(tmp_path, argv, old) == (0, None)
     assert record.read_text().split()[:3] == ["huggingface-cli", "download", REPO]
+    # a dataset repository (a DraftTraining's prompts) is named without its prefix, with its repository type
+    assert _run(tmp_path, fetch_argv("hf", "hf://datasets/org/chats", dest), both) == (0, None)
+    assert record.read_text().split() == [
+        "hf",
+        "download",
+        "org/chats",
+        "--repo-type",
+        "dataset",
+        "--local-dir",
+        dest,
+    ]
     code, message = _run(tmp_path, argv, _bin(tmp_path / "none", {}))
     assert code == 127
     assert message is not None

@@ -82,13 +82,17 @@ tell() {
 case $scheme in
 hf)
   if command -v hf >/dev/null 2>&1; then
-    set -- hf download "$name" --local-dir "$dest"
+    set -- hf download
   elif command -v huggingface-cli >/dev/null 2>&1; then
-    set -- huggingface-cli download "$name" --local-dir "$dest"
+    set -- huggingface-cli download
   else
     tell "The image has neither hf nor huggingface-cli: install huggingface_hub in the builder image."
     exit 127
   fi
+  case $name in
+  datasets/*) name=${name#datasets/}; set -- "$@" "$name" --repo-type dataset --local-dir "$dest" ;;
+  *) set -- "$@" "$name" --local-dir "$dest" ;;
+  esac
   if [ -n "$revision" ]; then set -- "$@" --revision "$revision"; fi ;;
 s3) set -- aws s3 sync --only-show-errors "$uri" "$dest" ;;
 gs) set -- gsutil -m rsync -r "$uri" "$dest" ;;
