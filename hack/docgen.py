@@ -122,6 +122,7 @@ def conditions_table() -> str:
             ConditionType.SUCCEEDED: "EngineBuild",
             ConditionType.GENERATED: "DraftTraining",
             ConditionType.TRAINED: "DraftTraining",
+            ConditionType.PROMOTED: "DraftTraining",
         }.get(type_, "SpeculativeDeployment")
         rows.append((f"`{type_}`", kind, ", ".join(f"`{reason}`" for reason in reasons)))
     return table(("condition", "on", "reasons"), rows)

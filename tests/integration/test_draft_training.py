@@ -9,12 +9,17 @@ training names its endpoint (`spec.endpoint`): the Service through specdeploy_lo
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
+import torch
 from kubernetes import client
+from safetensors.torch import load_file, save_file
 from specdeploy_localcluster.servicegateway import ServiceGateway
 from specdeploy_server.demo_models import corpus_text, documents
 
@@ -134,3 +139,103 @@ def test_an_eagle3_head_is_trained_in_the_trainer_image(
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
     jobs = client.BatchV1Api(s.api).read_namespaced_job(status["trainJob"], s.namespace)
     assert jobs.spec.template.spec.containers[0].image == "ghcr.io/specdeploy/trainer:0.1.0"
+
+
+def _zeroed_copy(source: Path, dest: Path) -> None:
+    """`source` (a checkpoint) copied to `dest` with every weight zero: a draft that agrees with nothing."""
+    shutil.copytree(source, dest)
+    weights = dest / "model.safetensors"
+    save_file({k: torch.zeros_like(v) for k, v in load_file(weights).items()}, weights)
+    for path in [dest, *dest.rglob("*")]:
+        origin = source / path.relative_to(dest)
+        os.chown(path, origin.stat().st_uid, origin.stat().st_gid)
+        path.chmod(origin.stat().st_mode)
+
+
+@pytest.mark.usefixtures("prompts")
+def test_a_better_draft_is_promoted_through_a_canary_and_rolled_back_by_one_field(
+    served: tuple[Served, Path], kubectl: Kubectl
+) -> None:
+    plain, models = served
+    _zeroed_copy(models / "draft", models / "zero-draft")
+    doc = json.loads(json.dumps(plain.doc))
+    doc["metadata"]["name"] = "tiny-zero"
+    doc["spec"]["draft"]["model"]["uri"] = "pvc://demo-models/zero-draft"
+    s = Served(kubectl, plain.api, plain.namespace, doc)
+    s.apply()
+    s.wait_ready()
+    custom = client.CustomObjectsApi(s.api)
+    rule = {"minAcceptanceGain": 0.1, "minDraftedTokens": 300, "windowSeconds": 400}
+    with ServiceGateway(s.api, s.namespace, s.name) as gateway:
+        training = _training(s, "head", f"{gateway.url}/v1", draft="eagle3", training={"steps": 300})
+        training["spec"].update(samples=30, promotion=rule, sampling={"maxTokens": 48, "concurrency": 4})
+        trained = _run(s, kubectl, training)
+
+    def status() -> dict[str, Any]:
+        obj = custom.get_namespaced_custom_object(GROUP, VERSION, s.namespace, PLURAL, "head")
+        return dict(obj.get("status") or {})
+
+    def config() -> str:
+        return str(
+            client.CoreV1Api(s.api).read_namespaced_config_map(f"{s.name}-server-config", s.namespace).data
+        )
+
+    canary = wait_for(
+        lambda: (status().get("promotion") or {}).get("phase") == "Canary" and s.endpoints.ready()[1:],
+        timeout=180,
+        what="the canary serving beside the deployment's replica",
+        describe=lambda: f"{json.dumps(status())}\n{s.describe()}",
+    )
+    assert canary
+
+    def decided() -> dict[str, Any] | None:
+        promotion = status().get("promotion") or {}
+        if promotion.get("phase") != "Canary":
+            return promotion
+        # A client per request: round robin over both endpoints, each side its share.
+        for prompt in PROMPTS[:8]:
+            try:
+                s.openai().completions.create(model="target", prompt=prompt, max_tokens=32, temperature=0)
+            except (ConnectionError, openai.APIConnectionError):
+                break  # decided meanwhile: the canary goes and the deployment rolls to the promoted draft
+        return None
+
+    promotion = wait_for(
+        decided, timeout=300, what="a promotion decision", describe=lambda: json.dumps(status())
+    )
+    assert promotion["phase"] == "Promoted", promotion
+    assert promotion["canary"]["acceptance"] >= promotion["current"]["acceptance"] + 0.1
+    assert promotion["canary"]["drafted"] >= 300
+    assert promotion["current"]["drafted"] >= 300
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status()["conditions"]}
+    assert conditions["Promoted"] == ("True", "DraftPromoted")
+    wait_for(
+        lambda: (
+            not [
+                d
+                for d in client.AppsV1Api(s.api).list_namespaced_deployment(s.namespace).items
+                if d.metadata.name == "head-canary"
+            ]
+        ),
+        timeout=60,
+        what="the canary gone with the decision",
+    )
+    # The deployment serves the trained head now, and goes back to its own draft when rollback is set.
+    assert trained["uri"].removeprefix("pvc://demo-models/") in config()
+    s.wait_ready()
+    kubectl(
+        "patch",
+        "dtrain",
+        "head",
+        "-n",
+        s.namespace,
+        "--type=merge",
+        "-p",
+        '{"spec":{"promotion":{"rollback":true}}}',
+    )
+    wait_for(lambda: "zero-draft" in config(), timeout=60, what="the deployment's own draft again")
+    assert status()["promotion"]["phase"] == "RolledBack"
+    events = kubectl(
+        "get", "events", "-n", s.namespace, "--field-selector", "involvedObject.name=head", "-o", "json"
+    )
+    assert {"DraftPromoted", "DraftRolledBack"} <= {e["reason"] for e in json.loads(events.stdout)["items"]}

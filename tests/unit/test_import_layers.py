@@ -54,6 +54,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             f"{PACKAGE}.controller.deploymentplan",
             f"{PACKAGE}.controller.engineplan",
             f"{PACKAGE}.controller.trainingplan",
+            f"{PACKAGE}.controller.promotionplan",
+            f"{PACKAGE}.controller.canarywindows",
             f"{PACKAGE}.controller.port",
         ),
     ),
@@ -67,7 +69,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ),
     (
         "controller, the reconciler: work queue and the port's implementation",
-        (f"{PACKAGE}.controller.reconciler",),
+        (f"{PACKAGE}.controller.reconciler", f"{PACKAGE}.controller.trainingrouting"),
     ),
     (
         "entry points: kopf handlers, command lines",

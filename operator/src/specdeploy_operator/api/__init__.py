@@ -25,6 +25,7 @@ from .conditions import (
     KubeCondition,
     KubeReason,
     PodPhase,
+    PromotionPhase,
     Reason,
     RunPhase,
 )
@@ -141,6 +142,7 @@ __all__ = [
     "PodPhase",
     "PodSecuritySpec",
     "PrinterColumn",
+    "PromotionPhase",
     "PromptLookupSpec",
     "QuantizationSpec",
     "Reason",

@@ -28,6 +28,8 @@ __all__ = [
     "KubeReason",
     "Phase",
     "PodPhase",
+    "PromotionPhase",
+    "PromotionPhaseName",
     "Reason",
     "RunPhase",
     "TrainingPhase",
@@ -53,6 +55,19 @@ class DeploymentPhase(StrEnum):
 
 TrainingPhase = Literal["Pending", "Generating", "Training", "Succeeded", "Failed"]
 """`DraftTraining.status.phase` in the schema; `RunPhase` names each value."""
+
+
+PromotionPhaseName = Literal["Canary", "Promoted", "Rejected", "RolledBack"]
+"""`DraftTraining.status.promotion.phase` in the schema; `PromotionPhase` names each value."""
+
+
+class PromotionPhase(StrEnum):
+    """`DraftTraining.status.promotion.phase` (`PromotionPhaseName`)."""
+
+    CANARY = "Canary"
+    PROMOTED = "Promoted"
+    REJECTED = "Rejected"
+    ROLLED_BACK = "RolledBack"
 
 
 class RunPhase(StrEnum):
@@ -91,6 +106,8 @@ class ConditionType(StrEnum):
     """A DraftTraining's generate step: `True` once the deployment answered its prompts."""
     TRAINED = "Trained"
     """A DraftTraining's train step: `True` once the draft is in the claim."""
+    PROMOTED = "Promoted"
+    """A DraftTraining's promotion: `True` once the deployment serves the trained draft."""
 
 
 class ConditionStatus(StrEnum):
@@ -150,6 +167,12 @@ class Reason(StrEnum):
     DRAFT_TRAINED = "DraftTrained"
     TRAIN_FAILED = "TrainFailed"
     BUDGET_EXHAUSTED = "BudgetExhausted"
+    # Promoted (a DraftTraining with spec.promotion)
+    CANARY_SERVING = "CanaryServing"
+    CANARY_REFUSED = "CanaryRefused"
+    DRAFT_PROMOTED = "DraftPromoted"
+    DRAFT_REJECTED = "DraftRejected"
+    DRAFT_ROLLED_BACK = "DraftRolledBack"
     # events only
     BUILD_STARTED = "BuildStarted"
     ROLLOUT_STARTED = "RolloutStarted"
@@ -236,6 +259,13 @@ CONDITION_REASONS: Final[Mapping[ConditionType, tuple[Reason, ...]]] = {
         Reason.DRAFT_TRAINED,
         Reason.TRAIN_FAILED,
         Reason.BUDGET_EXHAUSTED,
+    ),
+    ConditionType.PROMOTED: (
+        Reason.CANARY_SERVING,
+        Reason.CANARY_REFUSED,
+        Reason.DRAFT_PROMOTED,
+        Reason.DRAFT_REJECTED,
+        Reason.DRAFT_ROLLED_BACK,
     ),
 }
 """The reasons each condition type may take."""

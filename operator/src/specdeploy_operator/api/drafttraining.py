@@ -16,7 +16,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, StringConstraints
 
 from .base import GROUP, VERSION, ApiModel, PrinterColumn, ResourceInfo, Rule, Rules
-from .conditions import TrainingPhase
+from .conditions import PromotionPhaseName, TrainingPhase
 from .meta import (
     CONDITIONS_LIST_EXTRAS,
     DNS_1035_LABEL,
@@ -34,8 +34,11 @@ __all__ = [
     "DraftTrainingSpec",
     "DraftTrainingStatus",
     "GeneratedSamples",
+    "PromotionRule",
+    "PromotionStatus",
     "PromptSource",
     "SamplingSettings",
+    "ServingFigures",
     "TrainedDraft",
     "TrainingBudget",
     "TrainingPhase",
@@ -123,6 +126,21 @@ class TrainingBudget(ApiModel):
     """CPU and memory of the train pod; unset: none requested."""
 
 
+class PromotionRule(ApiModel):
+    """Canary and promotion: the trained draft serves one extra replica behind the deployment's Service, and
+    replaces the deployment's draft when the rule holds."""
+
+    min_acceptance_gain: Annotated[float, Field(ge=0, le=1)] = 0.05
+    """How much higher the canary's acceptance must be than the current replicas', over the same window."""
+    min_drafted_tokens: Annotated[int, Field(ge=1, le=100_000_000)] = 2000
+    """Draft tokens both sides must have had verified before a decision: fewer say nothing either way."""
+    window_seconds: Annotated[int, Field(ge=30, le=7 * 86400)] = 900
+    """The longest the canary serves; still undecided then (too little traffic), the old draft stays."""
+    rollback: bool = False
+    """`true`: the deployment serves its own draft again (a promoted draft is rolled back; a canary ends);
+    `false` again restores a promotion that was decided."""
+
+
 class DraftTrainingSpec(ApiModel):
     """What to train, from what, with what budget. A changed spec is another run: its output has another
     hash, and its Jobs other names."""
@@ -159,6 +177,8 @@ class DraftTrainingSpec(ApiModel):
     endpoint: Annotated[str, StringConstraints(pattern=r"^https?://\S+$", max_length=1024)] | None = None
     """OpenAI base URL the prompts are sent to (ending in `/v1`); unset: the deployment's Service,
     `http://<deployment>.<namespace>.svc:<port>/v1`. Not part of the run's identity."""
+    promotion: PromotionRule | None = None
+    """Canary and promote the trained draft; unset: train only (serve it by naming `status.uri`)."""
     output_pvc_name: DnsSubdomain | None = None
     """Claim the result is written into, under `drafts/<hash>/`; unset: the deployment's engine-cache claim
     (`spec.engineCache.pvcName`, else the operator's default claim)."""
@@ -170,6 +190,7 @@ class DraftTrainingSpec(ApiModel):
         content["budget"].pop("resources", None)
         content.pop("deployment", None)
         content.pop("endpoint", None)
+        content.pop("promotion", None)
         content["prompts"].pop("credentialsSecret", None)
         content.update(target=target, draftModel=draft, claim=claim, image=image)
         canonical = json.dumps(content, sort_keys=True, separators=(",", ":"))
@@ -210,6 +231,35 @@ class TrainedDraft(ApiModel):
     """How often the draft's top token was the target's, on the last steps."""
 
 
+class ServingFigures(ApiModel):
+    """Speculation of one side of the canary over the promotion window, from the servers' own counters."""
+
+    acceptance: Annotated[float, Field(ge=0, le=1)] | None = None
+    """Accepted / drafted tokens (unset before any token was drafted)."""
+    tokens_per_step: Annotated[float, Field(ge=0)] | None = None
+    """Tokens generated per target (verify) step."""
+    drafted: Annotated[int, Field(ge=0)] = 0
+    """Draft tokens verified."""
+
+
+class PromotionStatus(ApiModel):
+    """Where the canary stands, and the figures each decision was made on."""
+
+    phase: PromotionPhaseName
+    """`Canary` (serving beside the current replicas), `Promoted` (the deployment serves the trained draft),
+    `Rejected` (the old draft stays; `message` says why) or `RolledBack` (`spec.promotion.rollback`)."""
+    start_time: Annotated[datetime, Field(strict=False)] | None = None
+    """When the canary's window began."""
+    decision_time: Annotated[datetime, Field(strict=False)] | None = None
+    """When it was promoted or rejected."""
+    canary: ServingFigures | None = None
+    """The canary replica's figures over the window."""
+    current: ServingFigures | None = None
+    """The deployment's own replicas' figures over the same window."""
+    message: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    """The decision, in words."""
+
+
 class DraftTrainingStatus(ApiModel):
     """Progress of the run, written by the operator."""
 
@@ -237,10 +287,13 @@ class DraftTrainingStatus(ApiModel):
     """When it succeeded or failed."""
     message: Annotated[str, StringConstraints(max_length=32768)] | None = None
     """Human-readable detail, e.g. a failed step's last log lines."""
+    promotion: PromotionStatus | None = None
+    """The canary and its decision (with `spec.promotion`)."""
     conditions: (
         Annotated[list[Condition], Field(max_length=16, json_schema_extra=CONDITIONS_LIST_EXTRAS)] | None
     ) = None
-    """`Generated` and `Trained` (each `True` once its step succeeded, `False` once it failed)."""
+    """`Generated` and `Trained` (each `True` once its step succeeded, `False` once it failed), and with
+    `spec.promotion` `Promoted` (`Unknown` while the canary serves)."""
 
 
 DRAFT_TRAINING = ResourceInfo(

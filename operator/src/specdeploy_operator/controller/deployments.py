@@ -48,6 +48,7 @@ from .kube import ApiError, ref_of
 from .podcreation import events_creation_problem, group_events_wait, group_sets_to_ask
 from .port import ClusterPort, Obj, write_status
 from .status import EngineObservation, hpa_report
+from .trainings import promoted_draft
 
 __all__ = ["AUTOSCALER_RETRY_SECONDS", "ReconcileFailed", "reconcile_deployment"]
 
@@ -74,6 +75,7 @@ async def reconcile_deployment(port: ClusterPort, namespace: str, name: str) -> 
         # Admitted by the API server, rejected by the model (an older CRD version): reported, nothing touched.
         await write_status(port, body, invalid_status(body, invalid, port.now()))
         return None
+    sdep = promoted_draft(port, sdep)  # a DraftTraining's promoted draft replaces the spec's
     engines = engine_builds(sdep, port.settings)
     deployment = port.observe("Deployment", namespace, name)
     group_set = port.observe("LeaderWorkerSet", namespace, group_set_name(sdep))

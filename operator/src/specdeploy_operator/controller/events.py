@@ -63,6 +63,19 @@ def _training_milestone(new: object, status: Obj) -> Event | None:
     return None
 
 
+def promotion_event(previous: Obj, status: Obj) -> Event | None:
+    """A DraftTraining's canary started, or its draft was promoted, rejected or rolled back: the `Promoted`
+    condition's reason and message (a Warning for a rejection)."""
+    before = (previous.get("promotion") or {}).get("phase")
+    now = (status.get("promotion") or {}).get("phase")
+    if now is None or now == before:
+        return None
+    promoted = find_condition(status, ConditionType.PROMOTED)
+    reason = str(promoted.get("reason") or "")
+    kind = EventType.WARNING if reason in (Reason.DRAFT_REJECTED, Reason.CANARY_REFUSED) else EventType.NORMAL
+    return Event(kind, reason, str(promoted.get("message", "")))
+
+
 def _deployment_milestone(new: object, status: Obj) -> Event | None:
     def message(type_: ConditionType) -> str:
         return str(find_condition(status, type_).get("message", ""))
@@ -94,6 +107,8 @@ def status_events(kind: str, previous: Obj, status: Obj, *, quiet: Collection[st
     old, new = previous.get("phase"), status.get("phase")
     if new in quiet:
         return events
+    if kind == "DraftTraining" and (promotion := promotion_event(previous, status)) is not None:
+        events.append(promotion)
     old_reason = find_condition(previous, ConditionType.DEGRADED).get("reason")
     new_reason = find_condition(status, ConditionType.DEGRADED).get("reason")
     if old == new and (new != DeploymentPhase.DEGRADED or old_reason == new_reason):

@@ -13,6 +13,7 @@ from typing import Any, Final
 import kopf
 
 from specdeploy_operator.api import GROUP, VERSION
+from specdeploy_operator.builders.canary import CANARY_LABEL
 from specdeploy_operator.builders.common import MANAGED_BY, MANAGED_BY_LABEL
 
 from .reconciler import Reconciler, owner_names
@@ -141,6 +142,8 @@ def register_indexes(registry: kopf.OperatorRegistry) -> None:
         namespace = str(kw["namespace"])
         if JOB_NAME_LABEL in labels:
             key = (namespace, "job", labels[JOB_NAME_LABEL])
+        elif CANARY_LABEL in labels:  # a DraftTraining's canary: not one of the deployment's replicas
+            key = (namespace, "canary", labels[CANARY_LABEL])
         elif INSTANCE_LABEL in labels:
             key = (namespace, "serving", labels[INSTANCE_LABEL])
         else:
@@ -191,6 +194,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
         if JOB_NAME_LABEL in labels:
             for job in kw["jobs"].get((namespace, labels[JOB_NAME_LABEL]), ()):
                 job_changed(reconciler, namespace, job)
+        elif CANARY_LABEL in labels:
+            reconciler.training_changed(namespace, labels[CANARY_LABEL])
         elif INSTANCE_LABEL in labels:
             reconciler.deployment_changed(namespace, labels[INSTANCE_LABEL])
 
@@ -200,6 +205,8 @@ def register(registry: kopf.OperatorRegistry) -> None:
             reconciler = _reconciler(kw["memo"], kw)
             for owner in owner_names(kw["body"], "SpeculativeDeployment"):
                 reconciler.deployment_changed(str(kw["namespace"]), owner)
+            for owner in owner_names(kw["body"], "DraftTraining"):  # a canary's Deployment or ConfigMap
+                reconciler.training_changed(str(kw["namespace"]), owner)
 
     for group, version, plural in (
         ("apps", "v1", "deployments"),

@@ -18,6 +18,7 @@ from specdeploy_operator.builders import OperatorSettings
 from .conditions import ConditionSpec
 from .events import Event, status_events
 from .kube import ObjectRef
+from .promotionplan import Figures
 
 __all__ = ["Child", "ClusterPort", "Key", "Obj", "wire", "write_status"]
 
@@ -58,6 +59,14 @@ class ClusterPort(Protocol):
 
     def speculation_figures(self, namespace: str, name: str) -> tuple[Obj | None, ConditionSpec | None]:
         """The deployment's published speculation figures and their `SpeculationEffective` condition."""
+        ...
+
+    def trainings_of(self, namespace: str, deployment: str) -> list[Obj]:
+        """The DraftTrainings of `deployment`."""
+        ...
+
+    def canary_figures(self, namespace: str, training: str) -> tuple[Figures, Figures] | None:
+        """(canary, current replicas) counter sums of a DraftTraining's canary so far (`canarywindows.py`)."""
         ...
 
     async def events_about(self, namespace: str, kind: str, name: str) -> Sequence[Obj]:

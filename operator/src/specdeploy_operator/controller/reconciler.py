@@ -24,6 +24,7 @@ from typing import Any, Final, Literal
 from specdeploy_operator.builders import OperatorSettings
 
 from . import metrics
+from .canarywindows import CanaryWindows
 from .conditions import ConditionSpec
 from .deployments import ReconcileFailed, reconcile_deployment
 from .enginebuilds import reconcile_engine
@@ -34,7 +35,14 @@ from .kube import ApiError, Kube, ObjectRef, ref_of
 from .livestate import difference, first_difference, merge_patch
 from .port import Child, Key, wire
 from .queue import WorkQueue
-from .speculation import SpeculationSampler, close_metrics_session, fetch_metrics, speculation_targets
+from .speculation import (
+    CANARY_PREFIX,
+    SpeculationSampler,
+    close_metrics_session,
+    fetch_metrics,
+    speculation_targets,
+)
+from .trainingrouting import TrainingRouting
 from .trainings import reconcile_training
 
 __all__ = [
@@ -74,7 +82,7 @@ class OwnWrite:
     at: float
 
 
-class Reconciler:
+class Reconciler(TrainingRouting):
     """Owns the work queue and implements the cluster port (`port.ClusterPort`): reads kopf's indexes (bound
     on the first handler call, when kopf has filled them) and writes through `Kube`."""
 
@@ -106,6 +114,7 @@ class Reconciler:
         # a hand-edited or deleted ScaledObject is repaired within `resync_seconds`.
         self.scaled_objects: dict[tuple[str, str], Obj] = {}
         self.speculation = SpeculationSampler(fetch_metrics, clock)
+        self.canaries = CanaryWindows()
         self._sampling: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -156,7 +165,15 @@ class Reconciler:
             try:
                 targets = speculation_targets(self.indices)
                 for namespace, name in await self.speculation.sample(targets):
-                    self.queue.add(("sdep", namespace, name))
+                    if not name.startswith(CANARY_PREFIX):
+                        self.queue.add(("sdep", namespace, name))
+                for namespace, name in self.canaries.add(self.speculation.last_windows, self._canary_of):
+                    self.queue.add(("training", namespace, name))
+                self.canaries.keep(
+                    (ns, name.removeprefix(CANARY_PREFIX))
+                    for ns, name in targets
+                    if name.startswith(CANARY_PREFIX)
+                )
             except Exception:
                 log.exception("speculation sampling failed")
 
@@ -172,19 +189,6 @@ class Reconciler:
         for engine in self._engines_of.get((namespace, name), set()) - used:
             self.queue.add(("engine", namespace, engine))
         self._engines_of[(namespace, name)] = used
-
-    def training_changed(self, namespace: str, name: str) -> None:
-        self.queue.add(("training", namespace, name))
-
-    def _trainings_of(self, namespace: str, deployment: str) -> None:
-        """Reconcile the DraftTrainings of `deployment` (one waits for it to be Ready)."""
-        trainings = self.indices.get("drafttrainings") or {}
-        for key in list(trainings):
-            if key[0] != namespace:
-                continue
-            body = one(trainings, key)
-            if body is not None and (body.get("spec") or {}).get("deployment") == deployment:
-                self.queue.add(("training", namespace, key[1]))
 
     def engine_changed(self, namespace: str, name: str) -> None:
         self.queue.add(("engine", namespace, name))

@@ -38,6 +38,7 @@ from .conditions import ConditionSpec, rfc3339
 from .indexes import every, one
 
 __all__ = [
+    "CANARY_PREFIX",
     "COUNTERS",
     "PodSample",
     "SpeculationSampler",
@@ -245,6 +246,8 @@ class SpeculationSampler:
         self._monotonic = monotonic
         self._state: dict[tuple[str, str], _Deployment] = {}
         self.scrape_failures = 0
+        self.last_windows: dict[tuple[str, str], Window] = {}
+        """The windows of the last `sample` round, by target (idle ones absent)."""
 
     def published(self, key: tuple[str, str]) -> Obj | None:
         """The figures for `status.speculation` (without the internal `_drafted`), or None."""
@@ -293,6 +296,7 @@ class SpeculationSampler:
             await asyncio.gather(*jobs.values())
         changed = []
         now = self._clock()
+        self.last_windows = {}
         for key, pods in targets.items():
             state = self._state.setdefault(key, _Deployment(samples={}))
             current = {pod: s for pod, _ in pods if (s := jobs[(key, pod)].result()) is not None}
@@ -301,6 +305,7 @@ class SpeculationSampler:
             state.samples = current
             if win is None:
                 continue
+            self.last_windows[key] = win
             figures = {**win.figures(now), "_drafted": win.drafted}
             verdict_changed = False
             if judgeable(figures):
@@ -345,18 +350,37 @@ def _ready(pod: Mapping[str, Any]) -> bool:
     )
 
 
+CANARY_PREFIX: Final = "canary/"
+"""Sampler keys of canaries: `(namespace, "canary/<DraftTraining>")` (no object name has a `/`)."""
+
+
 def speculation_targets(indices: Mapping[str, Any]) -> dict[tuple[str, str], list[tuple[str, str]]]:
-    """Deployment -> (pod, `/metrics` URL) of each of its ready serving pods, from the operator's indexes."""
+    """Deployment -> (pod, `/metrics` URL) of each of its ready serving pods, from the operator's indexes; and
+    each canary (`CANARY_PREFIX` + its DraftTraining) -> its ready pods."""
     targets: dict[tuple[str, str], list[tuple[str, str]]] = {}
     sdeps = indices.get("sdeps")
+    ports: dict[tuple[str, str], int] = {}
     for key in list(sdeps or ()):
         namespace, name = key
         body = one(sdeps, key) or {}
         port = ((body.get("spec") or {}).get("serving") or {}).get("port") or DEFAULT_PORT
+        ports[(namespace, name)] = port
         pods = every(indices.get("pods"), (namespace, "serving", name))
-        targets[(namespace, name)] = [
-            (str(p["metadata"]["name"]), f"http://{p['status']['podIP']}:{port}/metrics")
-            for p in pods
-            if _ready(p)
-        ]
+        targets[(namespace, name)] = _urls(pods, port)
+    for key in list(indices.get("drafttrainings") or ()):
+        namespace, name = key
+        deployment = str(
+            ((one(indices.get("drafttrainings"), key) or {}).get("spec") or {}).get("deployment")
+        )
+        pods = every(indices.get("pods"), (namespace, "canary", name))
+        if pods and (namespace, deployment) in ports:
+            targets[(namespace, CANARY_PREFIX + name)] = _urls(pods, ports[(namespace, deployment)])
     return targets
+
+
+def _urls(pods: Sequence[Mapping[str, Any]], port: int) -> list[tuple[str, str]]:
+    return [
+        (str(p["metadata"]["name"]), f"http://{p['status']['podIP']}:{port}/metrics")
+        for p in pods
+        if _ready(p)
+    ]
